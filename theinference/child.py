@@ -1,0 +1,128 @@
+"""The student's side of the runner: runs in its own process, imports tests/adapters.py, calls it.
+
+Started by theinference.runner as `python -m theinference.child JOB.json`. It reports to the
+grader through a pipe (fd in THEINFERENCE_PROTOCOL_FD), one JSON object a line, and writes each
+returned array to OUT_DIR/case-<i>.npy. Nothing here imports numpy before the student does,
+except to save results.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+_GRADER_DIR = str(Path(__file__).resolve().parent)
+
+
+def _send(stream, **message) -> None:
+    stream.write(json.dumps(message) + "\n")
+    stream.flush()
+
+
+def _student_traceback(exc: BaseException) -> str:
+    """The traceback without the grader's own frames: the student sees only their code."""
+    te = traceback.TracebackException.from_exception(exc)
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.startswith(_GRADER_DIR) and "importlib._bootstrap" not in f.filename]
+    )
+    return "".join(te.format())
+
+
+def _import_adapters(path: Path):
+    spec = importlib.util.spec_from_file_location("adapters", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["adapters"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _find_function(module, names: list[str]):
+    for name in names:
+        func = getattr(module, name, None)
+        if callable(func):
+            return func
+    return None
+
+
+def _load(job: dict, proto):
+    """Import the adapters and find the function; report a load error and return None on failure."""
+    path = Path(job["adapters"])
+    try:
+        module = _import_adapters(path)
+    except SyntaxError as e:
+        _send(proto, event="load-error", kind="syntax", message=f"syntax error in {e.filename}, line {e.lineno}",
+              traceback="".join(traceback.format_exception_only(e)))
+        return None
+    except BaseException as e:  # noqa: BLE001 - anything the student's import does is reported
+        _send(proto, event="load-error", kind="import", message=f"importing {path.name} failed: {type(e).__name__}: {e}",
+              traceback=_student_traceback(e))
+        return None
+    func = _find_function(module, job["names"])
+    if func is None:
+        expected, aliases = job["names"][0], ", ".join(job["names"][1:])
+        also = f" (also accepted: {aliases})" if aliases else ""
+        _send(proto, event="load-error", kind="missing",
+              message=f"{path.name} defines no function '{expected}'{also}")
+    return func
+
+
+def _to_array(value):
+    """Accept any array-like of numbers; return (array, None) or (None, why not)."""
+    import numpy as np
+
+    try:
+        array = np.asarray(value)
+    except Exception as e:  # ragged nested lists and the like
+        return None, f"the return value is not an array of numbers ({type(e).__name__}: {e})"
+    if array.dtype.kind not in "biuf":
+        return None, f"the return value is not numeric (got {type(value).__name__} of dtype {array.dtype})"
+    return array, None
+
+
+def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
+    import numpy as np
+
+    _send(proto, event="start", case=index)
+    started = time.perf_counter()
+    try:
+        value = func(*args)
+    except NotImplementedError as e:
+        _send(proto, event="done", case=index, status="not-started", message=str(e) or "NotImplementedError")
+        return
+    except SystemExit as e:
+        _send(proto, event="done", case=index, status="error", message=f"the adapter called sys.exit({e.code!r})",
+              traceback=_student_traceback(e))
+        return
+    except BaseException as e:  # noqa: BLE001 - the student's exception is the result
+        _send(proto, event="done", case=index, status="error", message=f"{type(e).__name__}: {e}",
+              traceback=_student_traceback(e))
+        return
+    seconds = time.perf_counter() - started
+    array, problem = _to_array(value)
+    if problem:
+        _send(proto, event="done", case=index, status="bad-output", message=problem, seconds=seconds)
+        return
+    out = out_dir / f"case-{index}.npy"
+    np.save(out, array, allow_pickle=False)
+    _send(proto, event="done", case=index, status="ok", file=str(out), seconds=seconds)
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    fd = int(os.environ.pop("THEINFERENCE_PROTOCOL_FD"))
+    os.set_inheritable(fd, False)  # processes the student starts do not get the grader's pipe
+    proto = os.fdopen(fd, "w")
+    sys.path.insert(0, job["course_root"])
+    func = _load(job, proto)
+    if func is None:
+        return
+    _send(proto, event="loaded")
+    for index in range(job["start"], len(job["calls"])):
+        _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto)
+
+
+if __name__ == "__main__":
+    main()

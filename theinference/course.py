@@ -1,0 +1,75 @@
+"""The student's course directory and its optional `theinference.toml`.
+
+theinference.toml (every field optional):
+
+  weights     path of model.safetensors (or its directory), relative to the course root
+  adapters    path of the adapters file (default tests/adapters.py)
+  stages_dirs list of extra stage directories, relative to the course root
+  timeout     seconds per adapter call, overriding every stage's own timeout
+"""
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONFIG_NAME = "theinference.toml"
+DEFAULT_ADAPTERS = "tests/adapters.py"
+_FIELDS = {"weights": str, "adapters": str, "stages_dirs": list, "timeout": (int, float)}
+
+
+class CourseError(Exception):
+    """The course directory or its configuration is unusable."""
+
+
+@dataclass(frozen=True)
+class Course:
+    root: Path
+    adapters: Path
+    weights: Path | None = None
+    stages_dirs: tuple[Path, ...] = field(default_factory=tuple)
+    timeout: float | None = None
+
+
+def find_course_root(start: Path) -> Path | None:
+    """The nearest ancestor of start (itself included) holding theinference.toml or tests/adapters.py."""
+    start = start.resolve()
+    for directory in (start, *start.parents):
+        if (directory / CONFIG_NAME).is_file() or (directory / DEFAULT_ADAPTERS).is_file():
+            return directory
+    return None
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise CourseError(f"{path}: cannot read: {e}") from e
+    for key, value in data.items():
+        if key not in _FIELDS:
+            raise CourseError(f"{path}: field '{key}': unknown field (known fields: {', '.join(_FIELDS)})")
+        if isinstance(value, bool) or not isinstance(value, _FIELDS[key]):
+            raise CourseError(f"{path}: field '{key}': wrong type {type(value).__name__}")
+    if any(not isinstance(d, str) for d in data.get("stages_dirs", [])):
+        raise CourseError(f"{path}: field 'stages_dirs': expected a list of paths")
+    if data.get("timeout", 1) <= 0:
+        raise CourseError(f"{path}: field 'timeout': must be > 0 seconds")
+    return data
+
+
+def load_course(root: Path) -> Course:
+    """Read the course at root; the adapters file must exist."""
+    root = root.resolve()
+    if not root.is_dir():
+        raise CourseError(f"{root}: course directory not found")
+    config_path = root / CONFIG_NAME
+    data = _read_config(config_path) if config_path.is_file() else {}
+    adapters = root / data.get("adapters", DEFAULT_ADAPTERS)
+    if not adapters.is_file():
+        raise CourseError(f"{adapters}: adapters file not found (the grader calls the functions in it)")
+    return Course(
+        root=root,
+        adapters=adapters,
+        weights=(root / data["weights"]) if "weights" in data else None,
+        stages_dirs=tuple(root / d for d in data.get("stages_dirs", [])),
+        timeout=data.get("timeout"),
+    )

@@ -1,0 +1,100 @@
+"""The oracles a stage can name: built-in GPT-2 computations, or an instructor's function in a file.
+
+An instructor's oracle is `def name(model, **inputs) -> array`, where `model` is a
+`theinference.weights.Model` (`model.params` nested like the checkpoint keys, `model.config`
+with n_head, n_embd, ...) and the inputs are the case's token-id lists and counts. The functions
+of `theinference.oracle` (layer_norm, mha, ffn, embed, ...) are there to build on.
+"""
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from theinference import oracle
+from theinference.weights import Model
+
+TOKEN_INPUTS = ("seq", "prompt", "cont")
+COUNT_INPUTS = ("n_new",)
+
+
+class OracleError(Exception):
+    """An instructor's oracle could not be loaded or run (a course-configuration error)."""
+
+
+@dataclass(frozen=True)
+class OracleSpec:
+    inputs: tuple[str, ...]
+    compute: Callable[..., np.ndarray]
+    positions: Callable[[dict], list[int]]  # position of each output row, for tables
+
+
+def _seq_positions(inputs: dict) -> list[int]:
+    return list(range(len(inputs["seq"])))
+
+
+def _step_positions(inputs: dict) -> list[int]:
+    start = len(inputs["prompt"]) - 1
+    return list(range(start, start + len(inputs.get("cont") or range(inputs.get("n_new", 0)))))
+
+
+BUILTIN_ORACLES = {
+    "layer0-attn-sublayer": OracleSpec(
+        inputs=("seq",),
+        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head),
+        positions=_seq_positions,
+    ),
+    "per-step-logits": OracleSpec(
+        inputs=("prompt", "cont"),
+        compute=lambda m, prompt, cont: oracle.per_step_logits(m.params, prompt, cont, m.config.n_head),
+        positions=_step_positions,
+    ),
+    "greedy": OracleSpec(
+        inputs=("prompt", "n_new"),
+        compute=lambda m, prompt, n_new: np.asarray(oracle.greedy(m.params, prompt, n_new, m.config.n_head)),
+        positions=_step_positions,
+    ),
+}
+
+
+def positions_needed(inputs: dict) -> int:
+    """How many positions of the context a case uses."""
+    if "seq" in inputs:
+        return len(inputs["seq"])
+    extra = len(inputs["cont"]) - 1 if "cont" in inputs else inputs.get("n_new", 1) - 1
+    return len(inputs.get("prompt", [])) + extra
+
+
+def _load_file_oracle(stage_source: Path, name: str) -> OracleSpec:
+    file_name, _, func_name = name.partition(":")
+    path = stage_source.parent / file_name
+    module_name = f"theinference_course_oracle_{abs(hash(str(path)))}"
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    except Exception as e:  # an instructor's file: any error is a course-configuration error
+        raise OracleError(f"{path}: cannot import the oracle file: {type(e).__name__}: {e}") from e
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise OracleError(f"{path}: defines no function '{func_name}' (named by {stage_source.name})")
+    return OracleSpec(inputs=(), compute=func, positions=lambda inputs: [])
+
+
+def resolve_oracle(name: str, stage_source: Path) -> OracleSpec:
+    """Return the built-in oracle of that name, or load `file.py:function` beside the stage file."""
+    return BUILTIN_ORACLES.get(name) or _load_file_oracle(stage_source, name)
+
+
+def compute_expected(spec: OracleSpec, model: Model, inputs: dict) -> np.ndarray:
+    """Run an oracle; an instructor's oracle failing is reported as an OracleError."""
+    try:
+        return np.asarray(spec.compute(model, **inputs))
+    except Exception as e:
+        if spec.inputs:  # built-in: a failure here is a grader bug and must surface as one
+            raise
+        raise OracleError(f"the stage's oracle failed: {type(e).__name__}: {e}") from e

@@ -1,0 +1,171 @@
+"""Run a student's adapter in a separate process, one call per case, under a timeout.
+
+Student code never runs in the grader's process: a hang, a crash, a `sys.exit` or a segfault
+is recorded as that case's outcome and the next case runs in a fresh process.
+"""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
+
+
+@dataclass(frozen=True)
+class AdapterJob:
+    course_root: Path
+    adapters: Path
+    names: tuple[str, ...]  # the function's name, then its accepted aliases
+    calls: tuple[tuple, ...]  # the arguments of each call
+    weights: Path
+    timeout: float  # seconds per call (and for importing the adapters)
+    env: dict = field(default_factory=dict)
+
+
+@dataclass
+class CallOutcome:
+    # ok | not-started | error | bad-output | timeout | crash
+    status: str
+    value: np.ndarray | None = None
+    message: str = ""
+    traceback: str = ""
+    seconds: float = 0.0
+    stdout: str = ""
+    stderr: str = ""
+
+
+def _read_capped(path: Path) -> str:
+    with path.open("rb") as f:
+        data = f.read(OUTPUT_CAP + 1)
+    text = data[:OUTPUT_CAP].decode("utf-8", errors="replace")
+    if len(data) > OUTPUT_CAP:
+        text += f"\n[... output truncated after {OUTPUT_CAP // 1000} KB]"
+    return text
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _exit_message(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the adapter's process was killed by {name}"
+    return f"the adapter's process exited with code {returncode} before returning a result"
+
+
+class _Child:
+    """One child process and the pipe it reports on."""
+
+    def __init__(self, job: AdapterJob, start: int, work: Path):
+        job_file = work / f"job-{start}.json"
+        job_file.write_text(json.dumps({
+            "course_root": str(job.course_root), "adapters": str(job.adapters), "names": list(job.names),
+            "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work),
+        }))
+        read_fd, write_fd = os.pipe()
+        env = {**os.environ, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights),
+               "THEINFERENCE_PROTOCOL_FD": str(write_fd), "PYTHONDONTWRITEBYTECODE": "1"}
+        self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "theinference.child", str(job_file)],
+                cwd=job.course_root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                pass_fds=(write_fd,), start_new_session=True,
+            )
+        os.close(write_fd)
+        self.pipe = os.fdopen(read_fd, "rb")
+        self.buffer = b""
+
+    def next_message(self, deadline: float) -> dict | None:
+        """The next message, None at end of stream; raises TimeoutError past the deadline."""
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.pipe], [], [], remaining)[0]:
+                raise TimeoutError
+            chunk = os.read(self.pipe.fileno(), 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def finish(self) -> tuple[int, str, str]:
+        """Kill what is left of the process group; return (exit code, stdout, stderr)."""
+        self.pipe.close()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        returncode = self.proc.returncode
+        _kill_group(self.proc)  # also reaps grandchildren the student left running
+        return (returncode if returncode is not None else -signal.SIGKILL,
+                _read_capped(self.stdout_path), _read_capped(self.stderr_path))
+
+
+def _outcome_from_done(message: dict) -> CallOutcome:
+    value = np.load(message["file"], allow_pickle=False) if message["status"] == "ok" else None
+    return CallOutcome(status=message["status"], value=value, message=message.get("message", ""),
+                       traceback=message.get("traceback", ""), seconds=message.get("seconds", 0.0))
+
+
+def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome]) -> int:
+    """Run one child from case `start`; fill outcomes; return the next case still to run."""
+    child = _Child(job, start, work)
+    current, failure, loaded = start, None, False
+    try:
+        deadline = time.monotonic() + job.timeout
+        while current < len(job.calls):
+            message = child.next_message(deadline)
+            if message is None:
+                break
+            if message["event"] == "load-error":
+                failure = CallOutcome(status="error", message=message["message"], traceback=message.get("traceback", ""))
+                break
+            if message["event"] in ("loaded", "start"):
+                loaded = True
+                deadline = time.monotonic() + job.timeout
+            elif message["event"] == "done":
+                outcomes[message["case"]] = _outcome_from_done(message)
+                current = message["case"] + 1
+    except TimeoutError:
+        phase = "running" if loaded else "importing the adapters"
+        failure = CallOutcome(status="timeout", message=f"timed out after {job.timeout:g} s while {phase}")
+    returncode, stdout, stderr = child.finish()
+    if current < len(job.calls) and failure is None:
+        failure = CallOutcome(status="crash", message=_exit_message(returncode))
+    for index in range(start, current):
+        outcomes[index].stdout, outcomes[index].stderr = stdout, stderr
+    if failure is None:
+        return current
+    failure.stdout, failure.stderr = stdout, stderr
+    # A failure before any case started (import, load) would repeat for every case: record it for all.
+    for index in range(current, len(job.calls) if not loaded else current + 1):
+        outcomes[index] = failure
+    return len(job.calls) if not loaded else current + 1
+
+
+def run_adapter(job: AdapterJob) -> list[CallOutcome]:
+    """Call the adapter once per entry of job.calls, each in a child process; never raises for student faults."""
+    outcomes: dict[int, CallOutcome] = {}
+    with tempfile.TemporaryDirectory(prefix="theinference-run-") as work:
+        start = 0
+        while start < len(job.calls):
+            start = _run_child(job, start, Path(work), outcomes)
+    return [outcomes[i] for i in range(len(job.calls))]

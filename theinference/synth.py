@@ -1,0 +1,92 @@
+"""Deterministic synthetic GPT-2-layout checkpoints (real weights cannot be fetched everywhere)."""
+
+import json
+import os
+import tempfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from theinference.weights import GPT2Config, expected_shapes
+
+PRESETS = {
+    "gpt2": GPT2Config(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
+    "tiny": GPT2Config(n_vocab=50257, n_ctx=256, n_embd=128, n_head=2, n_layer=2),
+}
+
+
+def _std(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
+    """(mean, std) of a tensor's draw.
+
+    Embeddings N(0, 0.1); biases N(0, 0.05); layer-norm gains 1 + N(0, 0.1). Conv1D matrices
+    use std 1/sqrt(n_in) so every projection's output has unit-scale spread at any width: the
+    attention scores then spread over a few units (neither uniform nor one-hot) and the logits
+    over a few units, as in real GPT-2. Non-zero biases and non-unit gains make a swapped bias,
+    a dropped gain or a transposed matrix visible in every output.
+    """
+    if name in ("wte.weight", "wpe.weight"):
+        return 0.0, 0.1
+    if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+        return 1.0, 0.1
+    if name.endswith(".bias"):
+        return 0.0, 0.05
+    return 0.0, 1.0 / np.sqrt(shape[0])
+
+
+def synth_tensor(name: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Draw one tensor; each tensor has its own stream so the result does not depend on order."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    mean, std = _std(name, shape)
+    out = rng.standard_normal(shape, dtype=np.float32)
+    out *= np.float32(std)
+    out += np.float32(mean)
+    return out
+
+
+def hf_config(config: GPT2Config, preset: str, seed: int) -> dict:
+    """An HF-style config.json for the checkpoint."""
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.n_vocab,
+        "n_positions": config.n_ctx,
+        "n_ctx": config.n_ctx,
+        "n_embd": config.n_embd,
+        "n_head": config.n_head,
+        "n_layer": config.n_layer,
+        "layer_norm_epsilon": 1e-5,
+        "activation_function": "gelu_new",
+        "tie_word_embeddings": True,
+        "theinference_synthetic": {"preset": preset, "seed": seed},
+    }
+
+
+def write_synthetic(
+    out_dir: str | Path, preset: str = "tiny", seed: int = 0, progress: Callable[[int, int], None] | None = None
+) -> Path:
+    """Write model.safetensors + config.json into out_dir; same preset and seed give identical bytes."""
+    config = PRESETS[preset]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shapes = expected_shapes(config)
+    tensors = {}
+    for i, (name, shape) in enumerate(shapes.items()):
+        tensors[name] = synth_tensor(name, shape, seed)
+        if progress:
+            progress(i + 1, len(shapes))
+    metadata = {"format": "pt", "theinference.synthetic": f"{preset} preset, seed {seed}"}
+    (out_dir / "config.json").write_text(json.dumps(hf_config(config, preset, seed), indent=2) + "\n")
+    # Write beside the target, then rename: a reader never sees a half-written checkpoint.
+    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out_dir / "model.safetensors")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out_dir / "model.safetensors"

@@ -1,0 +1,190 @@
+"""Load and check a Hugging Face-layout GPT-2 `model.safetensors`."""
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+class WeightsError(Exception):
+    """The weights file cannot be used; the message names the file and the offending tensor."""
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_vocab: int
+    n_ctx: int
+    n_embd: int
+    n_head: int
+    n_layer: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer")}
+
+
+@dataclass
+class Model:
+    """Loaded weights: `params` is nested like the checkpoint keys (`h[i]["attn"]["c_attn"]["weight"]`)."""
+
+    path: Path
+    config: GPT2Config
+    params: dict
+    metadata: dict[str, str] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)
+
+    @property
+    def synthetic(self) -> str | None:
+        """A description like 'gpt2 preset, seed 0' for weights made by `weights synth`, else None."""
+        return self.metadata.get("theinference.synthetic")
+
+
+_BLOCK_TENSORS = {
+    "ln_1.weight": lambda c: (c.n_embd,),
+    "ln_1.bias": lambda c: (c.n_embd,),
+    "attn.c_attn.weight": lambda c: (c.n_embd, 3 * c.n_embd),
+    "attn.c_attn.bias": lambda c: (3 * c.n_embd,),
+    "attn.c_proj.weight": lambda c: (c.n_embd, c.n_embd),
+    "attn.c_proj.bias": lambda c: (c.n_embd,),
+    "ln_2.weight": lambda c: (c.n_embd,),
+    "ln_2.bias": lambda c: (c.n_embd,),
+    "mlp.c_fc.weight": lambda c: (c.n_embd, 4 * c.n_embd),
+    "mlp.c_fc.bias": lambda c: (4 * c.n_embd,),
+    "mlp.c_proj.weight": lambda c: (4 * c.n_embd, c.n_embd),
+    "mlp.c_proj.bias": lambda c: (c.n_embd,),
+}
+# Buffers some exports carry; they hold no weights and are skipped.
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "BF16": np.uint16}
+
+
+def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor a GPT-2 checkpoint of this config must hold, with its shape."""
+    shapes = {
+        "wte.weight": (config.n_vocab, config.n_embd),
+        "wpe.weight": (config.n_ctx, config.n_embd),
+        "ln_f.weight": (config.n_embd,),
+        "ln_f.bias": (config.n_embd,),
+    }
+    for i in range(config.n_layer):
+        for name, shape in _BLOCK_TENSORS.items():
+            shapes[f"h.{i}.{name}"] = shape(config)
+    return shapes
+
+
+def read_header(path: Path) -> tuple[dict, dict[str, str], int]:
+    """Return (tensor entries keyed by name without `transformer.`, metadata, data start offset)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise WeightsError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > min(size - 8, 100_000_000):
+                raise WeightsError(f"{path}: not a safetensors file (header length {header_len} exceeds the file)")
+            header = json.loads(f.read(header_len))
+    except OSError as e:
+        raise WeightsError(f"{path}: cannot read weights file: {e.strerror or e}") from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise WeightsError(f"{path}: not a safetensors file (header is not JSON: {e})") from e
+    if not isinstance(header, dict):
+        raise WeightsError(f"{path}: not a safetensors file (header is not a JSON object)")
+    metadata = header.pop("__metadata__", None) or {}
+    entries = {}
+    for key, entry in header.items():
+        name = key.removeprefix("transformer.")
+        if name.endswith(_IGNORED_SUFFIXES) or name == "lm_head.weight":
+            continue  # the LM head is tied to wte; a stored copy is not used
+        entries[name] = entry
+    return entries, metadata, 8 + header_len
+
+
+def infer_config(path: Path, entries: dict) -> GPT2Config:
+    """Read the model's dimensions from tensor shapes; `n_head` from config.json beside the file."""
+    for required in ("wte.weight", "wpe.weight"):
+        if required not in entries:
+            raise WeightsError(f"{path}: missing tensor '{required}' (is this a GPT-2 checkpoint?)")
+    n_vocab, n_embd = entries["wte.weight"]["shape"]
+    n_ctx = entries["wpe.weight"]["shape"][0]
+    n_layer = 0
+    while f"h.{n_layer}.ln_1.weight" in entries:
+        n_layer += 1
+    n_head = _n_head_from_config_json(path.parent / "config.json", n_embd)
+    if n_layer == 0:
+        raise WeightsError(f"{path}: no transformer blocks found (no tensor 'h.0.ln_1.weight')")
+    if n_head <= 0 or n_embd % n_head:
+        raise WeightsError(f"{path}: n_head={n_head} does not divide n_embd={n_embd}")
+    return GPT2Config(n_vocab=n_vocab, n_ctx=n_ctx, n_embd=n_embd, n_head=n_head, n_layer=n_layer)
+
+
+def _n_head_from_config_json(config_path: Path, n_embd: int) -> int:
+    if not config_path.is_file():
+        return n_embd // 64
+    try:
+        config = json.loads(config_path.read_text())
+        return int(config.get("n_head", n_embd // 64))
+    except (OSError, ValueError, TypeError) as e:
+        raise WeightsError(f"{config_path}: cannot read n_head: {e}") from e
+
+
+def check_entries(path: Path, entries: dict, config: GPT2Config, data_len: int) -> None:
+    """Raise WeightsError naming the first missing, misshapen, mistyped or out-of-file tensor."""
+    for name, shape in expected_shapes(config).items():
+        entry = entries.get(name)
+        if entry is None:
+            raise WeightsError(f"{path}: missing tensor '{name}' (expected shape {list(shape)})")
+        if tuple(entry.get("shape", ())) != shape:
+            raise WeightsError(f"{path}: tensor '{name}' has shape {entry.get('shape')}, expected {list(shape)}")
+        if entry.get("dtype") not in _DTYPES:
+            raise WeightsError(f"{path}: tensor '{name}' has dtype {entry.get('dtype')}; supported: F32, F16, BF16, F64")
+        start, end = entry["data_offsets"]
+        itemsize = 2 if entry["dtype"] == "BF16" else np.dtype(_DTYPES[entry["dtype"]]).itemsize
+        if end - start != itemsize * int(np.prod(shape)) or end > data_len:
+            raise WeightsError(
+                f"{path}: tensor '{name}' lies outside the file's data (the file is truncated or corrupt)"
+            )
+
+
+def _read_tensor(f, path: Path, name: str, entry: dict, data_start: int) -> np.ndarray:
+    # Read straight into a fresh float array: no mmap, so peak memory stays ~ one copy.
+    start, end = entry["data_offsets"]
+    raw = np.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
+    f.seek(data_start + start)
+    if f.readinto(memoryview(raw).cast("B")) != end - start:
+        raise WeightsError(f"{path}: tensor '{name}' is cut short (the file is truncated)")
+    if entry["dtype"] == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw if raw.dtype == np.float32 else raw.astype(np.float32)
+
+
+def _nest(flat: dict[str, np.ndarray], n_layer: int) -> dict:
+    """Turn `h.0.attn.c_attn.weight` keys into params["h"][0]["attn"]["c_attn"]["weight"]."""
+    params: dict = {"h": [{} for _ in range(n_layer)]}
+    for key, value in flat.items():
+        parts = key.split(".")
+        node = params["h"][int(parts[1])] if parts[0] == "h" else params
+        for part in parts[2:-1] if parts[0] == "h" else parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return params
+
+
+def load_model(path: str | Path) -> Model:
+    """Load and check a GPT-2 checkpoint; raise WeightsError with a clear message if unusable."""
+    path = Path(path).expanduser().resolve()
+    if path.is_dir():
+        path = path / "model.safetensors"
+    if not path.is_file():
+        raise WeightsError(f"{path}: no such weights file")
+    entries, metadata, data_start = read_header(path)
+    config = infer_config(path, entries)
+    check_entries(path, entries, config, path.stat().st_size - data_start)
+    dtypes = {entries[name]["dtype"] for name in expected_shapes(config)}
+    notices = [f"weights stored as {d}; converted to float32" for d in sorted(dtypes - {"F32"})]
+    flat = {}
+    with path.open("rb") as f:
+        for name in expected_shapes(config):
+            flat[name] = _read_tensor(f, path, name, entries[name], data_start)
+    return Model(path=path, config=config, params=_nest(flat, config.n_layer), metadata=metadata, notices=notices)
