@@ -1,0 +1,111 @@
+"""The `theinference` command: parses, calls the package, renders, maps results to exit codes."""
+
+import sys
+import traceback
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from theinference import __version__
+from theinference.cli_common import EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console, synth_progress
+from theinference.cli_stages import stages_app
+from theinference.cli_weights import weights_app
+from theinference.report.jsonout import render_json
+from theinference.report.terminal import render_run
+from theinference.session import CONFIG_ERRORS, UsageError, open_session, select_stages
+
+app = typer.Typer(
+    help="The grader for the course 'Build your own KV cache'.",
+    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+)
+app.add_typer(weights_app, name="weights")
+app.add_typer(stages_app, name="stages")
+
+
+class Format(str, Enum):
+    rich = "rich"
+    json = "json"
+
+
+CourseOpt = Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: the nearest ancestor holding theinference.toml or tests/adapters.py).")]
+StagesDirOpt = Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files (repeatable).")]
+
+
+def _weights_notice(session) -> None:
+    if session.made_weights:
+        err_console().print(
+            f"[yellow]note:[/yellow] made synthetic GPT-2-shape weights at {session.model.path} "
+            "(every identity holds for them; generated text is gibberish). For real GPT-2: "
+            "`hf download openai-community/gpt2 model.safetensors config.json`, or pass --weights PATH."
+        )
+
+
+def _emit(run, fmt: Format, output: Optional[Path]) -> None:
+    if fmt is Format.json:
+        text = render_json(run, __version__)
+        if output:
+            output.write_text(text)
+        else:
+            sys.stdout.write(text)
+        return
+    if output:
+        with output.open("w") as f:
+            render_run(Console(file=f, width=120, no_color=True, highlight=False), run, __version__)
+    else:
+        render_run(console_for(sys.stdout), run, __version__)
+
+
+@app.command()
+def test(
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Stage id to grade (repeatable).")] = None,
+    all_stages: Annotated[bool, typer.Option("--all", help="Grade every stage (the default when no --stage is given).")] = False,
+    course: CourseOpt = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", help="model.safetensors (or its directory) to grade against.")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds each adapter call may take, overriding the stage's.")] = None,
+    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.rich,
+    output: Annotated[Optional[Path], typer.Option("--output", help="Write the report to this file instead of stdout.")] = None,
+    stages_dir: StagesDirOpt = None,
+) -> None:
+    """Grade the course's adapters against the numpy GPT-2 oracle.
+
+    Exit codes: 0 every selected stage passed; 1 some stage failed (including errors, timeouts,
+    crashes and stages not started); 2 usage or configuration error.
+    """
+    try:
+        session = open_session(course, weights, stages_dir or [], progress=synth_progress())
+        selected = select_stages(session.stages, [] if all_stages else (stage or []))
+        _weights_notice(session)
+        run = session.run(selected, timeout=timeout)
+    except (*CONFIG_ERRORS, UsageError) as e:
+        raise config_error(e)
+    _emit(run, fmt, output)
+    raise typer.Exit(0 if run.passed else EXIT_FAIL)
+
+
+@app.command()
+def version() -> None:
+    """Print theinference's version."""
+    print(__version__)
+
+
+def main() -> None:
+    """Entry point: run the CLI; an unexpected exception is reported as a grader bug (exit 3)."""
+    try:
+        app()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception:  # noqa: BLE001 - the last line of defence: say it is our bug
+        err_console().print(
+            "[bold red]theinference internal error[/bold red] — this is a bug in the grader, not in your code. "
+            "Please report it with the traceback below."
+        )
+        err_console().print(traceback.format_exc(), markup=False, highlight=False)
+        sys.exit(EXIT_INTERNAL)
+
+
+__all__ = ["app", "main", "EXIT_CONFIG"]

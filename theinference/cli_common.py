@@ -1,0 +1,54 @@
+"""Pieces the CLI's command modules share: exit codes, consoles, error reporting, progress."""
+
+import os
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def console_for(stream) -> Console:
+    """A console on stream; plain (no colour) when not a terminal, in CI or with NO_COLOR."""
+    plain = in_ci() or not stream.isatty()
+    return Console(file=stream, no_color=plain or None, highlight=False, soft_wrap=False,
+                   force_terminal=False if plain else None, width=None if stream.isatty() else 120)
+
+
+def err_console() -> Console:
+    return console_for(sys.stderr)
+
+
+def config_error(e: Exception) -> typer.Exit:
+    """Print a usage/configuration error and return the Exit to raise (code 2)."""
+    err_console().print(f"[bold red]error:[/bold red] {escape(str(e))}")
+    return typer.Exit(EXIT_CONFIG)
+
+
+class _SynthProgress:
+    """A progress callback for `write_synthetic`: a rich bar on stderr while tensors are drawn."""
+
+    def __init__(self):
+        self.progress = None
+        self.task = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.progress is None:
+            self.progress = Progress(TextColumn("making synthetic weights"), BarColumn(), TextColumn("{task.completed}/{task.total} tensors"),
+                                     TimeElapsedColumn(), console=err_console(), disable=in_ci())
+            self.progress.start()
+            self.task = self.progress.add_task("synth", total=total)
+        self.progress.update(self.task, completed=done)
+        if done == total:
+            self.progress.stop()
+
+
+def synth_progress() -> _SynthProgress:
+    return _SynthProgress()

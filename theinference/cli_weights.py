@@ -1,0 +1,85 @@
+"""`theinference weights`: show, make and inspect GPT-2 checkpoints."""
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from theinference.cli_common import EXIT_CONFIG, config_error, console_for, err_console, synth_progress
+from theinference.course import CourseError, find_course_root, load_course
+from theinference.sources import resolve_weights
+from theinference.synth import PRESETS, write_synthetic
+from theinference.weights import WeightsError, check_entries, expected_shapes, infer_config, read_header
+
+weights_app = typer.Typer(help="Show, make and inspect GPT-2 weights.", invoke_without_command=True)
+
+
+class Preset(str, Enum):
+    gpt2 = "gpt2"
+    tiny = "tiny"
+
+
+@weights_app.callback()
+def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--weights", help="As for `test`.")] = None) -> None:
+    """Without a subcommand: which weights `test` would grade against, from where, and why."""
+    if ctx.invoked_subcommand is not None:
+        return
+    root = find_course_root(Path.cwd())
+    try:
+        course_weights = load_course(root).weights if root else None
+    except CourseError as e:
+        raise config_error(e)
+    choice = resolve_weights(weights, course_weights, os.environ)
+    console = console_for(__import__("sys").stdout)
+    console.print(f"weights: {choice.path}")
+    console.print(f"source:  {choice.source} ({choice.why})")
+    if not choice.path.is_file():
+        console.print("not made yet: `theinference test` makes it on first use" if choice.source == "default-synthetic"
+                      else "[red]this file does not exist[/red]")
+        raise typer.Exit(0 if choice.source == "default-synthetic" else EXIT_CONFIG)
+    _print_info(choice.path)
+
+
+@weights_app.command()
+def synth(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write model.safetensors and config.json into.")],
+    preset: Annotated[Preset, typer.Option("--preset", help="gpt2: the 124M shape; tiny: 2 layers, 128 wide.")] = Preset.tiny,
+    seed: Annotated[int, typer.Option("--seed", help="Same seed, same bytes.")] = 0,
+) -> None:
+    """Write a deterministic synthetic GPT-2-layout checkpoint (model.safetensors + config.json)."""
+    path = write_synthetic(out, preset=preset.value, seed=seed, progress=synth_progress())
+    c = PRESETS[preset.value]
+    err_console().print(f"wrote {path} ({preset.value}: n_layer {c.n_layer}, n_head {c.n_head}, n_embd {c.n_embd}, "
+                        f"n_ctx {c.n_ctx}, n_vocab {c.n_vocab}; seed {seed})")
+
+
+def _print_info(path: Path) -> None:
+    try:
+        entries, metadata, data_start = read_header(path)
+        config = infer_config(path, entries)
+        check_entries(path, entries, config, path.stat().st_size - data_start)
+    except WeightsError as e:
+        raise config_error(e)
+    console = console_for(__import__("sys").stdout)
+    synthetic = metadata.get("theinference.synthetic")
+    console.print(f"file:      {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    console.print(f"synthetic: {synthetic or 'no (real or third-party weights)'}")
+    console.print("config:    " + " · ".join(f"{k} {v}" for k, v in config.as_dict().items()))
+    table = Table(show_edge=False)
+    for column in ("tensor", "shape", "dtype"):
+        table.add_column(column)
+    for name in expected_shapes(config):
+        table.add_row(name, str(entries[name]["shape"]), entries[name]["dtype"])
+    console.print(table)
+
+
+@weights_app.command()
+def info(path: Annotated[Path, typer.Argument(help="model.safetensors or its directory.")]) -> None:
+    """Print a checkpoint's config and tensor table (and check every tensor is there)."""
+    path = path / "model.safetensors" if path.is_dir() else path
+    if not path.is_file():
+        raise config_error(WeightsError(f"{path}: no such weights file"))
+    _print_info(path)

@@ -1,0 +1,68 @@
+"""The JSON results document (schema "theinference.results", version 1; see README)."""
+
+import dataclasses
+import json
+import math
+
+from theinference.results import CaseResult, RunResult, StageResult
+
+SCHEMA = "theinference.results"
+SCHEMA_VERSION = 1
+
+
+def _number(value: float):
+    # JSON has no NaN or infinity; they are written as the strings "nan", "inf", "-inf".
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def _clean(obj):
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return _number(obj)
+
+
+def case_document(case: CaseResult) -> dict:
+    doc = {
+        "name": case.name, "status": case.status, "message": case.message, "detail": case.detail,
+        "inputs": case.inputs, "texts": case.texts, "seconds": case.seconds,
+        "first_bad_row": case.first_bad_row,
+        "rows": [dataclasses.asdict(r) for r in case.rows],
+        "steps": [dataclasses.asdict(s) for s in case.steps],
+        "expected_tokens": case.expected_tokens, "got_tokens": case.got_tokens,
+        "diagnosis": dataclasses.asdict(case.diagnosis) if case.diagnosis else None,
+        "traceback": case.traceback, "stdout": case.stdout, "stderr": case.stderr,
+    }
+    return doc
+
+
+def stage_document(stage: StageResult) -> dict:
+    return {
+        "id": stage.id, "title": stage.title, "status": stage.status,
+        "points": stage.points, "max_points": stage.max_points,
+        "passed_cases": stage.passed_cases, "total_cases": len(stage.cases),
+        "adapter": stage.adapter, "adapters_file": stage.adapters_file, "lesson": stage.lesson,
+        "compare": stage.compare, "tolerance": {"atol": stage.atol, "rtol": stage.rtol},
+        "seconds": stage.seconds, "cases": [case_document(c) for c in stage.cases],
+    }
+
+
+def run_document(run: RunResult, version: str) -> dict:
+    earned, possible = run.points
+    return _clean({
+        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "theinference_version": version,
+        "status": "pass" if run.passed else "fail",
+        "points": earned, "max_points": possible,
+        "course": run.course,
+        "weights": {"path": run.weights_path, "source": run.weights_source, "why": run.weights_why,
+                    "synthetic": run.synthetic, "config": run.config},
+        "notices": run.notices,
+        "stages": [stage_document(s) for s in run.stages],
+    })
+
+
+def render_json(run: RunResult, version: str) -> str:
+    return json.dumps(run_document(run, version), indent=2, allow_nan=False) + "\n"

@@ -1,0 +1,179 @@
+"""Render a RunResult for people: header, one line per stage, a divergence table per failing case."""
+
+from rich import box
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from theinference import tokenizer
+from theinference.results import CaseResult, RowStats, RunResult, StageResult
+
+FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
+FOLD_LIMIT = 16  # cases with more rows than this are folded
+_SPARKS = "▁▂▃▄▅▆▇█"
+_MARK = {"pass": "✔", "fail": "✘", "not-started": "·", "error": "✘", "timeout": "⏱", "crash": "✘"}
+_STYLE = {"pass": "green", "fail": "red", "not-started": "yellow", "error": "red", "timeout": "red", "crash": "red"}
+_WORDS = {
+    "pass": "passed", "fail": "failed", "not-started": "not started", "error": "error",
+    "timeout": "timed out", "crash": "crashed",
+}
+
+
+def token_label(token_id: int | None, width: int = 14) -> str:
+    """`464 'The'`: an id with its text, shortened for a table cell."""
+    if token_id is None:
+        return ""
+    text = repr(tokenizer.token_text(token_id))
+    if len(text) > width:
+        text = text[: width - 1] + "…"
+    return f"{token_id} {text}"
+
+
+def sparkline(values: list[float]) -> str:
+    """Error by position on a log scale, one character per row (✕ for NaN/inf)."""
+    import math
+
+    finite = [v for v in values if math.isfinite(v) and v > 0]
+    if not finite:
+        return "".join("✕" if not math.isfinite(v) else _SPARKS[0] for v in values)
+    lo, hi = math.log10(min(finite)), math.log10(max(finite))
+    out = []
+    for v in values:
+        if not math.isfinite(v):
+            out.append("✕")
+        elif v <= 0:
+            out.append(_SPARKS[0])
+        else:
+            level = 0 if hi == lo else round((math.log10(v) - lo) / (hi - lo) * (len(_SPARKS) - 1))
+            out.append(_SPARKS[level])
+    return "".join(out)
+
+
+def render_header(console: Console, run: RunResult, version: str) -> None:
+    synthetic = f" · synthetic ({run.synthetic})" if run.synthetic else ""
+    config = " · ".join(f"{k} {v}" for k, v in run.config.items())
+    console.print(f"[bold]theinference {version}[/bold] grading [cyan]{escape(run.course)}[/cyan]")
+    console.print(f"weights: {escape(run.weights_path)}{synthetic}")
+    console.print(f"         {escape(run.weights_why)} · {config}", style="dim")
+    for notice in run.notices:
+        console.print(f"[yellow]note:[/yellow] {escape(notice)}")
+    console.print()
+
+
+def _cell_float(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def _worst_cell(row: RowStats, vocab: bool) -> str:
+    where = token_label(row.worst_index) if vocab else f"[{row.worst_index}]"
+    return f"{where}: {_cell_float(row.expected)} vs {_cell_float(row.got)}"
+
+
+def _visible_rows(case: CaseResult) -> tuple[list[RowStats], list[RowStats]]:
+    """(rows shown, rows folded away) for a long case, centred on the first divergence."""
+    if len(case.rows) <= FOLD_LIMIT:
+        return case.rows, []
+    first = case.first_bad_row or 0
+    lo, hi = max(0, first - FOLD_BEFORE), min(len(case.rows), first + FOLD_AFTER)
+    return case.rows[lo:hi], case.rows[:lo] + case.rows[hi:]
+
+
+def rows_table(case: CaseResult, vocab: bool) -> Table:
+    """The per-position divergence table of a failing case, first divergent row highlighted."""
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for title, justify in (("row", "right"), ("pos", "right"), ("token", "left"), ("max |Δ|", "right"),
+                           ("max rel Δ", "right"), ("out of tol", "right"), ("worst (expected vs got)", "left"),
+                           ("", "left")):
+        table.add_column(title, justify=justify, no_wrap=True)
+    shown, folded = _visible_rows(case)
+    first = case.first_bad_row
+    if shown and shown[0].row > 0:
+        table.add_row("…", "", f"{shown[0].row} rows above", "", "", "", "", "")
+    for row in shown:
+        verdict = "ok" if row.ok else ("NaN/inf" if row.n_nonfinite else "off")
+        style = "bold red" if row.row == first else ("red" if not row.ok else "")
+        pct = 100.0 * row.n_bad / row.n
+        table.add_row(str(row.row), str(row.position), token_label(row.token), _cell_float(row.max_abs),
+                      _cell_float(row.max_rel), f"{row.n_bad} ({pct:.0f}%)", _worst_cell(row, vocab),
+                      ("◀ first divergence" if row.row == first else verdict), style=style)
+    below = [r for r in folded if shown and r.row > shown[-1].row]
+    if below:
+        bad = sum(not r.ok for r in below)
+        worst = max(r.max_abs for r in below)
+        table.add_row("…", "", f"{len(below)} rows below", f"≤ {_cell_float(worst)}", "", f"{bad} rows off", "", "")
+    return table
+
+
+def tokens_table(case: CaseResult) -> Table:
+    """Greedy: expected and generated tokens side by side, first mismatch marked."""
+    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    for title in ("step", "expected", "generated", ""):
+        table.add_column(title, no_wrap=True)
+    verdicts = {s.step: s for s in case.steps}
+    for k, (exp, got) in enumerate(zip(case.expected_tokens, case.got_tokens)):
+        step = verdicts.get(k)
+        note, style = "", ""
+        if step and step.verdict == "mismatch":
+            note, style = f"◀ first mismatch (logit gap {step.gap:.3g})", "bold red"
+        elif step and step.verdict == "near-tie":
+            note = f"near-tie accepted (gap {step.gap:.3g})"
+        elif case.steps and k >= len(case.steps):
+            style = "dim"
+        table.add_row(str(k), token_label(exp, 18), token_label(got, 18), note, style=style)
+    return table
+
+
+def _case_body(case: CaseResult, stage: StageResult, vocab: bool) -> list:
+    parts = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
+                           (f" — {case.message}" if case.message else "", ""))]
+    if case.rows and case.status == "fail":
+        parts.append(rows_table(case, vocab))
+        parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows])}"))
+    if case.steps and case.status == "fail":
+        parts.append(tokens_table(case))
+    if case.diagnosis:
+        parts.append(Text.assemble(("  shape: ", "bold"), (case.diagnosis.shape, "magenta"),
+                                   (f" — {case.diagnosis.summary}", "")))
+        if case.diagnosis.hint:
+            parts.append(Text.assemble(("  hint: ", "bold yellow"), case.diagnosis.hint))
+    if case.traceback:
+        parts.append(Text(case.traceback.rstrip(), style="dim"))
+    output = (case.stdout + case.stderr).strip()
+    if output and case.status in ("error", "crash", "timeout"):
+        parts.append(Text("  output of your code:\n" + output[-2000:], style="dim"))
+    return parts
+
+
+def _near_ties(case: CaseResult) -> int:
+    return sum(s.verdict == "near-tie" for s in case.steps)
+
+
+def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
+    mark = _MARK[stage.status]
+    console.print(Text.assemble(
+        (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"), f"  {stage.title}  ",
+        (f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
+         f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s", "dim"),
+    ))
+    if stage.status == "not-started":
+        console.print(f"  not started: write {stage.adapter}() in {escape(stage.adapters_file)}", style="yellow")
+        return
+    for case in stage.cases:
+        vocab = bool(case.rows) and case.rows[0].n == n_vocab
+        if case.status != "pass":
+            console.print(Group(*_case_body(case, stage, vocab)))
+        elif _near_ties(case):
+            console.print(f"  case {case.name}: passed with {_near_ties(case)} near-tie(s) accepted", style="dim")
+    console.print()
+
+
+def render_run(console: Console, run: RunResult, version: str) -> None:
+    """The whole report: header, each stage, and a closing summary line."""
+    render_header(console, run, version)
+    for stage in run.stages:
+        render_stage(console, stage, run.config.get("n_vocab", 0))
+    passed = sum(s.status == "pass" for s in run.stages)
+    earned, possible = run.points
+    style = "bold green" if run.passed else "bold red"
+    console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)

@@ -1,0 +1,81 @@
+"""Everything a grading run needs, loaded once: course, stages, weights, oracle cache."""
+
+import difflib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from theinference.course import Course, CourseError, find_course_root, load_course
+from theinference.grade import GradeContext, GradeError, OracleCache, grade
+from theinference.oracles import OracleError
+from theinference.results import RunResult
+from theinference.sources import WeightsChoice, ensure_weights, resolve_weights
+from theinference.stages import StageError, StageSpec, load_stages, stage_dirs
+from theinference.weights import Model, WeightsError, load_model
+
+# Every error a user can fix by changing their command line or files: exit code 2.
+CONFIG_ERRORS = (CourseError, StageError, WeightsError, GradeError, OracleError)
+
+
+class UsageError(Exception):
+    """The command line asks for something that does not exist (exit code 2)."""
+
+
+def locate_course(course_dir: Path | None) -> Course:
+    """The course given with --course, else the nearest ancestor of the working directory."""
+    if course_dir is None:
+        root = find_course_root(Path.cwd())
+        if root is None:
+            raise CourseError(
+                f"no course directory here: {Path.cwd()} and its parents hold no theinference.toml or "
+                "tests/adapters.py (run in your course directory, pass --course DIR, or start one with `theinference init`)"
+            )
+        course_dir = root
+    return load_course(course_dir)
+
+
+def select_stages(stages: list[StageSpec], wanted: list[str]) -> list[StageSpec]:
+    """The stages named (in course order), or all of them; unknown ids raise UsageError."""
+    by_id = {s.id: s for s in stages}
+    for stage_id in wanted:
+        if stage_id not in by_id:
+            close = difflib.get_close_matches(stage_id, by_id, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise UsageError(f"unknown stage '{stage_id}'.{hint} Known stages: {', '.join(by_id)}")
+    return [s for s in stages if s.id in wanted] if wanted else stages
+
+
+@dataclass
+class Session:
+    course: Course
+    stages: list[StageSpec]
+    weights: WeightsChoice
+    model: Model
+    made_weights: bool = False
+    cache: OracleCache = field(default_factory=OracleCache)
+
+    def run(self, selected: list[StageSpec], timeout: float | None = None, env: dict | None = None,
+            on_stage: Callable | None = None) -> RunResult:
+        """Grade the selected stages in order; on_stage(stage) is called before each."""
+        ctx = GradeContext(course=self.course, model=self.model, cache=self.cache, timeout=timeout, env=env or {})
+        results = []
+        for stage in selected:
+            if on_stage:
+                on_stage(stage)
+            results.append(grade(stage, ctx))
+        return RunResult(
+            course=str(self.course.root), weights_path=str(self.model.path), weights_source=self.weights.source,
+            weights_why=self.weights.why, synthetic=self.model.synthetic, config=self.model.config.as_dict(),
+            stages=results, notices=list(self.model.notices),
+        )
+
+
+def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs: list[Path],
+                 progress: Callable[[int, int], None] | None = None) -> Session:
+    """Load course, stages and weights (making the default synthetic weights if they are the choice)."""
+    course = locate_course(course_dir)
+    stages = load_stages(stage_dirs(course.root, [*course.stages_dirs, *extra_stage_dirs]))
+    choice = resolve_weights(weights, course.weights, os.environ)
+    made = ensure_weights(choice, progress)
+    return Session(course=course, stages=stages, weights=choice, model=load_model(choice.path), made_weights=made)
