@@ -39,7 +39,8 @@ def _weights_notice(session) -> None:
         err_console().print(
             f"[yellow]note:[/yellow] made synthetic GPT-2-shape weights at {session.model.path} "
             "(every identity holds for them; generated text is gibberish). For real GPT-2: "
-            "`hf download openai-community/gpt2 model.safetensors config.json`, or pass --weights PATH."
+            "`hf download openai-community/gpt2 model.safetensors config.json`, or pass --weights PATH.",
+            soft_wrap=True,
         )
 
 

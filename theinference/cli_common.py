@@ -28,7 +28,7 @@ def err_console() -> Console:
 
 def config_error(e: Exception) -> typer.Exit:
     """Print a usage/configuration error and return the Exit to raise (code 2)."""
-    err_console().print(f"[bold red]error:[/bold red] {escape(str(e))}")
+    err_console().print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
     return typer.Exit(EXIT_CONFIG)
 
 

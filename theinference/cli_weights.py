@@ -12,7 +12,7 @@ from theinference.cli_common import EXIT_CONFIG, config_error, console_for, err_
 from theinference.course import CourseError, find_course_root, load_course
 from theinference.sources import resolve_weights
 from theinference.synth import PRESETS, write_synthetic
-from theinference.weights import WeightsError, check_entries, expected_shapes, infer_config, read_header
+from theinference.weights import WeightsError, check_entries, expected_shapes, infer_config, read_header, synthetic_description
 
 weights_app = typer.Typer(help="Show, make and inspect GPT-2 weights.", invoke_without_command=True)
 
@@ -58,13 +58,13 @@ def synth(
 
 def _print_info(path: Path) -> None:
     try:
-        entries, metadata, data_start = read_header(path)
+        entries, _, data_start = read_header(path)
         config = infer_config(path, entries)
         check_entries(path, entries, config, path.stat().st_size - data_start)
     except WeightsError as e:
         raise config_error(e)
     console = console_for(__import__("sys").stdout)
-    synthetic = metadata.get("theinference.synthetic")
+    synthetic = synthetic_description(path)
     console.print(f"file:      {path} ({path.stat().st_size / 1e6:.1f} MB)")
     console.print(f"synthetic: {synthetic or 'no (real or third-party weights)'}")
     console.print("config:    " + " · ".join(f"{k} {v}" for k, v in config.as_dict().items()))

@@ -77,7 +77,9 @@ def write_synthetic(
         tensors[name] = synth_tensor(name, shape, seed)
         if progress:
             progress(i + 1, len(shapes))
-    metadata = {"format": "pt", "theinference.synthetic": f"{preset} preset, seed {seed}"}
+    # One metadata key only: safetensors writes metadata in hash order, and two keys would make
+    # the bytes differ from run to run. The synthetic marker lives in config.json.
+    metadata = {"format": "pt"}
     (out_dir / "config.json").write_text(json.dumps(hf_config(config, preset, seed), indent=2) + "\n")
     # Write beside the target, then rename: a reader never sees a half-written checkpoint.
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.", suffix=".tmp")

@@ -31,13 +31,8 @@ class Model:
     path: Path
     config: GPT2Config
     params: dict
-    metadata: dict[str, str] = field(default_factory=dict)
+    synthetic: str | None = None  # e.g. "gpt2 preset, seed 0" for weights made by `weights synth`
     notices: list[str] = field(default_factory=list)
-
-    @property
-    def synthetic(self) -> str | None:
-        """A description like 'gpt2 preset, seed 0' for weights made by `weights synth`, else None."""
-        return self.metadata.get("theinference.synthetic")
 
 
 _BLOCK_TENSORS = {
@@ -111,7 +106,7 @@ def infer_config(path: Path, entries: dict) -> GPT2Config:
     n_layer = 0
     while f"h.{n_layer}.ln_1.weight" in entries:
         n_layer += 1
-    n_head = _n_head_from_config_json(path.parent / "config.json", n_embd)
+    n_head = read_config_json(path).get("n_head", n_embd // 64)
     if n_layer == 0:
         raise WeightsError(f"{path}: no transformer blocks found (no tensor 'h.0.ln_1.weight')")
     if n_head <= 0 or n_embd % n_head:
@@ -119,14 +114,24 @@ def infer_config(path: Path, entries: dict) -> GPT2Config:
     return GPT2Config(n_vocab=n_vocab, n_ctx=n_ctx, n_embd=n_embd, n_head=n_head, n_layer=n_layer)
 
 
-def _n_head_from_config_json(config_path: Path, n_embd: int) -> int:
+def read_config_json(path: Path) -> dict:
+    """The HF-style config.json beside a checkpoint, or {} if there is none."""
+    config_path = path.parent / "config.json"
     if not config_path.is_file():
-        return n_embd // 64
+        return {}
     try:
         config = json.loads(config_path.read_text())
-        return int(config.get("n_head", n_embd // 64))
-    except (OSError, ValueError, TypeError) as e:
-        raise WeightsError(f"{config_path}: cannot read n_head: {e}") from e
+        if not isinstance(config, dict) or not isinstance(config.get("n_head", 1), int):
+            raise ValueError("expected a JSON object with an integer n_head")
+        return config
+    except (OSError, ValueError) as e:
+        raise WeightsError(f"{config_path}: cannot read: {e}") from e
+
+
+def synthetic_description(path: Path) -> str | None:
+    """'tiny preset, seed 0' if config.json says `weights synth` made the checkpoint, else None."""
+    marker = read_config_json(path).get("theinference_synthetic")
+    return f"{marker['preset']} preset, seed {marker['seed']}" if isinstance(marker, dict) else None
 
 
 def check_entries(path: Path, entries: dict, config: GPT2Config, data_len: int) -> None:
@@ -178,7 +183,7 @@ def load_model(path: str | Path) -> Model:
         path = path / "model.safetensors"
     if not path.is_file():
         raise WeightsError(f"{path}: no such weights file")
-    entries, metadata, data_start = read_header(path)
+    entries, _, data_start = read_header(path)
     config = infer_config(path, entries)
     check_entries(path, entries, config, path.stat().st_size - data_start)
     dtypes = {entries[name]["dtype"] for name in expected_shapes(config)}
@@ -187,4 +192,5 @@ def load_model(path: str | Path) -> Model:
     with path.open("rb") as f:
         for name in expected_shapes(config):
             flat[name] = _read_tensor(f, path, name, entries[name], data_start)
-    return Model(path=path, config=config, params=_nest(flat, config.n_layer), metadata=metadata, notices=notices)
+    return Model(path=path, config=config, params=_nest(flat, config.n_layer), synthetic=synthetic_description(path),
+                 notices=notices)

@@ -20,7 +20,7 @@ _WORDS = {
 }
 
 
-def token_label(token_id: int | None, width: int = 14) -> str:
+def token_label(token_id: int | None, width: int = 12) -> str:
     """`464 'The'`: an id with its text, shortened for a table cell."""
     if token_id is None:
         return ""
@@ -83,7 +83,7 @@ def rows_table(case: CaseResult, vocab: bool) -> Table:
     """The per-position divergence table of a failing case, first divergent row highlighted."""
     table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
     for title, justify in (("row", "right"), ("pos", "right"), ("token", "left"), ("max |Δ|", "right"),
-                           ("max rel Δ", "right"), ("out of tol", "right"), ("worst (expected vs got)", "left"),
+                           ("max rel Δ", "right"), ("out of tol", "right"), ("worst: expected vs got", "left"),
                            ("", "left")):
         table.add_column(title, justify=justify, no_wrap=True)
     shown, folded = _visible_rows(case)
@@ -96,7 +96,7 @@ def rows_table(case: CaseResult, vocab: bool) -> Table:
         pct = 100.0 * row.n_bad / row.n
         table.add_row(str(row.row), str(row.position), token_label(row.token), _cell_float(row.max_abs),
                       _cell_float(row.max_rel), f"{row.n_bad} ({pct:.0f}%)", _worst_cell(row, vocab),
-                      ("◀ first divergence" if row.row == first else verdict), style=style)
+                      ("◀ first" if row.row == first else verdict), style=style)
     below = [r for r in folded if shown and r.row > shown[-1].row]
     if below:
         bad = sum(not r.ok for r in below)

@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny synthetic weights, an isolated user environment, course builders."""
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from theinference.cli import app
+from theinference.resources import data_dir
+from theinference.synth import write_synthetic
+from theinference.weights import load_model
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny synthetic checkpoint (2 layers, 128 wide, vocab 50257), made once per test run."""
+    out = tmp_path_factory.mktemp("weights") / "tiny"
+    write_synthetic(out, preset="tiny", seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tiny_dir) -> Path:
+    return tiny_dir / "model.safetensors"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_path):
+    return load_model(tiny_path)
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path, monkeypatch):
+    """No test reads or writes the real user's caches, and output is plain at a fixed width."""
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(tmp_path / "user-cache"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("THEINFERENCE_WEIGHTS", raising=False)
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
+@pytest.fixture
+def solution_course(tmp_path) -> Path:
+    """A fresh copy of the bundled reference solution."""
+    dest = tmp_path / "solution"
+    shutil.copytree(data_dir("course") / "solution", dest)
+    return dest
+
+
+def write_adapters(course: Path, source: str) -> Path:
+    """Make `course` a course whose tests/adapters.py is `source` (and src/ from the solution)."""
+    if not (course / "src").exists():
+        shutil.copytree(data_dir("course") / "solution" / "src", course / "src")
+    (course / "tests").mkdir(parents=True, exist_ok=True)
+    path = course / "tests" / "adapters.py"
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+@pytest.fixture
+def cli():
+    """Invoke the real CLI in-process; returns the click Result (exit_code, output)."""
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+    return invoke

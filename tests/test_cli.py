@@ -1,0 +1,130 @@
+"""The CLI end to end: the reference solution passes, reports and exit codes are right."""
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file
+
+from theinference import sources
+
+
+def test_reference_solution_passes_every_stage(cli, solution_course, tiny_path):
+    result = cli("test", "--all", "--course", solution_course, "--weights", tiny_path)
+    assert result.exit_code == 0, result.stdout
+    for stage in ("prove-one-layer", "per-step-identity", "greedy"):
+        assert f"✔ {stage}" in result.stdout
+    assert "3 of 3 stage(s) passed · 40/40 points" in result.stdout
+    assert f"weights: {tiny_path}" in result.stdout and "given with --weights" in result.stdout
+
+
+def test_json_document(cli, solution_course, tiny_path, tmp_path):
+    out = tmp_path / "results.json"
+    result = cli("test", "--stage", "prove-one-layer", "--course", solution_course, "--weights", tiny_path,
+                 "--format", "json", "--output", out)
+    assert result.exit_code == 0
+    doc = json.loads(out.read_text())
+    assert (doc["schema"], doc["schema_version"], doc["status"]) == ("theinference.results", 1, "pass")
+    assert doc["weights"]["path"] == str(tiny_path) and doc["weights"]["synthetic"] == "tiny preset, seed 0"
+    [stage] = doc["stages"]
+    assert (stage["id"], stage["status"], stage["points"], stage["max_points"]) == ("prove-one-layer", "pass", 10, 10)
+    case = stage["cases"][2]
+    assert case["name"] == "long-paragraph" and len(case["rows"]) == len(case["inputs"]["seq"]) >= 48
+    assert all(row["ok"] and row["max_abs"] < 1e-4 for row in case["rows"])
+
+
+def test_stage_is_found_from_a_subdirectory_of_the_course(cli, solution_course, tiny_path, monkeypatch):
+    monkeypatch.chdir(solution_course / "src")
+    result = cli("test", "--stage", "prove-one-layer", "--weights", tiny_path)
+    assert result.exit_code == 0
+    assert f"grading {solution_course}" in result.stdout
+
+
+def test_unknown_stage_suggests_the_closest(cli, solution_course, tiny_path):
+    result = cli("test", "--stage", "per-step-identiy", "--course", solution_course, "--weights", tiny_path)
+    assert result.exit_code == 2
+    assert "unknown stage 'per-step-identiy'. Did you mean 'per-step-identity'?" in result.stderr
+    assert "prove-one-layer, per-step-identity, greedy" in result.stderr
+
+
+def test_no_course_directory(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = cli("test")
+    assert result.exit_code == 2
+    assert "no course directory here" in result.stderr
+
+
+def test_adapters_file_missing(cli, tmp_path):
+    (tmp_path / "theinference.toml").write_text("")
+    result = cli("test", "--course", tmp_path)
+    assert result.exit_code == 2
+    assert "adapters file not found" in result.stderr
+
+
+@pytest.mark.parametrize("content, words", [(None, "no such weights file"), (b"garbage", "not a safetensors file")])
+def test_unreadable_weights(cli, solution_course, tmp_path, content, words):
+    path = tmp_path / "model.safetensors"
+    if content is not None:
+        path.write_bytes(content)
+    result = cli("test", "--course", solution_course, "--weights", path)
+    assert result.exit_code == 2
+    assert words in result.stderr and "Traceback" not in result.stderr
+
+
+def test_invalid_course_stage_file(cli, solution_course, tiny_path):
+    (solution_course / "stages").mkdir()
+    (solution_course / "stages" / "bad.toml").write_text('format_version = 1\nid = "x"\n')
+    result = cli("test", "--course", solution_course, "--weights", tiny_path)
+    assert result.exit_code == 2
+    assert "bad.toml: field 'title': missing required field" in result.stderr
+
+
+def test_theinference_toml_weights_and_bad_field(cli, solution_course, tiny_path):
+    (solution_course / "theinference.toml").write_text(f'weights = "{tiny_path}"\n')
+    result = cli("test", "--stage", "prove-one-layer", "--course", solution_course)
+    assert result.exit_code == 0
+    assert "set in the course's theinference.toml" in result.stdout
+    (solution_course / "theinference.toml").write_text('wieghts = "x"\n')
+    result = cli("test", "--course", solution_course)
+    assert result.exit_code == 2 and "field 'wieghts': unknown field" in result.stderr
+
+
+def test_default_synthetic_weights_are_made_on_first_use(cli, solution_course, monkeypatch, tmp_path):
+    monkeypatch.setattr(sources, "DEFAULT_SYNTH", ("tiny", 0))  # the gpt2 shape is 500 MB; the flow is the same
+    result = cli("test", "--stage", "prove-one-layer", "--course", solution_course)
+    assert result.exit_code == 0
+    made = tmp_path / "user-cache" / "synthetic-tiny-seed0" / "model.safetensors"
+    assert made.is_file()
+    assert "made synthetic GPT-2-shape weights" in result.stderr and "hf download openai-community/gpt2" in result.stderr
+    assert "no weights configured: synthetic GPT-2-shape weights" in result.stdout
+    again = cli("test", "--stage", "prove-one-layer", "--course", solution_course)
+    assert again.exit_code == 0 and "made synthetic" not in again.stderr
+
+
+def test_weights_synth_and_info(cli, tmp_path, tiny_path):
+    result = cli("weights", "synth", "--preset", "tiny", "--seed", "0", "--out", tmp_path / "w")
+    assert result.exit_code == 0
+    assert (tmp_path / "w" / "model.safetensors").read_bytes() == tiny_path.read_bytes()
+    assert json.loads((tmp_path / "w" / "config.json").read_text())["n_head"] == 2
+    info = cli("weights", "info", tmp_path / "w")
+    assert info.exit_code == 0
+    assert "n_vocab 50257 · n_ctx 256 · n_embd 128 · n_head 2 · n_layer 2" in info.stdout
+    assert "h.1.mlp.c_proj.weight" in info.stdout and "[512, 128]" in info.stdout
+    assert "tiny preset, seed 0" in info.stdout
+    assert len(load_file(str(tmp_path / "w" / "model.safetensors"))) == 4 + 2 * 12
+
+
+def test_weights_without_subcommand_says_which_and_why(cli, tiny_path, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("THEINFERENCE_WEIGHTS", str(tiny_path))
+    result = cli("weights")
+    assert result.exit_code == 0
+    assert f"weights: {tiny_path}" in result.stdout and "$THEINFERENCE_WEIGHTS is set" in result.stdout
+
+
+def test_stages_list(cli, solution_course):
+    result = cli("stages", "list", "--course", solution_course)
+    assert result.exit_code == 0
+    lines = [l for l in result.stdout.splitlines() if l.strip()]
+    order = [next(s for s in ("prove-one-layer", "per-step-identity", "greedy") if s in l) for l in lines if "run_" in l]
+    assert order == ["prove-one-layer", "per-step-identity", "greedy"]

@@ -1,0 +1,112 @@
+"""Stage files: the built-in ones load; every kind of mistake is named with file and field."""
+
+from pathlib import Path
+
+import pytest
+
+from theinference.resources import data_dir
+from theinference.stages import StageError, load_stage, load_stages, stage_dirs
+
+VALID = """\
+format_version = 1
+id = "mlp-check"
+title = "A valid stage"
+order = 90
+lesson = "lesson.md"
+adapter = "run_layer_equiv"
+oracle = "layer0-attn-sublayer"
+compare = "rows"
+timeout = 10
+points = 5
+
+[tolerance]
+atol = 1e-4
+rtol = 1e-3
+
+[[case]]
+name = "a"
+seq = [1, 2, 3]
+"""
+
+
+def write_stage(directory: Path, text: str, name: str = "stage.toml") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+def test_builtin_stages_follow_the_course():
+    stages = {s.id: s for s in load_stages(stage_dirs(None))}
+    assert list(stages) == ["prove-one-layer", "per-step-identity", "greedy"]
+    assert (stages["prove-one-layer"].atol, stages["prove-one-layer"].rtol) == (1e-4, 1e-3)
+    assert (stages["per-step-identity"].atol, stages["per-step-identity"].rtol) == (1e-3, 1e-2)
+    assert (stages["greedy"].atol, stages["greedy"].rtol) == (1e-3, 1e-2)
+    assert stages["per-step-identity"].adapter_names == ("run_per_step_logits", "runPerStepLogits")
+    for stage in stages.values():
+        assert len(stage.cases) >= 3
+        lengths = [len(c.inputs.get("seq") or c.inputs["prompt"]) for c in stage.cases]
+        assert 1 in lengths, f"{stage.id} needs a 1-token case"
+        total = [len(c.inputs.get("seq") or c.inputs["prompt"]) + len(c.inputs.get("cont", [])) for c in stage.cases]
+        assert max(total) >= 48, f"{stage.id} needs a case of at least 48 tokens"
+
+
+def test_text_inputs_are_tokenized_and_kept_for_display(tmp_path):
+    stage = load_stage(write_stage(tmp_path, VALID.replace("seq = [1, 2, 3]", 'seq = "Hello world"')))
+    assert stage.cases[0].inputs["seq"] == [15496, 995]
+    assert stage.cases[0].texts["seq"] == "Hello world"
+
+
+def test_default_alias_is_camel_case(tmp_path):
+    assert load_stage(write_stage(tmp_path, VALID)).aliases == ("runLayerEquiv",)
+
+
+@pytest.mark.parametrize(
+    "edit, field, words",
+    [
+        (lambda t: t.replace("points = 5", 'points = 5\ncolour = "blue"'), "colour", "unknown field"),
+        (lambda t: t.replace('title = "A valid stage"\n', ""), "title", "missing required field"),
+        (lambda t: t.replace("timeout = 10", 'timeout = "ten"'), "timeout", "expected int or float"),
+        (lambda t: t.replace("timeout = 10", "timeout = true"), "timeout", "expected int or float"),
+        (lambda t: t.replace("timeout = 10", "timeout = 0"), "timeout", "must be > 0"),
+        (lambda t: t.replace('compare = "rows"', 'compare = "bytes"'), "compare", "must be 'rows' or 'tokens'"),
+        (lambda t: t.replace('oracle = "layer0-attn-sublayer"', 'oracle = "layer9"'), "oracle", "unknown oracle 'layer9'"),
+        (lambda t: t.replace('id = "mlp-check"', 'id = "MLP Check"'), "id", "lowercase"),
+        (lambda t: t.replace("atol = 1e-4\n", ""), "tolerance.atol", "missing required field"),
+        (lambda t: t.replace("rtol = 1e-3", "rtol = 1e-3\nbtol = 2"), "tolerance.btol", "unknown field"),
+        (lambda t: t.replace("seq = [1, 2, 3]", "seq = [1, 2, 3]\nprompt = [4]"), "case[0].prompt", "unknown field"),
+        (lambda t: t.replace("seq = [1, 2, 3]", "seq = []"), "case[0].seq", "non-empty list"),
+        (lambda t: t.replace("seq = [1, 2, 3]", ""), "case[0].seq", "missing required field"),
+        (lambda t: t + '\n[[case]]\nname = "a"\nseq = [4]\n', "case[1].name", "duplicate case name 'a'"),
+        (lambda t: t + '\n[hints]\nwobbly = "x"\n', "hints.wobbly", "unknown failure shape"),
+        (lambda t: t.replace("format_version = 1", "format_version = 2"), "format_version", "reads format_version 1"),
+    ],
+)
+def test_invalid_stage_names_file_and_field(tmp_path, edit, field, words):
+    path = write_stage(tmp_path, edit(VALID))
+    with pytest.raises(StageError) as info:
+        load_stage(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert f"field '{field}'" in message
+    assert words in message
+
+
+def test_toml_syntax_error_names_the_file(tmp_path):
+    path = write_stage(tmp_path, VALID.replace('title = "A valid stage"', "title = "))
+    with pytest.raises(StageError, match=rf"{path}: not valid TOML"):
+        load_stage(path)
+
+
+def test_duplicate_ids_across_directories(tmp_path):
+    write_stage(tmp_path / "a", VALID)
+    second = write_stage(tmp_path / "b", VALID)
+    with pytest.raises(StageError, match=rf"{second}: field 'id': duplicate stage id 'mlp-check' \(also in .*a/stage.toml\)"):
+        load_stages([tmp_path / "a", tmp_path / "b"])
+
+
+def test_course_stages_directory_is_discovered(tmp_path):
+    write_stage(tmp_path / "course" / "stages", VALID)
+    ids = [s.id for s in load_stages(stage_dirs(tmp_path / "course"))]
+    assert ids == ["prove-one-layer", "per-step-identity", "greedy", "mlp-check"]
+    assert stage_dirs(tmp_path / "course")[0] == data_dir("stages")
