@@ -1,6 +1,7 @@
 """GPT-2 in numpy: the slow path, recomputing every position for every new token."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,9 @@ def load_weights(path):
     return params, n_head
 
 
+# Plain Python floats as constants: a numpy float64 scalar would promote float32 arrays to float64.
 def gelu(x):
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def softmax(x):
@@ -63,7 +65,7 @@ def merge_heads(x):  # [n_head, n, head_dim] -> [n, n_embd]
 
 
 def attention(q, k, v, mask):  # [h, n_q, d], [h, n_k, d] -> [h, n_q, d]
-    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1]) + mask
+    scores = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1]) + mask
     return softmax(scores) @ v
 
 
