@@ -196,10 +196,16 @@ def test_hard_exit_is_a_crash_and_sys_exit_an_error(grade_quick):
     assert "sys.exit(3)" in stage["cases"][0]["message"]
 
 
-def test_students_prints_are_captured_not_mixed_into_the_report(grade_quick):
-    code, stage, text = grade_quick("def run_layer_equiv(seq_ids):\n    print('debug line')\n    raise RuntimeError('x')\n")
-    assert "debug line" in stage["cases"][0]["stdout"]
+def test_students_prints_are_captured_per_case(grade_quick):
+    code, stage, text = grade_quick(
+        "import sys\ndef run_layer_equiv(seq_ids):\n"
+        "    print(f'debug {len(seq_ids)}')\n    print('warn', file=sys.stderr)\n    raise RuntimeError('x')\n"
+    )
     assert code == 1
+    assert [c["stdout"] for c in stage["cases"]] == ["debug 1\n", "debug 3\n"]
+    assert [c["stderr"] for c in stage["cases"]] == ["warn\n", "warn\n"]
+    # The two cases fail alike: the report shows the traceback once.
+    assert text.count("RuntimeError: x") == 2 and "same error as case one" in text
 
 
 GREEDY_STAGE = """\

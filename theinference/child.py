@@ -22,6 +22,13 @@ def _send(stream, **message) -> None:
     stream.flush()
 
 
+def _output_offsets() -> list[int]:
+    """Where the student's stdout and stderr files stand now: each case's output is a slice."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return [os.lseek(1, 0, os.SEEK_CUR), os.lseek(2, 0, os.SEEK_CUR)]
+
+
 def _student_traceback(exc: BaseException) -> str:
     """The traceback without the grader's own frames: the student sees only their code."""
     te = traceback.TracebackException.from_exception(exc)
@@ -85,29 +92,30 @@ def _to_array(value):
 def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
     import numpy as np
 
-    _send(proto, event="start", case=index)
+    def done(**message):
+        _send(proto, event="done", case=index, output=_output_offsets(), **message)
+
+    _send(proto, event="start", case=index, output=_output_offsets())
     started = time.perf_counter()
     try:
         value = func(*args)
     except NotImplementedError as e:
-        _send(proto, event="done", case=index, status="not-started", message=str(e) or "NotImplementedError")
+        done(status="not-started", message=str(e) or "NotImplementedError")
         return
     except SystemExit as e:
-        _send(proto, event="done", case=index, status="error", message=f"the adapter called sys.exit({e.code!r})",
-              traceback=_student_traceback(e))
+        done(status="error", message=f"the adapter called sys.exit({e.code!r})", traceback=_student_traceback(e))
         return
     except BaseException as e:  # noqa: BLE001 - the student's exception is the result
-        _send(proto, event="done", case=index, status="error", message=f"{type(e).__name__}: {e}",
-              traceback=_student_traceback(e))
+        done(status="error", message=f"{type(e).__name__}: {e}", traceback=_student_traceback(e))
         return
     seconds = time.perf_counter() - started
     array, problem = _to_array(value)
     if problem:
-        _send(proto, event="done", case=index, status="bad-output", message=problem, seconds=seconds)
+        done(status="bad-output", message=problem, seconds=seconds)
         return
     out = out_dir / f"case-{index}.npy"
     np.save(out, array, allow_pickle=False)
-    _send(proto, event="done", case=index, status="ok", file=str(out), seconds=seconds)
+    done(status="ok", file=str(out), seconds=seconds)
 
 
 def main() -> None:

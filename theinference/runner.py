@@ -43,9 +43,12 @@ class CallOutcome:
     stderr: str = ""
 
 
-def _read_capped(path: Path) -> str:
+def _read_capped(path: Path, start: int = 0, end: int | None = None) -> str:
+    """The student's output between two offsets of a capture file, at most OUTPUT_CAP bytes."""
     with path.open("rb") as f:
-        data = f.read(OUTPUT_CAP + 1)
+        f.seek(start)
+        limit = OUTPUT_CAP + 1 if end is None else min(OUTPUT_CAP + 1, end - start)
+        data = f.read(max(limit, 0))
     text = data[:OUTPUT_CAP].decode("utf-8", errors="replace")
     if len(data) > OUTPUT_CAP:
         text += f"\n[... output truncated after {OUTPUT_CAP // 1000} KB]"
@@ -106,8 +109,8 @@ class _Child:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def finish(self) -> tuple[int, str, str]:
-        """Kill what is left of the process group; return (exit code, stdout, stderr)."""
+    def finish(self) -> int:
+        """Kill what is left of the process group; return the child's exit code."""
         self.pipe.close()
         try:
             self.proc.wait(timeout=2)
@@ -115,8 +118,12 @@ class _Child:
             pass
         returncode = self.proc.returncode
         _kill_group(self.proc)  # also reaps grandchildren the student left running
-        return (returncode if returncode is not None else -signal.SIGKILL,
-                _read_capped(self.stdout_path), _read_capped(self.stderr_path))
+        return returncode if returncode is not None else -signal.SIGKILL
+
+    def attach_output(self, outcome: CallOutcome, start: list[int], end: list[int] | None) -> None:
+        """Give the outcome the student's stdout/stderr written between two offset pairs (None: to the end)."""
+        outcome.stdout = _read_capped(self.stdout_path, start[0], end[0] if end else None)
+        outcome.stderr = _read_capped(self.stderr_path, start[1], end[1] if end else None)
 
 
 def _outcome_from_done(message: dict) -> CallOutcome:
@@ -128,7 +135,7 @@ def _outcome_from_done(message: dict) -> CallOutcome:
 def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome]) -> int:
     """Run one child from case `start`; fill outcomes; return the next case still to run."""
     child = _Child(job, start, work)
-    current, failure, loaded = start, None, False
+    current, failure, loaded, case_output = start, None, False, [0, 0]
     try:
         deadline = time.monotonic() + job.timeout
         while current < len(job.calls):
@@ -140,25 +147,26 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
                 break
             if message["event"] in ("loaded", "start"):
                 loaded = True
+                case_output = message.get("output", case_output)
                 deadline = time.monotonic() + job.timeout
             elif message["event"] == "done":
                 outcomes[message["case"]] = _outcome_from_done(message)
+                child.attach_output(outcomes[message["case"]], case_output, message["output"])
                 current = message["case"] + 1
     except TimeoutError:
         phase = "running" if loaded else "importing the adapters"
         failure = CallOutcome(status="timeout", message=f"timed out after {job.timeout:g} s while {phase}")
-    returncode, stdout, stderr = child.finish()
-    if current < len(job.calls) and failure is None:
-        failure = CallOutcome(status="crash", message=_exit_message(returncode))
-    for index in range(start, current):
-        outcomes[index].stdout, outcomes[index].stderr = stdout, stderr
-    if failure is None:
+    returncode = child.finish()
+    if current >= len(job.calls) and failure is None:
         return current
-    failure.stdout, failure.stderr = stdout, stderr
+    if failure is None:
+        failure = CallOutcome(status="crash", message=_exit_message(returncode))
+    child.attach_output(failure, case_output, None)
     # A failure before any case started (import, load) would repeat for every case: record it for all.
-    for index in range(current, len(job.calls) if not loaded else current + 1):
+    last = current + 1 if loaded else len(job.calls)
+    for index in range(current, last):
         outcomes[index] = failure
-    return len(job.calls) if not loaded else current + 1
+    return last
 
 
 def run_adapter(job: AdapterJob) -> list[CallOutcome]:

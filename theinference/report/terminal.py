@@ -145,6 +145,12 @@ def _case_body(case: CaseResult, stage: StageResult, vocab: bool) -> list:
     return parts
 
 
+def _same_failure(a: CaseResult, b: CaseResult) -> bool:
+    """Errors that repeat case after case (an import error, the same exception) are shown once."""
+    return a.status in ("error", "timeout", "crash", "not-started") and (a.status, a.message, a.traceback) == (
+        b.status, b.message, b.traceback)
+
+
 def _near_ties(case: CaseResult) -> int:
     return sum(s.verdict == "near-tie" for s in case.steps)
 
@@ -159,10 +165,15 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
     if stage.status == "not-started":
         console.print(f"  not started: write {stage.adapter}() in {escape(stage.adapters_file)}", style="yellow")
         return
+    shown: list[CaseResult] = []
     for case in stage.cases:
         vocab = bool(case.rows) and case.rows[0].n == n_vocab
-        if case.status != "pass":
+        twin = next((c for c in shown if _same_failure(c, case)), None)
+        if twin is not None:
+            console.print(f"  case {case.name}: {_WORDS[case.status]} — same error as case {twin.name}")
+        elif case.status != "pass":
             console.print(Group(*_case_body(case, stage, vocab)))
+            shown.append(case)
         elif _near_ties(case):
             console.print(f"  case {case.name}: passed with {_near_ties(case)} near-tie(s) accepted", style="dim")
     console.print()
