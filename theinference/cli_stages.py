@@ -1,5 +1,6 @@
 """`theinference stages`: list the stages a course has."""
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -7,9 +8,15 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from theinference.cli_common import config_error, console_for
+from theinference.check import check_course
+from theinference.cli_common import EXIT_FAIL, config_error, console_for, synth_progress
 from theinference.course import CourseError, find_course_root
+from theinference.report.check import render_check
+from theinference.resources import data_dir
+from theinference.session import CONFIG_ERRORS, UsageError, select_stages
+from theinference.sources import ensure_weights, resolve_weights
 from theinference.stages import StageError, load_stages, stage_dirs
+from theinference.weights import load_model
 
 stages_app = typer.Typer(help="List and check stages.", no_args_is_help=True)
 
@@ -31,3 +38,31 @@ def list_stages(
     for s in stages:
         table.add_row(s.id, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
     console_for(sys.stdout).print(table)
+
+
+@stages_app.command("check")
+def check(
+    source: Annotated[Optional[Path], typer.Option("--source", help="Course source holding solution/, starter/, mutants/ (default: the bundled course).")] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Check only this stage (repeatable).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", help="Weights to check against (default: as for `test`).")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Subjects graded at once.")] = os.cpu_count() or 1,
+) -> None:
+    """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
+    exactly the stages its manifest names, with the named diagnosis. Exit 1 on any mismatch."""
+    source = (source or data_dir("course")).resolve()
+    extra = [*(stages_dir or []), *([source / "stages"] if (source / "stages").is_dir() else [])]
+    try:
+        all_stages = load_stages(stage_dirs(None, extra))
+        selected = select_stages(all_stages, stage or [])
+        choice = resolve_weights(weights, None, os.environ)
+        ensure_weights(choice, synth_progress())
+        model = load_model(choice.path)
+        console = console_for(sys.stdout)
+        console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
+        result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs)
+    except (*CONFIG_ERRORS, UsageError) as e:
+        raise config_error(e)
+    render_check(console, result)
+    raise typer.Exit(0 if result.ok else EXIT_FAIL)

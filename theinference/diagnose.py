@@ -6,7 +6,7 @@ Shapes (stage files map each to a hint):
   all-rows-off          every row is off, by a similar amount
   error-grows           the first row(s) match; later rows drift, the error growing with position
   first-ok-then-flat    the first row matches; every later row is off by a steady amount
-  first-decode-row-off  the first row matches; row 1 is off and no later row is worse
+  first-decode-row-off  the first row matches; row 1 is off, the worst, and later rows recover
   token-mismatch        (greedy) a generated token is not the oracle's and not a near-tie
   no-pattern            none of the above
 """
@@ -15,9 +15,10 @@ import numpy as np
 
 from theinference.results import Diagnosis, RowStats, TokenStep
 
-FLAT_RATIO = 3.0  # errors within this factor of each other count as "a similar amount"
-GROWTH_RATIO = 2.0  # the last bad row's error must be at least this multiple of the first's
-MIN_RANK_CORRELATION = 0.8
+FLAT_RATIO = 3.0  # rows whose 90th/10th percentile errors are within this factor are "off alike"
+GROWTH_RATIO = 2.0  # the last third's mean error must be this multiple of the first third's
+MIN_RANK_CORRELATION = 0.6  # and the error must rise with position, rank-wise
+PEAK_RATIO = 2.0  # row 1 "the worst" when its error is this multiple of the later rows' median
 MIN_BAD_ROWS = 3  # fewer bad rows than this show no shape
 
 _SUMMARIES = {
@@ -26,7 +27,7 @@ _SUMMARIES = {
     "all-rows-off": "every row is off, by a similar amount (max |Δ| from {lo:.3g} to {hi:.3g})",
     "error-grows": "rows 0-{last_ok} match; from row {first_bad} on the error grows with position ({lo:.3g} → {hi:.3g})",
     "first-ok-then-flat": "row 0 matches; every later row is off by a steady amount (max |Δ| {lo:.3g} to {hi:.3g})",
-    "first-decode-row-off": "row 0 matches; row 1 is already off ({first:.3g}) and no later row is worse",
+    "first-decode-row-off": "row 0 matches; row 1 is already off ({first:.3g}) and later rows recover",
     "token-mismatch": "step {step} generated {got} where the oracle's greedy choice is {expected} (not a near-tie)",
     "no-pattern": "no recognisable pattern ({n_bad} of {n} rows off)",
 }
@@ -45,22 +46,33 @@ def _shifted_by_one(expected: np.ndarray, got: np.ndarray, atol: float, rtol: fl
     return bool(np.allclose(got[:-1], expected[1:], atol=atol, rtol=rtol))
 
 
+def _spread(values: np.ndarray) -> float:
+    lo, hi = np.percentile(values, [10, 90])
+    return hi / lo if lo > 0 else np.inf
+
+
+def _grows(tail: np.ndarray) -> bool:
+    third = max(1, len(tail) // 3)
+    return (_rank_correlation(tail) >= MIN_RANK_CORRELATION
+            and tail[-third:].mean() >= GROWTH_RATIO * tail[:third].mean())
+
+
 def _shape_of_errors(ok: list[bool], err: np.ndarray) -> str:
     bad = err[~np.array(ok)]
     if len(bad) < MIN_BAD_ROWS:
         return "no-pattern"
     if not any(ok):
-        return "all-rows-off" if bad.max() <= FLAT_RATIO * bad.min() else "no-pattern"
+        return "all-rows-off" if _spread(bad) <= FLAT_RATIO else "no-pattern"
     n_ok = ok.index(False)
     if n_ok == 0 or any(ok[n_ok:]):
         return "no-pattern"  # a failing row 0, or passing rows among the failing ones
     tail = err[n_ok:]
-    if _rank_correlation(tail) >= MIN_RANK_CORRELATION and tail[-1] >= GROWTH_RATIO * tail[0]:
+    if _grows(tail):
         return "error-grows"
-    if n_ok == 1 and tail.max() <= FLAT_RATIO * tail.min():
+    if n_ok == 1 and (tail[0] >= PEAK_RATIO * np.median(tail[1:]) or _rank_correlation(tail) <= -MIN_RANK_CORRELATION):
+        return "first-decode-row-off"  # worst at the first decode row, recovering as rows accumulate
+    if n_ok == 1 and _spread(tail) <= FLAT_RATIO:
         return "first-ok-then-flat"
-    if n_ok == 1 and tail[0] >= tail.max():
-        return "first-decode-row-off"
     return "no-pattern"
 
 

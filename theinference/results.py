@@ -85,6 +85,13 @@ class StageResult:
     def passed_cases(self) -> int:
         return sum(c.status == "pass" for c in self.cases)
 
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        """The headline diagnosis: that of the diagnosed failing case with the most rows (the most telling)."""
+        diagnosed = [c for c in self.cases if c.diagnosis is not None]
+        best = max(diagnosed, key=lambda c: len(c.rows) + len(c.steps), default=None)
+        return best.diagnosis if best else None
+
 
 @dataclass
 class RunResult:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theinference import WEIGHTS_ENV
-from theinference.synth import write_synthetic
+from theinference.synth import SYNTH_VERSION, write_synthetic
 
 HF_REPOS = ("models--openai-community--gpt2", "models--gpt2")
 DEFAULT_SYNTH = ("gpt2", 0)  # preset, seed of the checkpoint made on first use
@@ -50,7 +50,7 @@ def user_cache_dir(environ=os.environ) -> Path:
 
 def default_synthetic_path(environ=os.environ) -> Path:
     preset, seed = DEFAULT_SYNTH
-    return user_cache_dir(environ) / f"synthetic-{preset}-seed{seed}" / "model.safetensors"
+    return user_cache_dir(environ) / f"synthetic-{preset}-seed{seed}-v{SYNTH_VERSION}" / "model.safetensors"
 
 
 def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=os.environ) -> WeightsChoice:

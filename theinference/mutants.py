@@ -1,0 +1,89 @@
+"""The mutant gallery: minimal edits to the reference solution, each reproducing one classic bug.
+
+course/mutants/<name>/manifest.toml:
+
+  description  str, the bug in one sentence
+  [[edit]]     file (relative to the solution), find (text occurring exactly once), replace
+  [expect]     stage id -> the diagnosis shape that stage must show when it fails;
+               every stage not named here must pass
+"""
+
+import shutil
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from theinference.stages import SHAPES
+
+
+class MutantError(Exception):
+    """A manifest is invalid or its edit no longer applies to the solution."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    file: str
+    find: str
+    replace: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    description: str
+    edits: tuple[Edit, ...]
+    expect: dict  # stage id -> shape
+    source: Path
+
+
+def _check_table(path: Path, where: str, table: dict, fields: dict) -> None:
+    for key in table:
+        if key not in fields:
+            raise MutantError(f"{path}: field '{where}{key}': unknown field (known: {', '.join(fields)})")
+    for key, kind in fields.items():
+        if not isinstance(table.get(key), kind):
+            raise MutantError(f"{path}: field '{where}{key}': missing or not a {kind.__name__}")
+
+
+def load_mutant(path: Path) -> Mutant:
+    """Parse and validate one manifest.toml."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise MutantError(f"{path}: cannot read: {e}") from e
+    _check_table(path, "", data, {"description": str, "edit": list, "expect": dict})
+    edits = []
+    for i, raw in enumerate(data["edit"]):
+        if not isinstance(raw, dict):
+            raise MutantError(f"{path}: field 'edit[{i}]': each [[edit]] must be a table")
+        _check_table(path, f"edit[{i}].", raw, {"file": str, "find": str, "replace": str})
+        edits.append(Edit(raw["file"], raw["find"], raw["replace"]))
+    for stage_id, shape in data["expect"].items():
+        if shape not in SHAPES:
+            raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape '{shape}' (known: {', '.join(SHAPES)})")
+    return Mutant(name=path.parent.name, description=data["description"], edits=tuple(edits),
+                  expect=dict(data["expect"]), source=path)
+
+
+def load_mutants(directory: Path) -> list[Mutant]:
+    """Every `<name>/manifest.toml` below directory, by name; none if the directory is absent."""
+    if not directory.is_dir():
+        return []
+    return [load_mutant(p) for p in sorted(directory.glob("*/manifest.toml"))]
+
+
+def build_mutant(mutant: Mutant, solution: Path, dest: Path) -> Path:
+    """Copy the solution to dest and apply the mutant's edits; each `find` must occur exactly once."""
+    shutil.copytree(solution, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    for edit in mutant.edits:
+        target = dest / edit.file
+        if not target.is_file():
+            raise MutantError(f"{mutant.source}: edit names '{edit.file}', which the solution does not have")
+        text = target.read_text()
+        count = text.count(edit.find)
+        if count != 1:
+            raise MutantError(
+                f"{mutant.source}: the text to find occurs {count} times in {edit.file} (must be exactly once): {edit.find!r}"
+            )
+        target.write_text(text.replace(edit.find, edit.replace))
+    return dest

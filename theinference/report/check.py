@@ -1,0 +1,35 @@
+"""Render a `stages check` result: the matrix of subjects × stages, then the problems."""
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from theinference.check import CheckResult
+
+
+def _cell(expected: str, got: str) -> str:
+    if expected == got:
+        return f"[green]✔ {got}[/green]"
+    return f"[red]✘ {got}[/red] [dim](want {expected})[/dim]"
+
+
+def render_check(console: Console, result: CheckResult) -> None:
+    table = Table(box=box.SIMPLE if console.is_terminal else box.ASCII, show_edge=False)
+    table.add_column("subject", no_wrap=True)
+    for stage in result.stages:
+        table.add_column(stage, no_wrap=True)
+    by_key = {(c.subject, c.stage): c for c in result.cells}
+    for subject in result.subjects:
+        row = [by_key.get((subject, s)) for s in result.stages]
+        table.add_row(subject, *[_cell(c.expected, c.got) if c else "" for c in row])
+    console.print(table)
+    for cell in result.cells:
+        if not cell.ok:
+            console.print(f"[red]mismatch:[/red] {cell.subject} × {cell.stage}: expected {cell.expected}, "
+                          f"got {cell.got}{' — ' + escape(cell.message) if cell.message else ''}", soft_wrap=True)
+    for problem in result.problems:
+        console.print(f"[red]problem:[/red] {escape(problem)}", soft_wrap=True)
+    verdict = "[bold green]stages check passed[/bold green]" if result.ok else "[bold red]stages check failed[/bold red]"
+    bad = sum(not c.ok for c in result.cells)
+    console.print(f"{verdict} · {len(result.cells)} checks, {bad} mismatches, {len(result.problems)} problems")
