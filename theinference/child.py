@@ -100,7 +100,7 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
     try:
         value = func(*args)
     except NotImplementedError as e:
-        done(status="not-started", message=str(e) or "NotImplementedError")
+        done(status="not-started", message=f"NotImplementedError: {e}" if str(e) else "NotImplementedError")
         return
     except SystemExit as e:
         done(status="error", message=f"the adapter called sys.exit({e.code!r})", traceback=_student_traceback(e))

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from theinference import __version__
 from theinference.cli_common import EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console, synth_progress
+from theinference.cli_oracle import oracle_command
 from theinference.cli_stages import stages_app
 from theinference.cli_weights import weights_app
 from theinference.report.jsonout import render_json
@@ -23,6 +24,7 @@ app = typer.Typer(
 )
 app.add_typer(weights_app, name="weights")
 app.add_typer(stages_app, name="stages")
+app.command("oracle")(oracle_command)
 
 
 class Format(str, Enum):

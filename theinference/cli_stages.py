@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markdown import Markdown
 from rich.table import Table
 
 from theinference.check import check_course
@@ -38,6 +39,27 @@ def list_stages(
     for s in stages:
         table.add_row(s.id, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
     console_for(sys.stdout).print(table)
+
+
+@stages_app.command("show")
+def show(
+    stage_id: Annotated[str, typer.Argument(metavar="ID", help="The stage whose lesson to show.")],
+    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+) -> None:
+    """Show a stage's lesson, with its adapter, tolerance and cases."""
+    root = course.resolve() if course else find_course_root(Path.cwd())
+    try:
+        [stage] = select_stages(load_stages(stage_dirs(root, stages_dir or [])), [stage_id])
+        lesson = stage.lesson.read_text(encoding="utf-8")
+    except (StageError, CourseError, UsageError) as e:
+        raise config_error(e)
+    except OSError as e:
+        raise config_error(StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}"))
+    console = console_for(sys.stdout)
+    console.print(Markdown(lesson))
+    console.print(f"\nadapter {stage.adapter}() · atol {stage.atol:g} rtol {stage.rtol:g} · "
+                  f"{len(stage.cases)} cases · {stage.points:g} points · timeout {stage.timeout:g} s", style="dim")
 
 
 @stages_app.command("check")

@@ -163,7 +163,9 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
          f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s", "dim"),
     ))
     if stage.status == "not-started":
-        console.print(f"  not started: write {stage.adapter}() in {escape(stage.adapters_file)}", style="yellow")
+        raised = stage.cases[0].message if stage.cases else "NotImplementedError"
+        console.print(f"  not started: {stage.adapter}() in {escape(stage.adapters_file)} raises {escape(raised)}",
+                      style="yellow", soft_wrap=True)
         return
     shown: list[CaseResult] = []
     for case in stage.cases:

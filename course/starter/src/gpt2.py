@@ -1,0 +1,84 @@
+"""GPT-2 in numpy, the slow path: recompute every position for every new token.
+
+Hugging Face semantics: Conv1D weights are stored [in, out] (so a linear layer is x @ W + b),
+GELU is the tanh approximation, layer-norm epsilon is 1e-5, and the LM head is tied to wte.
+Keep everything float32 (use Python floats, not numpy float64 scalars, as constants).
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
+
+
+def load_weights(path):
+    """Load model.safetensors -> (params, n_head).
+
+    params is nested like the checkpoint keys: params["wte"]["weight"], params["h"][i]["attn"]["c_attn"]["weight"], ...
+    This plumbing is given; the course starts at the maths below.
+    """
+    raw = load_file(str(path))
+    params = {"h": {}}
+    for key, value in raw.items():
+        key = key.removeprefix("transformer.")
+        if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
+            continue
+        node = params
+        parts = key.split(".")
+        if parts[0] == "h":
+            node = params["h"].setdefault(int(parts[1]), {})
+            parts = parts[2:]
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value.astype(np.float32)
+    params["h"] = [params["h"][i] for i in range(len(params["h"]))]
+    n_embd = params["wte"]["weight"].shape[1]
+    config_file = Path(path).parent / "config.json"
+    n_head = json.loads(config_file.read_text())["n_head"] if config_file.exists() else n_embd // 64
+    return params, n_head
+
+
+def gelu(x):
+    """The tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    raise NotImplementedError("gelu")
+
+
+def softmax(x):
+    """Softmax over the last axis, stable (subtract the max first)."""
+    raise NotImplementedError("softmax")
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """[n, n_embd] -> [n, n_embd]: normalise each row, then scale by weight and shift by bias."""
+    raise NotImplementedError("layer_norm")
+
+
+def embed(params, ids, start=0):
+    """[n] token ids -> [n, n_embd]: wte[ids] + wpe[start : start + n]."""
+    raise NotImplementedError("embed")
+
+
+def mha(x, c_attn, c_proj, n_head):
+    """[n, n_embd] -> [n, n_embd]: causal multi-head self-attention over the whole sequence."""
+    raise NotImplementedError("mha")
+
+
+def ffn(x, c_fc, c_proj):
+    """[n, n_embd] -> [n, n_embd]: c_proj(gelu(c_fc(x)))."""
+    raise NotImplementedError("ffn")
+
+
+def block(x, ln_1, attn, ln_2, mlp, n_head):
+    """One transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.))."""
+    raise NotImplementedError("block")
+
+
+def forward(params, ids, n_head):
+    """[n] token ids -> [n, n_vocab] logits at every position (LM head tied to wte)."""
+    raise NotImplementedError("forward")
+
+
+def generate(params, ids, n_new, n_head):
+    """Greedy decoding by recomputing everything at every step -> n_new token ids."""
+    raise NotImplementedError("generate")
