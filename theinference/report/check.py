@@ -6,6 +6,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from theinference.check import CheckResult
+from theinference.report.terminal import is_plain
 
 
 def _cell(expected: str, got: str) -> str:
@@ -15,10 +16,10 @@ def _cell(expected: str, got: str) -> str:
 
 
 def render_check(console: Console, result: CheckResult) -> None:
-    table = Table(box=box.SIMPLE if console.is_terminal else box.ASCII, show_edge=False)
-    table.add_column("subject", no_wrap=True)
+    table = Table(box=box.ASCII if is_plain(console) else box.SIMPLE, show_edge=False)
+    table.add_column("subject", no_wrap=True, min_width=max(map(len, result.subjects), default=7))
     for stage in result.stages:
-        table.add_column(stage, no_wrap=True)
+        table.add_column(stage)
     by_key = {(c.subject, c.stage): c for c in result.cells}
     for subject in result.subjects:
         row = [by_key.get((subject, s)) for s in result.stages]

@@ -1,5 +1,7 @@
 """Render a RunResult for people: header, one line per stage, a divergence table per failing case."""
 
+import math
+
 from rich import box
 from rich.console import Console, Group
 from rich.markup import escape
@@ -12,6 +14,7 @@ from theinference.results import CaseResult, RowStats, RunResult, StageResult
 FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
 FOLD_LIMIT = 16  # cases with more rows than this are folded
 _SPARKS = "▁▂▃▄▅▆▇█"
+_ASCII_SPARKS = "_.-:=+*#"
 _MARK = {"pass": "✔", "fail": "✘", "not-started": "·", "error": "✘", "timeout": "⏱", "crash": "✘"}
 _STYLE = {"pass": "green", "fail": "red", "not-started": "yellow", "error": "red", "timeout": "red", "crash": "red"}
 _WORDS = {
@@ -30,23 +33,31 @@ def token_label(token_id: int | None, width: int = 12) -> str:
     return f"{token_id} {text}"
 
 
-def sparkline(values: list[float]) -> str:
-    """Error by position on a log scale, one character per row (✕ for NaN/inf)."""
-    import math
+def is_plain(console: Console) -> bool:
+    """Plain output (no colour, ASCII tables and sparklines) off a terminal or with NO_COLOR."""
+    return not console.is_terminal or console.no_color
 
+
+def _box(plain: bool) -> box.Box:
+    return box.ASCII if plain else box.SIMPLE
+
+
+def sparkline(values: list[float], plain: bool = False) -> str:
+    """Error by position on a log scale, one character per row (x for NaN/inf)."""
+    sparks, bad = (_ASCII_SPARKS, "x") if plain else (_SPARKS, "✕")
     finite = [v for v in values if math.isfinite(v) and v > 0]
     if not finite:
-        return "".join("✕" if not math.isfinite(v) else _SPARKS[0] for v in values)
+        return "".join(bad if not math.isfinite(v) else sparks[0] for v in values)
     lo, hi = math.log10(min(finite)), math.log10(max(finite))
     out = []
     for v in values:
         if not math.isfinite(v):
-            out.append("✕")
+            out.append(bad)
         elif v <= 0:
-            out.append(_SPARKS[0])
+            out.append(sparks[0])
         else:
-            level = 0 if hi == lo else round((math.log10(v) - lo) / (hi - lo) * (len(_SPARKS) - 1))
-            out.append(_SPARKS[level])
+            level = 0 if hi == lo else round((math.log10(v) - lo) / (hi - lo) * (len(sparks) - 1))
+            out.append(sparks[level])
     return "".join(out)
 
 
@@ -79,9 +90,9 @@ def _visible_rows(case: CaseResult) -> tuple[list[RowStats], list[RowStats]]:
     return case.rows[lo:hi], case.rows[:lo] + case.rows[hi:]
 
 
-def rows_table(case: CaseResult, vocab: bool) -> Table:
+def rows_table(case: CaseResult, vocab: bool, plain: bool = False) -> Table:
     """The per-position divergence table of a failing case, first divergent row highlighted."""
-    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    table = Table(box=_box(plain), show_edge=False, pad_edge=False)
     for title, justify in (("row", "right"), ("pos", "right"), ("token", "left"), ("max |Δ|", "right"),
                            ("max rel Δ", "right"), ("out of tol", "right"), ("worst: expected vs got", "left"),
                            ("", "left")):
@@ -105,9 +116,9 @@ def rows_table(case: CaseResult, vocab: bool) -> Table:
     return table
 
 
-def tokens_table(case: CaseResult) -> Table:
+def tokens_table(case: CaseResult, plain: bool = False) -> Table:
     """Greedy: expected and generated tokens side by side, first mismatch marked."""
-    table = Table(box=box.SIMPLE, show_edge=False, pad_edge=False)
+    table = Table(box=_box(plain), show_edge=False, pad_edge=False)
     for title in ("step", "expected", "generated", ""):
         table.add_column(title, no_wrap=True)
     verdicts = {s.step: s for s in case.steps}
@@ -124,14 +135,14 @@ def tokens_table(case: CaseResult) -> Table:
     return table
 
 
-def _case_body(case: CaseResult, stage: StageResult, vocab: bool) -> list:
+def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
     parts = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
                            (f" — {case.message}" if case.message else "", ""))]
     if case.rows and case.status == "fail":
-        parts.append(rows_table(case, vocab))
-        parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows])}"))
+        parts.append(rows_table(case, vocab, plain))
+        parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows], plain)}"))
     if case.steps and case.status == "fail":
-        parts.append(tokens_table(case))
+        parts.append(tokens_table(case, plain))
     if case.diagnosis:
         parts.append(Text.assemble(("  shape: ", "bold"), (case.diagnosis.shape, "magenta"),
                                    (f" — {case.diagnosis.summary}", "")))
@@ -174,7 +185,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
         if twin is not None:
             console.print(f"  case {case.name}: {_WORDS[case.status]} — same error as case {twin.name}")
         elif case.status != "pass":
-            console.print(Group(*_case_body(case, stage, vocab)))
+            console.print(Group(*_case_body(case, vocab, is_plain(console))))
             shown.append(case)
         elif _near_ties(case):
             console.print(f"  case {case.name}: passed with {_near_ties(case)} near-tie(s) accepted", style="dim")

@@ -1,0 +1,82 @@
+"""`stages check` through the real CLI: the solution passes, the starter is not started, every
+mutant in the gallery fails exactly its manifest's stages with its manifest's diagnosis."""
+
+import shutil
+
+from theinference.mutants import load_mutants
+from theinference.resources import data_dir
+
+
+def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path):
+    result = cli("stages", "check", "--weights", tiny_path)
+    assert result.exit_code == 0, result.stdout
+    out = result.stdout
+    assert "stages check passed" in out and "0 mismatches, 0 problems" in out
+    mutants = load_mutants(data_dir("course") / "mutants")
+    assert len(mutants) >= 7
+    lines = {line.split("|")[0].strip(): line for line in out.splitlines() if "|" in line}
+    assert lines["solution"].count("✔ pass") == 3
+    assert lines["starter"].count("✔ not-started") == 3
+    for mutant in mutants:
+        row = lines[mutant.name]
+        for shape in mutant.expect.values():
+            assert f"✔ {shape}" in row
+        assert "✘" not in row
+
+
+def test_the_gallery_covers_the_classic_bugs():
+    expected = {m.name: m.expect for m in load_mutants(data_dir("course") / "mutants")}
+    shapes = {shape for expect in expected.values() for shape in expect.values()}
+    assert {"error-grows", "all-rows-off", "first-ok-then-flat", "first-decode-row-off", "shifted-by-one"} <= shapes
+    assert expected["missing-attn-scale"]["per-step-identity"] == "all-rows-off"
+    assert expected["record-after-consume"] == {"per-step-identity": "shifted-by-one"}
+
+
+def test_a_wrong_manifest_is_a_mismatch_and_exit_1(cli, tiny_path, tmp_path):
+    source = tmp_path / "course"
+    shutil.copytree(data_dir("course") / "solution", source / "solution")
+    shutil.copytree(data_dir("course") / "mutants" / "position-stuck", source / "mutants" / "position-stuck")
+    manifest = source / "mutants" / "position-stuck" / "manifest.toml"
+    manifest.write_text(manifest.read_text().replace('prove-one-layer = "error-grows"', 'prove-one-layer = "all-rows-off"'))
+    result = cli("stages", "check", "--source", source, "--weights", tiny_path, "--stage", "prove-one-layer")
+    assert result.exit_code == 1
+    assert "mismatch: position-stuck × prove-one-layer: expected all-rows-off, got error-grows" in result.stdout
+
+
+def test_a_stale_edit_is_reported(cli, tiny_path, tmp_path):
+    source = tmp_path / "course"
+    shutil.copytree(data_dir("course") / "solution", source / "solution")
+    (source / "mutants" / "stale").mkdir(parents=True)
+    (source / "mutants" / "stale" / "manifest.toml").write_text(
+        'description = "x"\n[[edit]]\nfile = "src/kvcache.py"\nfind = "no such text"\nreplace = "y"\n[expect]\n'
+    )
+    result = cli("stages", "check", "--source", source, "--weights", tiny_path, "--stage", "prove-one-layer")
+    assert result.exit_code == 1
+    assert "the text to find occurs 0 times in src/kvcache.py" in result.stdout
+
+
+def test_oracle_export(cli, tiny_path, tiny_model, solution_course, tmp_path):
+    import numpy as np
+
+    from theinference import oracle
+
+    out = tmp_path / "expected.npz"
+    result = cli("oracle", "--stage", "per-step-identity", "--case", "sentence", "--course", solution_course,
+                 "--weights", tiny_path, "--out", out)
+    assert result.exit_code == 0
+    data = np.load(out)
+    assert sorted(data) == ["meta", "sentence.cont", "sentence.expected", "sentence.prompt"]
+    expected = oracle.per_step_logits(tiny_model.params, list(data["sentence.prompt"]), list(data["sentence.cont"]),
+                                      tiny_model.config.n_head)
+    np.testing.assert_array_equal(data["sentence.expected"], expected)
+    bad = cli("oracle", "--stage", "per-step-identity", "--case", "nope", "--course", solution_course,
+              "--weights", tiny_path, "--out", out)
+    assert bad.exit_code == 2 and "has no case 'nope'" in bad.stderr
+
+
+def test_stages_show_renders_the_lesson(cli, solution_course):
+    result = cli("stages", "show", "per-step-identity", "--course", solution_course)
+    assert result.exit_code == 0
+    assert "Stage: per-step-identity" in result.stdout and "shifted-by-one" in result.stdout
+    assert "atol 0.001 rtol 0.01" in result.stdout
+    assert cli("stages", "show", "nope", "--course", solution_course).exit_code == 2

@@ -1,0 +1,127 @@
+"""An instructor adds a stage with its own oracle, in a course of their own, without touching the package."""
+
+import shutil
+import textwrap
+
+import pytest
+
+from theinference.resources import data_dir
+
+MLP_STAGE = """\
+format_version = 1
+id = "mlp-sublayer"
+title = "Layer 0's MLP sublayer on top of the cached attention"
+order = 40
+lesson = "lessons/mlp-sublayer.md"
+adapter = "run_mlp_sublayer"
+oracle = "oracles.py:mlp_sublayer"
+inputs = ["seq"]
+compare = "rows"
+timeout = 30
+points = 5
+
+[tolerance]
+atol = 1e-4
+rtol = 1e-3
+
+[hints]
+all-rows-off = "Every row is off alike: check ln_2's bias and weight."
+
+[[case]]
+name = "one-token"
+seq = [464]
+
+[[case]]
+name = "sentence"
+seq = "The quick brown fox jumps over the lazy dog, and then it sleeps for a while."
+"""
+
+MLP_ORACLE = """\
+from theinference import oracle
+
+
+def mlp_sublayer(model, seq):
+    \"\"\"Layer 0 through its MLP sublayer: h = x + attn(ln_1(x)); h + mlp(ln_2(h)).\"\"\"
+    block = model.params["h"][0]
+    h = oracle.layer0_attn_sublayer(model.params, seq, model.config.n_head)
+    return h + oracle.ffn(oracle.layer_norm(h, **block["ln_2"]), **block["mlp"])
+"""
+
+MLP_ADAPTER = """
+
+from src.gpt2 import ffn, layer_norm
+
+
+def run_mlp_sublayer(seq_ids):
+    params, n_head = _model()
+    h = layer_attn_incremental(params, seq_ids, n_head)
+    return h + ffn(layer_norm(h, **params["h"][0]["ln_2"]), **params["h"][0]["mlp"])
+"""
+
+MUTANT = """\
+description = "ln_2 without its bias"
+
+[[edit]]
+file = "tests/adapters.py"
+find = 'layer_norm(h, **params["h"][0]["ln_2"])'
+replace = 'layer_norm(h, params["h"][0]["ln_2"]["weight"], 0.0)'
+
+[expect]
+mlp-sublayer = "all-rows-off"
+"""
+
+
+@pytest.fixture
+def instructor_course(tmp_path):
+    """course-src/{stages/, solution/, mutants/}: the instructor's own course source."""
+    source = tmp_path / "course-src"
+    stages = source / "stages"
+    (stages / "lessons").mkdir(parents=True)
+    (stages / "mlp.toml").write_text(MLP_STAGE)
+    (stages / "oracles.py").write_text(MLP_ORACLE)
+    (stages / "lessons" / "mlp-sublayer.md").write_text("# MLP sublayer\n\nAdd ln_2 and the MLP.\n")
+    shutil.copytree(data_dir("course") / "solution", source / "solution")
+    with (source / "solution" / "tests" / "adapters.py").open("a") as f:
+        f.write(textwrap.dedent(MLP_ADAPTER))
+    (source / "mutants" / "no-ln2-bias").mkdir(parents=True)
+    (source / "mutants" / "no-ln2-bias" / "manifest.toml").write_text(MUTANT)
+    return source
+
+
+def test_new_stage_is_graded_by_test(cli, instructor_course, tiny_path):
+    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
+                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    assert result.exit_code == 0, result.stdout
+    assert "✔ mlp-sublayer" in result.stdout
+
+
+def test_new_stage_in_the_course_stages_directory_is_found(cli, instructor_course, tiny_path):
+    shutil.copytree(instructor_course / "stages", instructor_course / "solution" / "stages")
+    listing = cli("stages", "list", "--course", instructor_course / "solution")
+    assert "mlp-sublayer" in listing.stdout
+    result = cli("test", "--course", instructor_course / "solution", "--weights", tiny_path, "--stage", "mlp-sublayer")
+    assert result.exit_code == 0
+
+
+def test_new_stage_fails_a_wrong_adapter_with_its_hint(cli, instructor_course, tiny_path):
+    adapters = instructor_course / "solution" / "tests" / "adapters.py"
+    adapters.write_text(adapters.read_text().replace("return h + ffn(", "return h - ffn("))
+    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
+                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    assert result.exit_code == 1
+    assert "case sentence: failed" in result.stdout
+
+
+def test_stages_check_covers_the_instructors_stage(cli, instructor_course, tiny_path):
+    result = cli("stages", "check", "--source", instructor_course, "--stage", "mlp-sublayer", "--weights", tiny_path)
+    assert result.exit_code == 0, result.stdout
+    assert "no-ln2-bias" in result.stdout and "✔ all-rows-off" in result.stdout
+    assert "stages check passed" in result.stdout
+
+
+def test_a_broken_instructor_oracle_is_a_configuration_error(cli, instructor_course, tiny_path):
+    (instructor_course / "stages" / "oracles.py").write_text("def mlp_sublayer(model, seq):\n    raise KeyError('ln_3')\n")
+    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
+                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    assert result.exit_code == 2
+    assert "the stage's oracle failed: KeyError" in result.stderr
