@@ -46,8 +46,15 @@ def _solve(seq_ids):
 """
 
 
+@pytest.fixture(params=["zygote", "subprocess"])
+def launcher(request, monkeypatch):
+    """Every outcome is checked with both ways of starting the student's process."""
+    monkeypatch.setenv("THEINFERENCE_LAUNCHER", request.param)
+    return request.param
+
+
 @pytest.fixture
-def grade_quick(tmp_path, tiny_path, cli):
+def grade_quick(tmp_path, tiny_path, cli, launcher):
     """Write adapters into a fresh course, grade the quick stage; return (exit code, stage JSON, rich text)."""
     stages = tmp_path / "extra-stages"
     stages.mkdir()

@@ -79,9 +79,12 @@ def test(
     """
     try:
         session = open_session(course, weights, stages_dir or [], progress=synth_progress())
-        selected = select_stages(session.stages, [] if all_stages else (stage or []))
-        _weights_notice(session)
-        run = session.run(selected, timeout=timeout)
+        try:
+            selected = select_stages(session.stages, [] if all_stages else (stage or []))
+            _weights_notice(session)
+            run = session.run(selected, timeout=timeout)
+        finally:
+            session.close()
     except (*CONFIG_ERRORS, UsageError) as e:
         raise config_error(e)
     _emit(run, fmt, output)

@@ -9,6 +9,7 @@ from theinference import oracle, tokenizer
 from theinference.compare import compare_rows, shape_problem, walk_tokens
 from theinference.course import Course
 from theinference.diagnose import diagnose_rows, diagnose_tokens
+from theinference.launch import SubprocessLauncher
 from theinference.oracles import OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.results import CaseResult, StageResult
 from theinference.runner import AdapterJob, CallOutcome, run_adapter
@@ -42,6 +43,7 @@ class GradeContext:
     cache: OracleCache = field(default_factory=OracleCache)
     timeout: float | None = None  # overrides every stage's timeout
     env: dict = field(default_factory=dict)  # extra environment for the student's process
+    launcher: object = field(default_factory=SubprocessLauncher)  # how student processes start
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -150,6 +152,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
         weights=ctx.model.path, timeout=ctx.timeout or ctx.course.timeout or stage.timeout, env=ctx.env,
+        launcher=ctx.launcher,
     )
     outcomes = run_adapter(job)
     cases = [_case_result(stage, case, outcome, ctx, spec) for case, outcome in zip(stage.cases, outcomes)]

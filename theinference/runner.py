@@ -9,13 +9,14 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from theinference.launch import SubprocessLauncher
 
 OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
 
@@ -29,6 +30,7 @@ class AdapterJob:
     weights: Path
     timeout: float  # seconds per call (and for importing the adapters)
     env: dict = field(default_factory=dict)
+    launcher: object = field(default_factory=SubprocessLauncher)
 
 
 @dataclass
@@ -55,7 +57,7 @@ def _read_capped(path: Path, start: int = 0, end: int | None = None) -> str:
     return text
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -83,16 +85,13 @@ class _Child:
             "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work),
         }))
         read_fd, write_fd = os.pipe()
-        env = {**os.environ, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights),
-               "THEINFERENCE_PROTOCOL_FD": str(write_fd), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
-        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "theinference.child", str(job_file)],
-                cwd=job.course_root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                pass_fds=(write_fd,), start_new_session=True,
-            )
-        os.close(write_fd)
+        try:
+            with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+                self.proc = job.launcher.start([str(job_file)], str(job.course_root), env, out, err, write_fd)
+        finally:
+            os.close(write_fd)
         self.pipe = os.fdopen(read_fd, "rb")
         self.buffer = b""
 

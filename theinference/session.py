@@ -8,6 +8,7 @@ from pathlib import Path
 
 from theinference.course import Course, CourseError, find_course_root, load_course
 from theinference.grade import GradeContext, GradeError, OracleCache, grade
+from theinference.launch import default_launcher
 from theinference.oracles import OracleError
 from theinference.results import RunResult
 from theinference.sources import WeightsChoice, ensure_weights, resolve_weights
@@ -54,11 +55,17 @@ class Session:
     model: Model
     made_weights: bool = False
     cache: OracleCache = field(default_factory=OracleCache)
+    launcher: object = field(default_factory=default_launcher)
+
+    def close(self) -> None:
+        """Stop the pre-warmed student-process launcher, if any."""
+        self.launcher.close()
 
     def run(self, selected: list[StageSpec], timeout: float | None = None, env: dict | None = None,
             on_stage: Callable | None = None) -> RunResult:
         """Grade the selected stages in order; on_stage(stage) is called before each."""
-        ctx = GradeContext(course=self.course, model=self.model, cache=self.cache, timeout=timeout, env=env or {})
+        ctx = GradeContext(course=self.course, model=self.model, cache=self.cache, timeout=timeout, env=env or {},
+                           launcher=self.launcher)
         results = []
         for stage in selected:
             if on_stage:
