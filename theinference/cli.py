@@ -13,10 +13,12 @@ from theinference import __version__
 from theinference.cli_common import EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console, synth_progress
 from theinference.cli_oracle import oracle_command
 from theinference.cli_stages import stages_app
+from theinference.cli_watch import render_regrade, run_watch
 from theinference.cli_weights import weights_app
 from theinference.report.jsonout import render_json
 from theinference.report.terminal import render_run
 from theinference.session import CONFIG_ERRORS, UsageError, open_session, select_stages
+from theinference.watch import Watch
 
 app = typer.Typer(
     help="The grader for the course 'Build your own KV cache'.",
@@ -71,6 +73,8 @@ def test(
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.rich,
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the report to this file instead of stdout.")] = None,
     stages_dir: StagesDirOpt = None,
+    watch: Annotated[bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")] = False,
+    poll: Annotated[bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")] = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
@@ -82,6 +86,9 @@ def test(
         try:
             selected = select_stages(session.stages, [] if all_stages else (stage or []))
             _weights_notice(session)
+            if watch:
+                raise typer.Exit(run_watch(Watch(session, [s.id for s in selected], lambda r: render_regrade(r, session.course.root),
+                                                 extra_stage_dirs=stages_dir or [], timeout=timeout, poll=poll)))
             run = session.run(selected, timeout=timeout)
         finally:
             session.close()

@@ -155,6 +155,9 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
     except TimeoutError:
         phase = "running" if loaded else "importing the adapters"
         failure = CallOutcome(status="timeout", message=f"timed out after {job.timeout:g} s while {phase}")
+    except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
+        child.finish()
+        raise
     returncode = child.finish()
     if current >= len(job.calls) and failure is None:
         return current

@@ -1,0 +1,192 @@
+"""Watch mode with real file writes in a temporary course: one save, one re-grade."""
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import write_adapters
+from theinference.session import open_session
+from theinference.watch import Watch, is_relevant
+
+SLOW_ADAPTER = """\
+import time
+from src.gpt2 import load_weights
+from src.kvcache import layer_attn_incremental
+import theinference
+
+def run_layer_equiv(seq_ids):
+    time.sleep(0.4)
+    params, n_head = load_weights(theinference.weights_path())
+    return layer_attn_incremental(params, seq_ids, n_head)
+"""
+
+
+class Harness:
+    """A Watch running in a thread; `regrades` lists what each re-grade reported."""
+
+    def __init__(self, course: Path, weights: Path, poll: bool = False):
+        self.session = open_session(course, str(weights), [])
+        self.regrades = []
+        self.watch = Watch(self.session, ["prove-one-layer"], self.regrades.append, poll=poll)
+        self.stop = threading.Event()
+        self.observer = self.watch.start_observer()
+        self.thread = threading.Thread(target=self.watch.loop, args=(self.stop,), daemon=True)
+        self.thread.start()
+        self.wait_for(1)  # the first run
+
+    def wait_for(self, count: int, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.regrades) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(self.regrades) >= count, f"only {len(self.regrades)} grades, expected {count}"
+
+    def settle(self, seconds: float = 0.6) -> int:
+        """Wait for quiet and return how many re-grades followed the first run."""
+        time.sleep(seconds)
+        return len(self.regrades) - 1
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.observer.stop()
+        self.observer.join(timeout=5)
+        self.session.close()
+
+
+@pytest.fixture
+def harness(solution_course, tiny_path):
+    made = []
+
+    def start(poll: bool = False):
+        made.append(Harness(solution_course, tiny_path, poll))
+        return made[-1]
+
+    yield start
+    for h in made:
+        h.close()
+
+
+def touch(path: Path) -> None:
+    path.write_text(path.read_text() + "\n")
+
+
+def test_one_save_one_regrade(harness, solution_course):
+    h = harness()
+    touch(solution_course / "src" / "kvcache.py")
+    h.wait_for(2)
+    assert h.settle() == 1
+    assert h.regrades[1].changed == [str(solution_course / "src" / "kvcache.py")]
+    assert h.regrades[1].result.stages[0].status == "pass"
+
+
+def test_a_burst_of_ten_saves_is_one_regrade(harness, solution_course):
+    h = harness()
+    target = solution_course / "src" / "kvcache.py"
+    for _ in range(10):
+        touch(target)
+        time.sleep(0.01)
+    h.wait_for(2)
+    assert h.settle() == 1
+
+
+def test_saves_during_a_running_grade_give_exactly_one_more(harness, solution_course):
+    write_adapters(solution_course, SLOW_ADAPTER)
+    h = harness()
+    touch(solution_course / "src" / "kvcache.py")
+    time.sleep(0.3)  # the grade (0.4 s per case) is running now
+    touch(solution_course / "src" / "gpt2.py")
+    touch(solution_course / "tests" / "adapters.py")
+    h.wait_for(3)
+    assert h.settle(1.5) == 2
+    assert sorted(Path(p).name for p in h.regrades[2].changed) == ["adapters.py", "gpt2.py"]
+
+
+def test_editor_temp_files_and_caches_are_ignored(harness, solution_course):
+    h = harness()
+    src = solution_course / "src"
+    for name in (".kvcache.py.swp", "kvcache.py~", "4913", ".#kvcache.py", "flycheck_kvcache.py", "notes.txt"):
+        (src / name).write_text("x")
+    (src / "__pycache__").mkdir(exist_ok=True)
+    (src / "__pycache__" / "kvcache.cpython-311.py").write_text("x")
+    (solution_course / ".git").mkdir()
+    (solution_course / ".git" / "hook.py").write_text("x")
+    assert h.settle(0.8) == 0
+
+
+def test_vim_style_delete_and_recreate_is_one_regrade(harness, solution_course):
+    h = harness()
+    src = solution_course / "src"
+    text = (src / "kvcache.py").read_text()
+    (src / "4913").write_text("")  # vim probes whether it may create files
+    (src / "4913").unlink()
+    os.rename(src / "kvcache.py", src / "kvcache.py~")  # backup by rename
+    (src / "kvcache.py").write_text(text + "\n")
+    (src / "kvcache.py~").unlink()
+    h.wait_for(2)
+    assert h.settle() == 1
+    assert h.regrades[1].result.stages[0].status == "pass"
+
+
+def test_syntax_error_then_fix_in_one_session(harness, solution_course):
+    h = harness()
+    target = solution_course / "src" / "kvcache.py"
+    good = target.read_text()
+    target.write_text(good + "\ndef broken(:\n")
+    h.wait_for(2)
+    broken = h.regrades[1].result.stages[0]
+    assert broken.status == "error" and "syntax error" in broken.cases[0].message
+    target.write_text(good)
+    h.wait_for(3)
+    assert h.regrades[2].result.stages[0].status == "pass"
+    assert h.thread.is_alive(), "watch mode must keep watching"
+
+
+def test_polling_observer_sees_a_save(harness, solution_course):
+    h = harness(poll=True)
+    time.sleep(0.3)  # the polling observer takes its first snapshot
+    touch(solution_course / "src" / "kvcache.py")
+    h.wait_for(2)
+    assert h.settle() == 1
+
+
+def test_a_stage_file_change_reloads_the_stages(harness, solution_course):
+    h = harness()
+    (solution_course / "stages").mkdir()
+    (solution_course / "stages" / "broken.toml").write_text("id = 'x'\n")
+    h.wait_for(2)
+    assert "broken.toml: field" in h.regrades[1].error
+    (solution_course / "stages" / "broken.toml").unlink()
+    h.wait_for(3)
+    assert h.regrades[2].result.stages[0].status == "pass"
+
+
+@pytest.mark.parametrize("name, relevant", [
+    ("src/kvcache.py", True), ("theinference.toml", True), ("stages/x.toml", True),
+    ("src/kvcache.py~", False), ("src/.kvcache.py.swp", False), ("src/4913", False), ("src/.#kvcache.py", False),
+    ("src/flycheck_kvcache.py", False), ("src/__pycache__/a.py", False), (".venv/lib/a.py", False), ("README.md", False),
+])
+def test_relevance_filter(tmp_path, name, relevant):
+    assert is_relevant(str(tmp_path / name), tmp_path) is relevant
+
+
+def test_ctrl_c_exits_cleanly_with_code_0(solution_course, tiny_path):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "theinference", "test", "--stage", "prove-one-layer", "--watch", "--weights", str(tiny_path)],
+        cwd=solution_course, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 30
+    seen = ""
+    while "watching" not in seen and time.monotonic() < deadline:
+        seen += proc.stdout.readline()
+    assert "✔ prove-one-layer" in seen
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err

@@ -1,0 +1,53 @@
+"""The screen of `theinference test --watch`: cleared and redrawn after every re-grade."""
+
+import sys
+import threading
+import time
+
+from rich.markup import escape
+
+from theinference import __version__
+from theinference.cli_common import console_for, err_console
+from theinference.report.terminal import render_run
+from theinference.watch import Regrade, Watch
+
+
+def render_regrade(report: Regrade, root) -> None:
+    console = console_for(sys.stdout)
+    console.clear()
+    when = time.strftime("%H:%M:%S", time.localtime(report.at))
+    what = ", ".join(_relative(p, root) for p in report.changed) if report.changed else "first run"
+    console.print(f"[dim]{when} · {escape(what)} · graded in {report.seconds:.2f} s[/dim]", soft_wrap=True)
+    if report.error:
+        console.print(f"[bold red]error:[/bold red] {escape(report.error)}", soft_wrap=True)
+    else:
+        render_run(console, report.result, __version__)
+    keys = "Enter re-runs, q+Enter quits, " if sys.stdin.isatty() else ""
+    console.print(f"\n[dim]watching {escape(str(root))} for changes — {keys}Ctrl-C exits[/dim]", soft_wrap=True)
+
+
+def _relative(path: str, root) -> str:
+    try:
+        return str(__import__("pathlib").Path(path).resolve().relative_to(root))
+    except ValueError:
+        return path
+
+
+def run_watch(watch: Watch) -> int:
+    """Watch until q or Ctrl-C; exit code 0 either way, 2 if the file watcher cannot start."""
+    try:
+        observer = watch.start_observer()
+    except OSError as e:
+        hint = "" if watch.poll else " Try --poll (polling works on WSL2 Windows mounts and network filesystems)."
+        err_console().print(f"[bold red]error:[/bold red] cannot watch {watch.session.course.root}: {e}.{hint}", soft_wrap=True)
+        return 2
+    if sys.stdin.isatty():
+        watch.start_keys()
+    try:
+        watch.loop(threading.Event())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        observer.stop()
+        observer.join(timeout=2)
+    return 0

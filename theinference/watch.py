@@ -1,0 +1,151 @@
+"""Watch mode: re-grade whenever a course file changes, with weights and oracle outputs kept warm.
+
+One queue carries file events (from watchdog) and key presses (Enter re-runs, q+Enter quits).
+A burst of events — an editor's write-rename-delete, a formatter touching ten files — is
+coalesced by a short quiet window into one re-grade; events that arrive while a grade runs
+are queued and give exactly one more re-grade when it ends.
+"""
+
+import fnmatch
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.polling import PollingObserver
+
+from theinference.course import load_course
+from theinference.results import RunResult
+from theinference.session import Session, select_stages
+from theinference.stages import load_stages, stage_dirs
+from theinference.weights import load_model
+
+DEBOUNCE = 0.05  # seconds of quiet that end a burst of file events
+WATCHED_SUFFIXES = (".py", ".toml")
+IGNORED_NAMES = ("*.swp", "*.swx", "*.swo", "*~", ".#*", "#*#", "4913", "flycheck_*", "*.tmp", ".~*")
+_FILE_EVENTS = {"created", "modified", "moved", "deleted"}
+
+
+def is_relevant(path: str, root: Path) -> bool:
+    """A .py/.toml file under root that is not an editor temp file, in no hidden dir or __pycache__."""
+    p = Path(path)
+    if p.suffix not in WATCHED_SUFFIXES or any(fnmatch.fnmatch(p.name, pat) for pat in IGNORED_NAMES):
+        return False
+    try:
+        parts = p.resolve().relative_to(root.resolve()).parts
+    except ValueError:
+        return False
+    return not any(part.startswith(".") or part == "__pycache__" for part in parts[:-1])
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, root: Path, events: queue.Queue):
+        self.root, self.events = root, events
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.is_directory or event.event_type not in _FILE_EVENTS:
+            return
+        for path in (event.src_path, getattr(event, "dest_path", "")):
+            if path and is_relevant(str(path), self.root):
+                self.events.put(("file", str(path)))
+
+
+@dataclass
+class Regrade:
+    """What one re-grade saw: the files that triggered it, when, and the result (or a config error)."""
+
+    changed: list[str]
+    at: float
+    result: RunResult | None = None
+    error: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Watch:
+    session: Session
+    stage_ids: list[str]
+    on_regrade: Callable[[Regrade], None]
+    extra_stage_dirs: list[Path] = field(default_factory=list)
+    timeout: float | None = None
+    poll: bool = False
+    debounce: float = DEBOUNCE
+    events: queue.Queue = field(default_factory=queue.Queue)
+
+    def start_observer(self):
+        """Start watchdog on the course directory (PollingObserver with poll=True)."""
+        observer = (PollingObserver(timeout=0.1) if self.poll else Observer())
+        observer.schedule(_Handler(self.session.course.root, self.events), str(self.session.course.root), recursive=True)
+        observer.start()
+        return observer
+
+    def start_keys(self) -> None:
+        """Read Enter / q+Enter from a terminal's stdin into the event queue."""
+        def read() -> None:
+            for line in sys.stdin:
+                self.events.put(("key", line.strip().lower()))
+            self.events.put(("key", "eof"))
+
+        threading.Thread(target=read, daemon=True, name="theinference-keys").start()
+
+    def _drain_burst(self, first: str) -> list[str]:
+        """Collect events until `debounce` seconds pass with none; return the changed files."""
+        changed = [first]
+        while True:
+            try:
+                kind, value = self.events.get(timeout=self.debounce)
+            except queue.Empty:
+                return sorted(set(changed))
+            if kind == "file":
+                changed.append(value)
+            elif value == "q":
+                self.events.put((kind, value))  # keep the quit for the main loop
+                return sorted(set(changed))
+
+    def _reload(self, changed: list[str]) -> None:
+        """Refresh the warm state a change invalidates: course config, stage files, weights."""
+        session = self.session
+        if any(Path(p).name == "theinference.toml" for p in changed):
+            session.course = load_course(session.course.root)
+        if any(p.endswith(".toml") for p in changed):
+            session.stages = load_stages(stage_dirs(session.course.root, [*session.course.stages_dirs, *self.extra_stage_dirs]))
+        stat = session.model.path.stat()
+        if (stat.st_mtime_ns, stat.st_size) != session.model_stamp:
+            session.model = load_model(session.model.path)
+            session.model_stamp = (stat.st_mtime_ns, stat.st_size)
+            session.cache.entries.clear()
+
+    def regrade(self, changed: list[str]) -> Regrade:
+        """Grade the watched stages once; a configuration error is shown, not raised."""
+        from theinference.session import CONFIG_ERRORS, UsageError
+
+        report = Regrade(changed=changed, at=time.time())
+        started = time.perf_counter()
+        try:
+            self._reload(changed)
+            selected = select_stages(self.session.stages, self.stage_ids)
+            report.result = self.session.run(selected, timeout=self.timeout)
+        except (*CONFIG_ERRORS, UsageError, OSError) as e:
+            report.error = str(e)
+        report.seconds = time.perf_counter() - started
+        self.on_regrade(report)
+        return report
+
+    def loop(self, stop: threading.Event) -> None:
+        """Grade once, then re-grade on every burst of changes until `q` or stop is set."""
+        self.regrade([])
+        while not stop.is_set():
+            try:
+                kind, value = self.events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if kind == "key" and value in ("q", "quit", "eof"):
+                if value != "eof":
+                    return
+                continue
+            self.regrade(self._drain_burst(value) if kind == "file" else ["(Enter)"])
