@@ -1,0 +1,117 @@
+"""Benchmark: watch mode's save -> verdict-rendered latency, minus the adapter's own compute.
+
+    python bench/watch_latency.py [--saves 20] [--pause 0.4]
+
+In a temporary copy of the reference course on tiny weights, starts watch mode (in this
+process, as `theinference test --watch` does), touches src/kvcache.py N times with pauses,
+and for each save measures the time until the verdict is rendered. The runner measures the
+adapter's own compute time; what remains is the grader's overhead, debounce window included.
+Prints the median and p90 overhead for both ways of starting student processes (zygote fork
+vs fresh interpreter), measured in the same run, and the cold `theinference test` time for
+the same stage. Target: median overhead <= 150 ms.
+"""
+
+import argparse
+import io
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from theinference.launch import SubprocessLauncher, ZygoteLauncher
+from theinference.report.terminal import render_run
+from theinference.resources import data_dir
+from theinference.session import open_session
+from theinference.synth import write_synthetic
+from theinference.watch import Watch
+
+STAGE = "prove-one-layer"
+
+
+def _adapter_seconds(report) -> float:
+    return sum(c.seconds for s in report.result.stages for c in s.cases) if report.result else 0.0
+
+
+def measure(course: Path, weights: Path, launcher, saves: int, pause: float) -> list[tuple[float, float]]:
+    """(latency, adapter seconds) for each save."""
+    session = open_session(course, str(weights), [])
+    session.launcher.close()
+    session.launcher = launcher
+    rendered = []
+
+    def on_regrade(report):
+        console = Console(file=io.StringIO(), width=100)
+        console.clear()
+        render_run(console, report.result, "bench")
+        rendered.append((time.perf_counter(), report))
+
+    watch = Watch(session, [STAGE], on_regrade)
+    observer = watch.start_observer()
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.loop, args=(stop,), daemon=True)
+    thread.start()
+    while not rendered:
+        time.sleep(0.01)
+    target = course / "src" / "kvcache.py"
+    samples = []
+    for _ in range(saves):
+        time.sleep(pause)
+        before = len(rendered)
+        saved_at = time.perf_counter()
+        target.write_text(target.read_text() + "\n")
+        while len(rendered) == before:
+            time.sleep(0.001)
+        done_at, report = rendered[-1]
+        assert report.result.stages[0].status == "pass", "the reference solution should pass"
+        samples.append((done_at - saved_at, _adapter_seconds(report)))
+    stop.set()
+    thread.join()
+    observer.stop()
+    observer.join()
+    session.close()
+    return samples
+
+
+def cold_run(course: Path, weights: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "theinference", "test", "--stage", STAGE, "--weights", str(weights)],
+                   cwd=course, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def summarize(name: str, samples: list[tuple[float, float]]) -> None:
+    overhead = sorted((lat - adapter) * 1e3 for lat, adapter in samples)
+    latency = sorted(lat * 1e3 for lat, _ in samples)
+    p90 = overhead[min(len(overhead) - 1, int(0.9 * len(overhead)))]
+    print(f"{name:<22} latency median {statistics.median(latency):7.1f} ms · adapter median "
+          f"{statistics.median(a * 1e3 for _, a in samples):6.1f} ms · overhead median {statistics.median(overhead):7.1f} ms, "
+          f"p90 {p90:7.1f} ms   (target median <= 150 ms)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--saves", type=int, default=20)
+    parser.add_argument("--pause", type=float, default=0.4)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        weights = write_synthetic(tmp / "weights", preset="tiny", seed=0)
+        course = tmp / "course"
+        shutil.copytree(data_dir("course") / "solution", course)
+        print(f"{args.saves} saves of src/kvcache.py, stage {STAGE}, tiny weights")
+        summarize("zygote (fork)", measure(course, weights, ZygoteLauncher(), args.saves, args.pause))
+        summarize("fresh interpreter", measure(course, weights, SubprocessLauncher(), args.saves, args.pause))
+        colds = [cold_run(course, weights) for _ in range(3)]
+        print(f"cold `theinference test --stage {STAGE}`: median {statistics.median(colds) * 1e3:.0f} ms (3 runs)")
+
+
+if __name__ == "__main__":
+    os.environ.pop("THEINFERENCE_LAUNCHER", None)
+    main()
