@@ -6,9 +6,11 @@ returned array to OUT_DIR/case-<i>.npy. Nothing here imports numpy before the st
 except to save results.
 """
 
+import importlib.abc
 import importlib.util
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -105,6 +107,10 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
     except SystemExit as e:
         done(status="error", message=f"the adapter called sys.exit({e.code!r})", traceback=_student_traceback(e))
         return
+    except MemoryError as e:
+        done(status="error", message=f"out of memory: the adapter exceeded its memory limit (MemoryError: {e})",
+             traceback=_student_traceback(e))
+        return
     except BaseException as e:  # noqa: BLE001 - the student's exception is the result
         done(status="error", message=f"{type(e).__name__}: {e}", traceback=_student_traceback(e))
         return
@@ -118,11 +124,40 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
     done(status="ok", file=str(out), seconds=seconds)
 
 
+class _OracleGuard(importlib.abc.MetaPathFinder):
+    """Refuse the grader's own modules: an adapter must compute, not copy the oracle.
+
+    This stops casual copying; it is not a sandbox (student code runs with the user's rights).
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("theinference.") and name != "theinference.child":
+            raise ImportError(f"adapters may not use the grader's oracle ({name} cannot be imported by graded code)")
+        return None
+
+
+def _guard_grader_modules() -> None:
+    for name in [m for m in sys.modules if m.startswith("theinference.") and m != "theinference.child"]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, _OracleGuard())
+
+
+def _apply_limits(limits: dict) -> None:
+    """Cap the address space and the size of files written (the captured output included)."""
+    for key, which in (("memory_bytes", resource.RLIMIT_AS), ("file_bytes", resource.RLIMIT_FSIZE)):
+        if limits.get(key):
+            _, hard = resource.getrlimit(which)
+            cap = limits[key] if hard == resource.RLIM_INFINITY else min(limits[key], hard)
+            resource.setrlimit(which, (cap, hard))
+
+
 def main() -> None:
     job = json.loads(Path(sys.argv[1]).read_text())
     fd = int(os.environ.pop("THEINFERENCE_PROTOCOL_FD"))
     os.set_inheritable(fd, False)  # processes the student starts do not get the grader's pipe
     proto = os.fdopen(fd, "w")
+    _apply_limits(job.get("limits", {}))
+    _guard_grader_modules()
     sys.path.insert(0, job["course_root"])
     func = _load(job, proto)
     if func is None:

@@ -1,5 +1,6 @@
 """The `theinference` command: parses, calls the package, renders, maps results to exit codes."""
 
+import os
 import sys
 import traceback
 from enum import Enum
@@ -10,12 +11,16 @@ import typer
 from rich.console import Console
 
 from theinference import __version__
-from theinference.cli_common import EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console, synth_progress
+from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
+                                     run_options, synth_progress)
+from theinference.runner import DEFAULT_MEMORY_MB
+from theinference.cli_grade import grade_command
 from theinference.cli_oracle import oracle_command
 from theinference.cli_stages import stages_app
 from theinference.cli_watch import render_regrade, run_watch
 from theinference.cli_weights import weights_app
-from theinference.report.jsonout import render_json
+from theinference.report import TEXT_FORMATS
+from theinference.report.github import render_summary
 from theinference.report.terminal import render_run
 from theinference.session import CONFIG_ERRORS, UsageError, open_session, select_stages
 from theinference.watch import Watch
@@ -27,11 +32,15 @@ app = typer.Typer(
 app.add_typer(weights_app, name="weights")
 app.add_typer(stages_app, name="stages")
 app.command("oracle")(oracle_command)
+app.command("grade")(grade_command)
 
 
 class Format(str, Enum):
     rich = "rich"
     json = "json"
+    junit = "junit"
+    gradescope = "gradescope"
+    github = "github"
 
 
 CourseOpt = Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: the nearest ancestor holding theinference.toml or tests/adapters.py).")]
@@ -49,10 +58,13 @@ def _weights_notice(session) -> None:
 
 
 def _emit(run, fmt: Format, output: Optional[Path]) -> None:
-    if fmt is Format.json:
-        text = render_json(run, __version__)
+    if fmt is Format.github and os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
+            f.write(render_summary(run, __version__))
+    if fmt.value in TEXT_FORMATS:
+        text = TEXT_FORMATS[fmt.value](run, __version__)
         if output:
-            output.write_text(text)
+            output.write_text(text, encoding="utf-8")
         else:
             sys.stdout.write(text)
         return
@@ -73,6 +85,8 @@ def test(
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.rich,
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the report to this file instead of stdout.")] = None,
     stages_dir: StagesDirOpt = None,
+    seed: Annotated[Optional[str], typer.Option("--seed", help="Add random cases: an integer seed, or 'random' (recorded in the results).")] = None,
+    memory_limit: Annotated[int, typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
     watch: Annotated[bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")] = False,
     poll: Annotated[bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")] = False,
 ) -> None:
@@ -82,14 +96,15 @@ def test(
     crashes and stages not started); 2 usage or configuration error.
     """
     try:
+        options = run_options(timeout, memory_limit, seed)
         session = open_session(course, weights, stages_dir or [], progress=synth_progress())
         try:
             selected = select_stages(session.stages, [] if all_stages else (stage or []))
             _weights_notice(session)
             if watch:
                 raise typer.Exit(run_watch(Watch(session, [s.id for s in selected], lambda r: render_regrade(r, session.course.root),
-                                                 extra_stage_dirs=stages_dir or [], timeout=timeout, poll=poll)))
-            run = session.run(selected, timeout=timeout)
+                                                 extra_stage_dirs=stages_dir or [], options=options, poll=poll)))
+            run = session.run(selected, options)
         finally:
             session.close()
     except (*CONFIG_ERRORS, UsageError) as e:

@@ -52,3 +52,15 @@ class _SynthProgress:
 
 def synth_progress() -> _SynthProgress:
     return _SynthProgress()
+
+
+def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None):
+    """RunOptions from command-line values; secrets are scrubbed from student processes in CI."""
+    from theinference.randomcases import resolve_seed
+    from theinference.session import RunOptions, UsageError
+
+    try:
+        resolved = resolve_seed(seed)
+    except ValueError:
+        raise UsageError(f"--seed takes an integer or 'random', not {seed!r}") from None
+    return RunOptions(timeout=timeout, memory_mb=memory_limit_mb or None, scrub_secrets=in_ci(), seed=resolved)

@@ -2,6 +2,7 @@
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from theinference.diagnose import diagnose_rows, diagnose_tokens
 from theinference.launch import SubprocessLauncher
 from theinference.oracles import OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.results import CaseResult, StageResult
-from theinference.runner import AdapterJob, CallOutcome, run_adapter
+from theinference.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
 from theinference.stages import CaseSpec, StageSpec
 from theinference.weights import Model
 
@@ -44,6 +45,8 @@ class GradeContext:
     timeout: float | None = None  # overrides every stage's timeout
     env: dict = field(default_factory=dict)  # extra environment for the student's process
     launcher: object = field(default_factory=SubprocessLauncher)  # how student processes start
+    memory_mb: int | None = DEFAULT_MEMORY_MB  # address-space cap per student process
+    scrub_secrets: bool = False  # CI: no secret-looking variables in the student's environment
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -142,6 +145,19 @@ def _points(stage: StageSpec, cases: list[CaseResult]) -> float:
     return stage.points if passed == len(cases) else 0.0
 
 
+def adapter_line(path: Path, names: tuple[str, ...]) -> int | None:
+    """The line where the first of names is defined in the adapters file (for CI annotations)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for name in names:
+        for number, line in enumerate(lines, 1):
+            if line.lstrip().startswith(f"def {name}("):
+                return number
+    return None
+
+
 def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     """Grade one stage of the course against the oracle; student faults become results, never exceptions."""
     started = time.perf_counter()
@@ -152,7 +168,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
         weights=ctx.model.path, timeout=ctx.timeout or ctx.course.timeout or stage.timeout, env=ctx.env,
-        launcher=ctx.launcher,
+        launcher=ctx.launcher, memory_mb=ctx.memory_mb, scrub=ctx.scrub_secrets,
     )
     outcomes = run_adapter(job)
     cases = [_case_result(stage, case, outcome, ctx, spec) for case, outcome in zip(stage.cases, outcomes)]
@@ -161,4 +177,5 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
         adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
         compare=stage.compare, seconds=time.perf_counter() - started,
+        adapter_line=adapter_line(ctx.course.adapters, stage.adapter_names),
     )

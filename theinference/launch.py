@@ -61,9 +61,14 @@ class ZygoteProcess:
 
 
 class ZygoteLauncher:
-    """Forks student processes from a zygote that has numpy imported (Linux)."""
+    """Forks student processes from a zygote that has numpy imported (Linux).
 
-    def __init__(self):
+    `env` is applied to the zygote itself: settings read once when numpy loads (the BLAS
+    thread count) must be in place before the fork.
+    """
+
+    def __init__(self, env: dict | None = None):
+        self._env = env or {}
         self._lock = threading.Lock()
         self._proc = None
         self._dir = None
@@ -74,7 +79,7 @@ class ZygoteLauncher:
                 return os.path.join(self._dir, "zygote.sock")
             self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
             path = os.path.join(self._dir, "zygote.sock")
-            self._proc = subprocess.Popen([sys.executable, "-m", "theinference.zygote", path],
+            self._proc = subprocess.Popen([sys.executable, "-m", "theinference.zygote", path], env={**os.environ, **self._env},
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
             if self._proc.stdout.readline().strip() != b"ready":
                 raise RuntimeError("the zygote process did not start")
@@ -103,10 +108,15 @@ class ZygoteLauncher:
                 self._dir = None
 
 
-def default_launcher():
+def blas_env(threads: int) -> dict:
+    """Environment that caps the BLAS/OpenMP threads of a student process."""
+    return {name: str(threads) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+def default_launcher(env: dict | None = None):
     """The zygote where fork is safe and cheap (Linux), else a fresh interpreter per run.
 
     THEINFERENCE_LAUNCHER=subprocess (or zygote) overrides the choice.
     """
     choice = os.environ.get("THEINFERENCE_LAUNCHER") or ("zygote" if sys.platform == "linux" else "subprocess")
-    return ZygoteLauncher() if choice == "zygote" else SubprocessLauncher()
+    return ZygoteLauncher(env) if choice == "zygote" else SubprocessLauncher()

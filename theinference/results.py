@@ -80,6 +80,7 @@ class StageResult:
     rtol: float
     compare: str
     seconds: float = 0.0
+    adapter_line: int | None = None  # where the adapter is defined in adapters_file, for annotations
 
     @property
     def passed_cases(self) -> int:
@@ -103,6 +104,7 @@ class RunResult:
     config: dict
     stages: list[StageResult]
     notices: list[str] = field(default_factory=list)
+    seed: int | None = None  # the seed of the random extra cases, if any
 
     @property
     def passed(self) -> bool:

@@ -19,6 +19,14 @@ import numpy as np
 from theinference.launch import SubprocessLauncher
 
 OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
+DEFAULT_MEMORY_MB = 6144  # address space per student process: room for 124M weights, copies and BLAS
+FILE_CAP = 1 << 30  # bytes any one file the student's process writes may reach (its output included)
+_SECRET_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
+
+
+def scrub_secrets(env: dict) -> dict:
+    """The environment without variables whose names look like credentials."""
+    return {k: v for k, v in env.items() if not any(word in k.upper() for word in _SECRET_WORDS)}
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,8 @@ class AdapterJob:
     timeout: float  # seconds per call (and for importing the adapters)
     env: dict = field(default_factory=dict)
     launcher: object = field(default_factory=SubprocessLauncher)
+    memory_mb: int | None = DEFAULT_MEMORY_MB  # None: no cap
+    scrub: bool = False  # drop secret-looking environment variables (CI mode)
 
 
 @dataclass
@@ -66,6 +76,8 @@ def _kill_group(proc) -> None:
 
 
 def _exit_message(returncode: int) -> str:
+    if returncode == -signal.SIGXFSZ:
+        return f"the adapter's process was killed for writing a file over {FILE_CAP >> 20} MB (SIGXFSZ)"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -83,9 +95,11 @@ class _Child:
         job_file.write_text(json.dumps({
             "course_root": str(job.course_root), "adapters": str(job.adapters), "names": list(job.names),
             "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work),
+            "limits": {"memory_bytes": job.memory_mb * 2**20 if job.memory_mb else None, "file_bytes": FILE_CAP},
         }))
         read_fd, write_fd = os.pipe()
-        env = {**os.environ, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
+        base = scrub_secrets(dict(os.environ)) if job.scrub else dict(os.environ)
+        env = {**base, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
         try:
             with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:

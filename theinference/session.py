@@ -10,6 +10,8 @@ from theinference.course import Course, CourseError, find_course_root, load_cour
 from theinference.grade import GradeContext, GradeError, OracleCache, grade
 from theinference.launch import default_launcher
 from theinference.oracles import OracleError
+from theinference.randomcases import with_random_cases
+from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.results import RunResult
 from theinference.sources import WeightsChoice, ensure_weights, resolve_weights
 from theinference.stages import StageError, StageSpec, load_stages, stage_dirs
@@ -47,6 +49,17 @@ def select_stages(stages: list[StageSpec], wanted: list[str]) -> list[StageSpec]
     return [s for s in stages if s.id in wanted] if wanted else stages
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How to grade: per-call timeout override, memory cap, CI hygiene, random extra cases."""
+
+    timeout: float | None = None
+    memory_mb: int | None = DEFAULT_MEMORY_MB
+    scrub_secrets: bool = False
+    seed: int | None = None
+    env: dict = field(default_factory=dict)  # extra environment for student processes
+
+
 @dataclass
 class Session:
     course: Course
@@ -66,20 +79,17 @@ class Session:
         """Stop the pre-warmed student-process launcher, if any."""
         self.launcher.close()
 
-    def run(self, selected: list[StageSpec], timeout: float | None = None, env: dict | None = None,
-            on_stage: Callable | None = None) -> RunResult:
-        """Grade the selected stages in order; on_stage(stage) is called before each."""
-        ctx = GradeContext(course=self.course, model=self.model, cache=self.cache, timeout=timeout, env=env or {},
-                           launcher=self.launcher)
-        results = []
-        for stage in selected:
-            if on_stage:
-                on_stage(stage)
-            results.append(grade(stage, ctx))
+    def run(self, selected: list[StageSpec], options: "RunOptions | None" = None) -> RunResult:
+        """Grade the selected stages in order (with the seed's random cases added, if any)."""
+        options = options or RunOptions()
+        ctx = GradeContext(course=self.course, model=self.model, cache=self.cache, timeout=options.timeout, env=options.env,
+                           launcher=self.launcher, memory_mb=options.memory_mb, scrub_secrets=options.scrub_secrets)
+        if options.seed is not None:
+            selected = [with_random_cases(s, options.seed, self.model.config) for s in selected]
         return RunResult(
             course=str(self.course.root), weights_path=str(self.model.path), weights_source=self.weights.source,
             weights_why=self.weights.why, synthetic=self.model.synthetic, config=self.model.config.as_dict(),
-            stages=results, notices=list(self.model.notices),
+            stages=[grade(stage, ctx) for stage in selected], notices=list(self.model.notices), seed=options.seed,
         )
 
 

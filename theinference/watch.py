@@ -21,7 +21,7 @@ from watchdog.observers.polling import PollingObserver
 
 from theinference.course import load_course
 from theinference.results import RunResult
-from theinference.session import Session, select_stages
+from theinference.session import RunOptions, Session, select_stages
 from theinference.stages import load_stages, stage_dirs
 from theinference.weights import load_model
 
@@ -72,7 +72,7 @@ class Watch:
     stage_ids: list[str]
     on_regrade: Callable[[Regrade], None]
     extra_stage_dirs: list[Path] = field(default_factory=list)
-    timeout: float | None = None
+    options: RunOptions = field(default_factory=RunOptions)
     poll: bool = False
     debounce: float = DEBOUNCE
     events: queue.Queue = field(default_factory=queue.Queue)
@@ -129,7 +129,7 @@ class Watch:
         try:
             self._reload(changed)
             selected = select_stages(self.session.stages, self.stage_ids)
-            report.result = self.session.run(selected, timeout=self.timeout)
+            report.result = self.session.run(selected, self.options)
         except (*CONFIG_ERRORS, UsageError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started

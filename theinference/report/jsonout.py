@@ -56,7 +56,7 @@ def run_document(run: RunResult, version: str) -> dict:
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "theinference_version": version,
         "status": "pass" if run.passed else "fail",
         "points": earned, "max_points": possible,
-        "course": run.course,
+        "course": run.course, "seed": run.seed,
         "weights": {"path": run.weights_path, "source": run.weights_source, "why": run.weights_why,
                     "synthetic": run.synthetic, "config": run.config},
         "notices": run.notices,

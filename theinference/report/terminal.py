@@ -67,6 +67,8 @@ def render_header(console: Console, run: RunResult, version: str) -> None:
     console.print(f"[bold]theinference {version}[/bold] grading [cyan]{escape(run.course)}[/cyan]")
     console.print(f"weights: {escape(run.weights_path)}{synthetic}")
     console.print(f"         {escape(run.weights_why)} · {config}", style="dim")
+    if run.seed is not None:
+        console.print(f"         random extra cases from seed {run.seed}", style="dim")
     for notice in run.notices:
         console.print(f"[yellow]note:[/yellow] {escape(notice)}")
     console.print()

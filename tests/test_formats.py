@@ -1,0 +1,137 @@
+"""CI output formats on a passing and a failing course: JUnit, Gradescope, GitHub, JSON."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import write_adapters
+
+FAILING = """\
+import numpy as np
+from src.gpt2 import load_weights
+from src.kvcache import layer_attn_incremental
+import theinference
+
+def run_layer_equiv(seq_ids):
+    params, n_head = load_weights(theinference.weights_path())
+    return layer_attn_incremental(params, seq_ids, n_head) + 0.5
+
+def run_per_step_logits(prompt_ids, cont_ids):
+    raise NotImplementedError
+
+def run_greedy(prompt_ids, n_new):
+    raise RuntimeError("boom")
+"""
+
+
+@pytest.fixture
+def courses(solution_course, tmp_path):
+    failing = tmp_path / "failing"
+    write_adapters(failing, FAILING)
+    return {"passing": solution_course, "failing": failing}
+
+
+def run(cli, course, tiny_path, fmt, *extra):
+    result = cli("test", "--course", course, "--weights", tiny_path, "--format", fmt, *extra)
+    return result.exit_code, result.stdout
+
+
+def test_junit_counts(cli, courses, tiny_path):
+    code, text = run(cli, courses["passing"], tiny_path, "junit")
+    root = ET.fromstring(text)
+    assert code == 0
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("points")) == ("11", "0", "0", "40/40")
+    assert [s.get("name") for s in root.iter("testsuite")] == ["prove-one-layer", "per-step-identity", "greedy"]
+
+    code, text = run(cli, courses["failing"], tiny_path, "junit")
+    root = ET.fromstring(text)
+    suites = {s.get("name"): s for s in root.iter("testsuite")}
+    assert code == 1
+    assert (suites["prove-one-layer"].get("failures"), suites["prove-one-layer"].get("errors")) == ("4", "0")
+    assert (suites["per-step-identity"].get("failures"), suites["greedy"].get("errors")) == ("4", "3")
+    failure = suites["prove-one-layer"].find("testcase[@name='sentence']/failure")
+    assert failure.get("type") == "fail" and "every row is off" in failure.get("message")
+    assert "rows outside atol=0.0001 rtol=0.001" in failure.text
+    assert suites["greedy"].find("testcase/error").get("type") == "error"
+    assert root.get("points") == "0/40"
+
+
+def test_gradescope_scores(cli, courses, tiny_path, tmp_path):
+    out = tmp_path / "results.json"
+    code, _ = run(cli, courses["passing"], tiny_path, "gradescope", "--output", out)
+    doc = json.loads(out.read_text())
+    assert code == 0 and doc["score"] == 40 and doc["max_score"] == 40
+    assert isinstance(doc["execution_time"], float)
+    for test in doc["tests"]:
+        assert set(test) >= {"name", "score", "max_score", "status", "output", "visibility"}
+        assert test["status"] == "passed" and test["score"] == test["max_score"]
+
+    code, text = run(cli, courses["failing"], tiny_path, "gradescope")
+    doc = json.loads(text)
+    assert code == 1 and doc["score"] == 0
+    assert [t["status"] for t in doc["tests"]] == ["failed", "failed", "failed"]
+    assert "shape: all-rows-off" in doc["tests"][0]["output"]
+
+
+def test_per_case_credit_gives_partial_points(cli, courses, tiny_path, tmp_path):
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    from theinference.resources import data_dir
+
+    text = (data_dir("stages") / "prove-one-layer.toml").read_text()
+    text = text.replace('id = "prove-one-layer"', 'id = "partial-layer"').replace("points = 10", 'points = 8\ncredit = "per-case"')
+    (stages / "partial.toml").write_text(text.replace('lesson = "../course', 'lesson = "../../course'))
+    adapters = courses["passing"] / "tests" / "adapters.py"
+    adapters.write_text(adapters.read_text().replace(
+        "    return layer_attn_incremental(params, seq_ids, n_head)",
+        "    out = layer_attn_incremental(params, seq_ids, n_head)\n    return out if len(seq_ids) > 9 else out + 1"))
+    code, text = run(cli, courses["passing"], tiny_path, "gradescope", "--stages-dir", stages, "--stage", "partial-layer")
+    doc = json.loads(text)
+    assert code == 1
+    assert doc["tests"][0]["score"] == 4.0  # 2 of 4 cases (10 and 55 tokens) pass: half of 8 points
+
+
+def test_github_annotations_point_at_the_adapter(cli, courses, tiny_path, tmp_path, monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(courses["failing"]))
+    code, text = run(cli, courses["failing"], tiny_path, "github")
+    assert code == 1
+    errors = [line for line in text.splitlines() if line.startswith("::error ")]
+    assert len(errors) == 3
+    assert errors[0].startswith("::error file=tests/adapters.py,line=6,title=theinference prove-one-layer%3A fail::")
+    assert "line=13" in errors[2]  # def run_greedy
+    assert "::notice title=theinference::0 of 3 stages passed, 0/40 points" in text
+    md = summary.read_text()
+    assert "## theinference: 0/40 points" in md and "| `greedy` | ❌ error | 0/3 | 0/10 |" in md
+
+
+def test_json_records_the_seed_and_random_cases(cli, courses, tiny_path):
+    code, text = run(cli, courses["passing"], tiny_path, "json", "--seed", "11", "--stage", "prove-one-layer")
+    doc = json.loads(text)
+    assert code == 0 and doc["seed"] == 11
+    names = [c["name"] for c in doc["stages"][0]["cases"]]
+    assert names[-2:] == ["random-1", "random-2"]
+    again = json.loads(run(cli, courses["passing"], tiny_path, "json", "--seed", "11", "--stage", "prove-one-layer")[1])
+    assert again["stages"][0]["cases"][-1]["inputs"] == doc["stages"][0]["cases"][-1]["inputs"]
+    chosen = json.loads(run(cli, courses["passing"], tiny_path, "json", "--seed", "random", "--stage", "prove-one-layer")[1])
+    assert isinstance(chosen["seed"], int)
+    bad = cli("test", "--course", courses["passing"], "--weights", tiny_path, "--seed", "lots")
+    assert bad.exit_code == 2 and "--seed takes an integer or 'random'" in bad.stderr
+
+
+def test_hard_coded_answers_fail_the_random_cases(cli, courses, tiny_path, tmp_path):
+    from theinference.export import oracle_arrays
+    from theinference.stages import load_stages, stage_dirs
+    from theinference.weights import load_model
+
+    stage = next(s for s in load_stages(stage_dirs(None)) if s.id == "prove-one-layer")
+    arrays = oracle_arrays(stage, load_model(tiny_path), list(stage.cases))
+    table = {tuple(arrays[f"{c.name}.seq"].tolist()): arrays[f"{c.name}.expected"].tolist() for c in stage.cases}
+    write_adapters(tmp_path / "cheat", f"TABLE = {table!r}\n\ndef run_layer_equiv(seq_ids):\n    return TABLE[tuple(seq_ids)]\n")
+    code, text = run(cli, tmp_path / "cheat", tiny_path, "json", "--stage", "prove-one-layer")
+    assert code == 0, [(c["name"], c["message"]) for c in json.loads(text)["stages"][0]["cases"]]
+    code, text = run(cli, tmp_path / "cheat", tiny_path, "json", "--stage", "prove-one-layer", "--seed", "3")
+    cases = json.loads(text)["stages"][0]["cases"]
+    assert code == 1 and [c["status"] for c in cases[-2:]] == ["error", "error"]

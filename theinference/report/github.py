@@ -1,0 +1,58 @@
+"""GitHub Actions: `::error` annotations at the adapter function, and a Markdown job summary."""
+
+import os
+
+from theinference.report.text import case_summary
+from theinference.results import RunResult
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _relative(path: str) -> str:
+    workspace = os.environ.get("GITHUB_WORKSPACE") or os.getcwd()
+    try:
+        return os.path.relpath(path, workspace) if os.path.isabs(path) else path
+    except ValueError:
+        return path
+
+
+def render_annotations(run: RunResult) -> str:
+    """One `::error` per stage that did not pass, pointing at its adapter; a `::notice` with the total."""
+    lines = []
+    for stage in run.stages:
+        if stage.status == "pass":
+            continue
+        where = f"file={_escape_property(_relative(stage.adapters_file))}"
+        if stage.adapter_line:
+            where += f",line={stage.adapter_line}"
+        title = _escape_property(f"theinference {stage.id}: {stage.status}")
+        failing = [case_summary(c) for c in stage.cases if c.status != "pass"]
+        lines.append(f"::error {where},title={title}::{_escape_data(chr(10).join(failing))}")
+    earned, possible = run.points
+    lines.append(f"::notice title=theinference::{sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
+                 f"stages passed, {earned:g}/{possible:g} points")
+    return "\n".join(lines) + "\n"
+
+
+def render_summary(run: RunResult, version: str) -> str:
+    """A Markdown summary for $GITHUB_STEP_SUMMARY."""
+    earned, possible = run.points
+    out = [f"## theinference: {earned:g}/{possible:g} points", "",
+           "| stage | status | cases | points |", "|---|---|---|---|"]
+    for stage in run.stages:
+        mark = "✅" if stage.status == "pass" else "❌"
+        out.append(f"| `{stage.id}` | {mark} {stage.status} | {stage.passed_cases}/{len(stage.cases)} | "
+                   f"{stage.points:g}/{stage.max_points:g} |")
+    for stage in run.stages:
+        for case in stage.cases:
+            if case.status != "pass":
+                out += ["", f"### `{stage.id}` · {case.name}", "", "```", case_summary(case), "```"]
+    seed = f" · seed {run.seed}" if run.seed is not None else ""
+    out += ["", f"<sub>theinference {version} · weights `{run.weights_path}`{seed}</sub>", ""]
+    return "\n".join(out)

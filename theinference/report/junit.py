@@ -1,0 +1,43 @@
+"""JUnit XML: one testsuite per stage, one testcase per case (GitHub/GitLab test reporters read it)."""
+
+import xml.etree.ElementTree as ET
+
+from theinference.report.text import case_summary
+from theinference.results import RunResult
+
+_ERROR_STATUSES = ("error", "timeout", "crash")
+
+
+def render_junit(run: RunResult, version: str) -> str:
+    earned, possible = run.points
+    root = ET.Element("testsuites", name="theinference", tests=str(sum(len(s.cases) for s in run.stages)))
+    failures = errors = 0
+    for stage in run.stages:
+        suite = ET.SubElement(root, "testsuite", name=stage.id, tests=str(len(stage.cases)), time=f"{stage.seconds:.3f}")
+        props = ET.SubElement(suite, "properties")
+        for name, value in (("title", stage.title), ("points", f"{stage.points:g}"), ("max_points", f"{stage.max_points:g}"),
+                            ("status", stage.status), ("weights", run.weights_path), ("seed", str(run.seed)),
+                            ("theinference_version", version)):
+            ET.SubElement(props, "property", name=name, value=value)
+        stage_failures = stage_errors = 0
+        for case in stage.cases:
+            element = ET.SubElement(suite, "testcase", classname=f"theinference.{stage.id}", name=case.name,
+                                    time=f"{case.seconds:.3f}", file=stage.adapters_file)
+            if case.status == "pass":
+                continue
+            tag = "error" if case.status in _ERROR_STATUSES else "failure"
+            message = case.diagnosis.summary if case.diagnosis else (case.message or case.status)
+            detail = ET.SubElement(element, tag, type=case.status, message=message)
+            detail.text = case_summary(case)
+            if case.stdout or case.stderr:
+                ET.SubElement(element, "system-out").text = case.stdout + case.stderr
+            stage_errors += tag == "error"
+            stage_failures += tag == "failure"
+        suite.set("failures", str(stage_failures))
+        suite.set("errors", str(stage_errors))
+        failures, errors = failures + stage_failures, errors + stage_errors
+    root.set("failures", str(failures))
+    root.set("errors", str(errors))
+    root.set("points", f"{earned:g}/{possible:g}")
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
