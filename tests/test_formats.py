@@ -32,8 +32,12 @@ def courses(solution_course, tmp_path):
     return {"passing": solution_course, "failing": failing}
 
 
+CORE = ["--stage", "prove-one-layer", "--stage", "per-step-identity", "--stage", "greedy"]
+
+
 def run(cli, course, tiny_path, fmt, *extra):
-    result = cli("test", "--course", course, "--weights", tiny_path, "--format", fmt, *extra)
+    stages = [] if "--stage" in extra else CORE
+    result = cli("test", "--course", course, "--weights", tiny_path, "--format", fmt, *stages, *extra)
     return result.exit_code, result.stdout
 
 

@@ -18,13 +18,13 @@ from theinference.weights import Model
 class CheckCell:
     subject: str  # solution | starter | a mutant's name
     stage: str
-    expected: str  # pass | not-started | a failure shape
+    expected: tuple[str, ...]  # acceptable outcomes: pass | not-started | failure shapes
     got: str  # what the grader reported: a status, or the failing stage's shape
     message: str = ""
 
     @property
     def ok(self) -> bool:
-        return self.expected == self.got
+        return self.got in self.expected
 
 
 @dataclass
@@ -56,7 +56,7 @@ def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list
     cells = []
     for stage in stages:
         result = grade(stage, ctx)
-        cells.append(CheckCell(subject=name, stage=stage.id, expected=expectations.get(stage.id, "pass"),
+        cells.append(CheckCell(subject=name, stage=stage.id, expected=expectations.get(stage.id, ("pass",)),
                                got=observed(result), message=_first_message(result)))
     return cells
 
@@ -82,7 +82,7 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
         return result
     subjects = [("solution", solution, {})]
     if (source / "starter").is_dir():
-        subjects.append(("starter", source / "starter", {s.id: "not-started" for s in stages}))
+        subjects.append(("starter", source / "starter", {s.id: ("not-started",) for s in stages}))
     with tempfile.TemporaryDirectory(prefix="theinference-check-") as tmp:
         try:
             mutants = load_mutants(source / "mutants")

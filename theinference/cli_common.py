@@ -19,7 +19,7 @@ def console_for(stream) -> Console:
     """A console on stream; plain (no colour) when not a terminal, in CI or with NO_COLOR."""
     plain = in_ci() or not stream.isatty()
     return Console(file=stream, no_color=plain or None, highlight=False, soft_wrap=False,
-                   force_terminal=False if plain else None, width=None if stream.isatty() else 120)
+                   force_terminal=False if plain else None, width=None if stream.isatty() else 160)
 
 
 def err_console() -> Console:

@@ -30,9 +30,9 @@ def _chunk_stats(expected: np.ndarray, got: np.ndarray, atol: float, rtol: float
 def compare_rows(
     expected: np.ndarray, got: np.ndarray, atol: float, rtol: float, positions: list[int], tokens: list[int | None]
 ) -> list[RowStats]:
-    """Compare two [n_rows, n_cols] arrays row by row (a 1-D array is one row per element)."""
+    """Compare two [n_rows, n_cols] arrays row by row (a 1-D array is a single row)."""
     if expected.ndim == 1:
-        expected, got = expected[:, None], got[:, None]
+        expected, got = expected[None, :], got[None, :]
     expected, got = expected.reshape(len(expected), -1), got.reshape(len(got), -1)
     rows = []
     for start in range(0, len(expected), _CHUNK):

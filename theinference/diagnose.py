@@ -4,7 +4,7 @@ Shapes (stage files map each to a hint):
   nonfinite-row         some rows hold NaN or inf
   shifted-by-one        the student's row k matches the oracle's row k+1 (recorded after consuming)
   all-rows-off          every row is off, by a similar amount
-  error-grows           the first row(s) match; later rows drift, the error growing with position
+  error-grows           the error grows with position (usually after the first row(s) match)
   first-ok-then-flat    the first row matches; every later row is off by a steady amount
   first-decode-row-off  the first row matches; row 1 is off, the worst, and later rows recover
   token-mismatch        (greedy) a generated token is not the oracle's and not a near-tie
@@ -25,7 +25,7 @@ _SUMMARIES = {
     "nonfinite-row": "{n_nonfinite} row(s) hold NaN or inf, first at row {first_nonfinite}",
     "shifted-by-one": "your row k matches the oracle's row k+1: every row is one step late",
     "all-rows-off": "every row is off, by a similar amount (max |Δ| from {lo:.3g} to {hi:.3g})",
-    "error-grows": "rows 0-{last_ok} match; from row {first_bad} on the error grows with position ({lo:.3g} → {hi:.3g})",
+    "error-grows": "{matching}the error grows with position ({lo:.3g} → {hi:.3g})",
     "first-ok-then-flat": "row 0 matches; every later row is off by a steady amount (max |Δ| {lo:.3g} to {hi:.3g})",
     "first-decode-row-off": "row 0 matches; row 1 is already off ({first:.3g}) and later rows recover",
     "token-mismatch": "step {step} generated {got} where the oracle's greedy choice is {expected} (not a near-tie)",
@@ -62,6 +62,8 @@ def _shape_of_errors(ok: list[bool], err: np.ndarray) -> str:
     if len(bad) < MIN_BAD_ROWS:
         return "no-pattern"
     if not any(ok):
+        if _grows(err):
+            return "error-grows"
         return "all-rows-off" if _spread(bad) <= FLAT_RATIO else "no-pattern"
     n_ok = ok.index(False)
     if n_ok == 0 or any(ok[n_ok:]):
@@ -89,8 +91,9 @@ def classify_rows(rows: list[RowStats], expected=None, got=None, atol=0.0, rtol=
     shape = _shape_of_errors(ok, err)
     bad = err[~np.array(ok)]
     first_bad = ok.index(False) if False in ok else 0
+    matching = f"rows 0-{first_bad - 1} match; from row {first_bad} on " if first_bad else "every row is off and "
     facts.update(lo=float(bad.min()) if len(bad) else 0.0, hi=float(bad.max()) if len(bad) else 0.0,
-                 first=float(err[first_bad]), first_bad=first_bad, last_ok=first_bad - 1)
+                 first=float(err[first_bad]), first_bad=first_bad, matching=matching)
     return shape, facts
 
 

@@ -1,5 +1,6 @@
 """grade(stage, context): oracle + runner + compare + diagnose -> StageResult."""
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,8 +12,8 @@ from theinference.compare import compare_rows, shape_problem, walk_tokens
 from theinference.course import Course
 from theinference.diagnose import diagnose_rows, diagnose_tokens
 from theinference.launch import SubprocessLauncher
-from theinference.oracles import OracleSpec, compute_expected, positions_needed, resolve_oracle
-from theinference.results import CaseResult, StageResult
+from theinference.oracles import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
+from theinference.results import CaseResult, Diagnosis, StageResult
 from theinference.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
 from theinference.stages import CaseSpec, StageSpec
 from theinference.weights import Model
@@ -56,12 +57,14 @@ def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
     if needed > config.n_ctx:
         raise GradeError(f"{stage.source}: case '{case.name}' needs {needed} positions; the weights have n_ctx={config.n_ctx}")
     for name, value in case.inputs.items():
-        if isinstance(value, list) and max(value) >= config.n_vocab:
-            raise GradeError(f"{stage.source}: case '{case.name}': token id {max(value)} in '{name}' is >= n_vocab={config.n_vocab}")
+        ids = value if isinstance(value, list) else [value] if name in ID_INPUTS else []
+        if ids and max(ids) >= config.n_vocab:
+            raise GradeError(f"{stage.source}: case '{case.name}': token id {max(ids)} in '{name}' is >= n_vocab={config.n_vocab}")
 
 
 def _consumed_tokens(inputs: dict, positions: list[int]) -> list[int | None]:
-    sequence = inputs.get("seq") or list(inputs.get("prompt", [])) + list(inputs.get("cont", []))
+    tail = [inputs["next_id"]] if "next_id" in inputs else list(inputs.get("cont", []))
+    sequence = inputs.get("seq") or list(inputs.get("prompt", [])) + tail
     return [sequence[p] if 0 <= p < len(sequence) else None for p in positions]
 
 
@@ -77,7 +80,8 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
         return
     bad = sum(not r.ok for r in result.rows)
     result.status, result.message = "fail", f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}"
-    result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
+    if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
+        result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
 
 
 def _token_problem(got: np.ndarray, n_new: int, n_vocab: int) -> str | None:
@@ -134,6 +138,18 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
     return result
 
 
+def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis | None:
+    """For a stage whose cases each give one row: the shape of those rows ordered by position."""
+    compared = [c for c in cases if c.rows]
+    if stage.compare != "rows" or len(compared) < 3 or any(len(c.rows) != 1 for c in compared):
+        return None
+    if all(c.status == "pass" for c in compared):
+        return None
+    rows = sorted((c.rows[0] for c in compared), key=lambda r: r.position)
+    rows = [dataclasses.replace(r, row=i) for i, r in enumerate(rows)]
+    return diagnose_rows(rows, stage.hints)
+
+
 def _stage_status(cases: list[CaseResult]) -> str:
     return next((c.status for c in cases if c.status != "pass"), "pass")
 
@@ -178,4 +194,5 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
         compare=stage.compare, seconds=time.perf_counter() - started,
         adapter_line=adapter_line(ctx.course.adapters, stage.adapter_names),
+        cross_case=cross_case_diagnosis(stage, cases),
     )

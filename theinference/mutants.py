@@ -4,8 +4,9 @@ course/mutants/<name>/manifest.toml:
 
   description  str, the bug in one sentence
   [[edit]]     file (relative to the solution), find (text occurring exactly once), replace
-  [expect]     stage id -> the diagnosis shape that stage must show when it fails;
-               every stage not named here must pass
+  [expect]     stage id -> the diagnosis shape that stage must show when it fails, or a list
+               of shapes when the bug's shape is genuinely ambiguous for that stage (e.g. an
+               error that grows, then saturates); every stage not named here must pass
 """
 
 import shutil
@@ -32,7 +33,7 @@ class Mutant:
     name: str
     description: str
     edits: tuple[Edit, ...]
-    expect: dict  # stage id -> shape
+    expect: dict  # stage id -> tuple of acceptable shapes
     source: Path
 
 
@@ -58,11 +59,14 @@ def load_mutant(path: Path) -> Mutant:
             raise MutantError(f"{path}: field 'edit[{i}]': each [[edit]] must be a table")
         _check_table(path, f"edit[{i}].", raw, {"file": str, "find": str, "replace": str})
         edits.append(Edit(raw["file"], raw["find"], raw["replace"]))
-    for stage_id, shape in data["expect"].items():
-        if shape not in SHAPES:
-            raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape '{shape}' (known: {', '.join(SHAPES)})")
-    return Mutant(name=path.parent.name, description=data["description"], edits=tuple(edits),
-                  expect=dict(data["expect"]), source=path)
+    expect = {}
+    for stage_id, shapes in data["expect"].items():
+        shapes = (shapes,) if isinstance(shapes, str) else tuple(shapes) if isinstance(shapes, list) else (None,)
+        for shape in shapes:
+            if shape not in SHAPES:
+                raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+        expect[stage_id] = shapes
+    return Mutant(name=path.parent.name, description=data["description"], edits=tuple(edits), expect=expect, source=path)
 
 
 def load_mutants(directory: Path) -> list[Mutant]:

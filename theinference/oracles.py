@@ -19,6 +19,7 @@ from theinference.weights import Model
 
 TOKEN_INPUTS = ("seq", "prompt", "cont")
 COUNT_INPUTS = ("n_new",)
+ID_INPUTS = ("next_id",)  # a single token id
 
 
 class OracleError(Exception):
@@ -36,12 +37,27 @@ def _seq_positions(inputs: dict) -> list[int]:
     return list(range(len(inputs["seq"])))
 
 
+def _last_position(inputs: dict) -> list[int]:
+    return [len(inputs["seq"]) - 1] if "seq" in inputs else [len(inputs["prompt"])]
+
+
 def _step_positions(inputs: dict) -> list[int]:
     start = len(inputs["prompt"]) - 1
     return list(range(start, start + len(inputs.get("cont") or range(inputs.get("n_new", 0)))))
 
 
 BUILTIN_ORACLES = {
+    "layer0-attn-last": OracleSpec(
+        inputs=("seq",),
+        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head)[-1],
+        positions=_last_position,
+    ),
+    "decode-step-logits": OracleSpec(
+        inputs=("prompt", "next_id"),
+        compute=lambda m, prompt, next_id: oracle.logits(m.params, [*prompt, next_id], m.config.n_head,
+                                                         rows=slice(len(prompt), len(prompt) + 1))[0],
+        positions=_last_position,
+    ),
     "layer0-attn-sublayer": OracleSpec(
         inputs=("seq",),
         compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head),
@@ -64,6 +80,8 @@ def positions_needed(inputs: dict) -> int:
     """How many positions of the context a case uses."""
     if "seq" in inputs:
         return len(inputs["seq"])
+    if "next_id" in inputs:
+        return len(inputs["prompt"]) + 1
     extra = len(inputs["cont"]) - 1 if "cont" in inputs else inputs.get("n_new", 1) - 1
     return len(inputs.get("prompt", [])) + extra
 

@@ -4,7 +4,7 @@ so an adapter that hard-codes the fixed cases' answers fails."""
 import dataclasses
 import random
 
-from theinference.oracles import COUNT_INPUTS
+from theinference.oracles import COUNT_INPUTS, ID_INPUTS
 from theinference.stages import CaseSpec, StageSpec
 from theinference.weights import GPT2Config
 
@@ -27,6 +27,8 @@ def _random_case(rng: random.Random, stage: StageSpec, config: GPT2Config, index
     for name in stage.inputs:
         if name in COUNT_INPUTS:
             inputs[name] = rng.randint(1, budget // 2)
+        elif name in ID_INPUTS:
+            inputs[name] = rng.randrange(config.n_vocab)
         else:
             inputs[name] = [rng.randrange(config.n_vocab) for _ in range(rng.randint(1, budget // 2))]
     return CaseSpec(name=f"random-{index}", inputs=inputs)

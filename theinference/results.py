@@ -81,6 +81,8 @@ class StageResult:
     compare: str
     seconds: float = 0.0
     adapter_line: int | None = None  # where the adapter is defined in adapters_file, for annotations
+    # For stages whose cases return one row each: the shape read across cases, ordered by position.
+    cross_case: Diagnosis | None = None
 
     @property
     def passed_cases(self) -> int:
@@ -88,7 +90,9 @@ class StageResult:
 
     @property
     def diagnosis(self) -> Diagnosis | None:
-        """The headline diagnosis: that of the diagnosed failing case with the most rows (the most telling)."""
+        """The headline diagnosis: across cases, else that of the failing case with the most rows (the most telling)."""
+        if self.cross_case is not None:
+            return self.cross_case
         diagnosed = [c for c in self.cases if c.diagnosis is not None]
         best = max(diagnosed, key=lambda c: len(c.rows) + len(c.steps), default=None)
         return best.diagnosis if best else None

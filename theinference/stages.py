@@ -20,7 +20,8 @@ A stage file (format_version 1) holds, at the top level:
   [tolerance]     atol, rtol: numbers >= 0; for "tokens" the near-tie tolerance on logits
   [hints]         failure shape -> hint text shown when a failing case has that shape
   [[case]]        name (str, unique in the stage) plus the oracle's inputs: token inputs
-                  (seq, prompt, cont) as text or a list of ids, counts (n_new) as ints
+                  (seq, prompt, cont) as text or a list of ids, counts (n_new) as ints,
+                  single token ids (next_id) as an int or a text of exactly one token
 """
 
 import re
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference import tokenizer
-from theinference.oracles import BUILTIN_ORACLES, COUNT_INPUTS, TOKEN_INPUTS
+from theinference.oracles import BUILTIN_ORACLES, COUNT_INPUTS, ID_INPUTS, TOKEN_INPUTS
 from theinference.resources import data_dir
 
 FORMAT_VERSION = 1
@@ -141,6 +142,18 @@ def _token_input(path: Path, where: str, value) -> tuple[list[int], str | None]:
     raise _fail(path, where, "expected text (a string) or a non-empty list of token ids")
 
 
+def _single_token(path: Path, where: str, value) -> tuple[int, str | None]:
+    if isinstance(value, str):
+        ids = tokenizer.encode(value)
+        if len(ids) != 1:
+            raise _fail(path, where, f"text {value!r} is {len(ids)} tokens; a single token is needed")
+        return ids[0], value
+    _check_type(path, where, value, int)
+    if value < 0:
+        raise _fail(path, where, "token ids must be >= 0")
+    return value, None
+
+
 def _parse_case(path: Path, index: int, raw, inputs: tuple[str, ...]) -> CaseSpec:
     where = f"case[{index}]"
     if not isinstance(raw, dict):
@@ -159,6 +172,10 @@ def _parse_case(path: Path, index: int, raw, inputs: tuple[str, ...]) -> CaseSpe
             if raw[key] < 1:
                 raise _fail(path, f"{where}.{key}", "must be >= 1")
             values[key] = raw[key]
+        elif key in ID_INPUTS:
+            values[key], text = _single_token(path, f"{where}.{key}", raw[key])
+            if text is not None:
+                texts[key] = text
         else:
             values[key], text = _token_input(path, f"{where}.{key}", raw[key])
             if text is not None:
@@ -184,8 +201,9 @@ def _oracle_inputs(path: Path, data: dict) -> tuple[str, ...]:
     if "inputs" not in data:
         raise _fail(path, "inputs", "an instructor's oracle needs `inputs`, e.g. inputs = [\"seq\"]")
     for i, name in enumerate(data["inputs"]):
-        if name not in TOKEN_INPUTS + COUNT_INPUTS:
-            raise _fail(path, f"inputs[{i}]", f"unknown input '{name}' (known: {', '.join(TOKEN_INPUTS + COUNT_INPUTS)})")
+        if name not in TOKEN_INPUTS + COUNT_INPUTS + ID_INPUTS:
+            known = ", ".join(TOKEN_INPUTS + COUNT_INPUTS + ID_INPUTS)
+            raise _fail(path, f"inputs[{i}]", f"unknown input '{name}' (known: {known})")
     return tuple(data["inputs"])
 
 

@@ -9,10 +9,10 @@ from theinference.check import CheckResult
 from theinference.report.terminal import is_plain
 
 
-def _cell(expected: str, got: str) -> str:
-    if expected == got:
+def _cell(expected: tuple[str, ...], got: str) -> str:
+    if got in expected:
         return f"[green]✔ {got}[/green]"
-    return f"[red]✘ {got}[/red] [dim](want {expected})[/dim]"
+    return f"[red]✘ {got}[/red] [dim](want {' or '.join(expected)})[/dim]"
 
 
 def render_check(console: Console, result: CheckResult) -> None:
@@ -27,7 +27,7 @@ def render_check(console: Console, result: CheckResult) -> None:
     console.print(table)
     for cell in result.cells:
         if not cell.ok:
-            console.print(f"[red]mismatch:[/red] {cell.subject} × {cell.stage}: expected {cell.expected}, "
+            console.print(f"[red]mismatch:[/red] {cell.subject} × {cell.stage}: expected {' or '.join(cell.expected)}, "
                           f"got {cell.got}{' — ' + escape(cell.message) if cell.message else ''}", soft_wrap=True)
     for problem in result.problems:
         console.print(f"[red]problem:[/red] {escape(problem)}", soft_wrap=True)

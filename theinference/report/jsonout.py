@@ -46,7 +46,10 @@ def stage_document(stage: StageResult) -> dict:
         "passed_cases": stage.passed_cases, "total_cases": len(stage.cases),
         "adapter": stage.adapter, "adapters_file": stage.adapters_file, "lesson": stage.lesson,
         "compare": stage.compare, "tolerance": {"atol": stage.atol, "rtol": stage.rtol},
-        "seconds": stage.seconds, "cases": [case_document(c) for c in stage.cases],
+        "seconds": stage.seconds,
+        "diagnosis": dataclasses.asdict(stage.diagnosis) if stage.diagnosis else None,
+        "cross_case": stage.cross_case is not None,
+        "cases": [case_document(c) for c in stage.cases],
     }
 
 

@@ -191,7 +191,20 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
             shown.append(case)
         elif _near_ties(case):
             console.print(f"  case {case.name}: passed with {_near_ties(case)} near-tie(s) accepted", style="dim")
+    if stage.cross_case:
+        _print_cross_case(console, stage)
     console.print()
+
+
+def _print_cross_case(console: Console, stage: StageResult) -> None:
+    rows = sorted((c.rows[0] for c in stage.cases if c.rows), key=lambda r: r.position)
+    plain = is_plain(console)
+    console.print(Text(f"  across cases (one row each, by position {rows[0].position}..{rows[-1].position}): "
+                       f"{sparkline([r.max_abs for r in rows], plain)}"))
+    d = stage.cross_case
+    console.print(Text.assemble(("  shape: ", "bold"), (d.shape, "magenta"), (f" — {d.summary}", "")))
+    if d.hint:
+        console.print(Text.assemble(("  hint: ", "bold yellow"), d.hint))
 
 
 def render_run(console: Console, run: RunResult, version: str) -> None:

@@ -56,6 +56,16 @@ def decode_step(params, cache, token_id, pos, n_head):
     return forward_cached(params, [token_id], n_head, cache, start=pos)[0]
 
 
+def single_step_attention(params, ids, n_head):
+    """Layer 0's attention sublayer at the last position only, from a cache of the earlier ones -> [n_embd]."""
+    layer, cache = params["h"][0], LayerCache()
+    if len(ids) > 1:  # cache the keys and values of every earlier position in one pass
+        earlier = embed(params, ids[:-1], 0)
+        attn_cached(layer_norm(earlier, **layer["ln_1"]), **layer["attn"], n_head=n_head, cache=cache)
+    x = embed(params, ids[-1:], len(ids) - 1)
+    return (x + attn_cached(layer_norm(x, **layer["ln_1"]), **layer["attn"], n_head=n_head, cache=cache))[0]
+
+
 def layer_attn_incremental(params, ids, n_head):
     """Layer 0's attention sublayer, one position at a time from one fresh cache -> [n, n_embd]."""
     layer, cache = params["h"][0], LayerCache()

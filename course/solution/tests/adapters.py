@@ -6,7 +6,7 @@ import numpy as np
 
 import theinference
 from src.gpt2 import load_weights
-from src.kvcache import decode_step, generate_cached, layer_attn_incremental, prefill
+from src.kvcache import decode_step, generate_cached, layer_attn_incremental, prefill, single_step_attention
 
 
 @functools.cache
@@ -14,10 +14,22 @@ def _model():
     return load_weights(theinference.weights_path())
 
 
+def run_single_step(seq_ids):
+    """seq_ids: [n] -> [n_embd]: layer 0's attention-sublayer output at the last position, from the cache."""
+    params, n_head = _model()
+    return single_step_attention(params, seq_ids, n_head)
+
+
 def run_layer_equiv(seq_ids):
     """seq_ids: [n] -> [n, n_embd]: layer 0's attention-sublayer output, incrementally from one cache."""
     params, n_head = _model()
     return layer_attn_incremental(params, seq_ids, n_head)
+
+
+def run_decode_step(prompt_ids, next_id):
+    """-> [n_vocab]: prefill prompt_ids, then one decode step of next_id at position len(prompt_ids)."""
+    params, n_head = _model()
+    return decode_step(params, prefill(params, prompt_ids, n_head)[1], next_id, len(prompt_ids), n_head)
 
 
 def run_per_step_logits(prompt_ids, cont_ids):

@@ -25,6 +25,15 @@ def decode_step(params, cache, token_id, pos, n_head):
     raise NotImplementedError("decode_step")
 
 
+def single_step_attention(params, ids, n_head):
+    """Layer 0's attention sublayer x + attn(ln_1(x)) at the last position only -> [n_embd].
+
+    Fill a cache with the keys and values of positions 0 .. n-2, then compute the last
+    position's query, append its own key and value, and attend over the whole cache.
+    """
+    raise NotImplementedError("single_step_attention")
+
+
 def layer_attn_incremental(params, ids, n_head):
     """Layer 0's attention sublayer, x + attn(ln_1(x)), one position at a time from one fresh cache -> [n, n_embd]."""
     raise NotImplementedError("layer_attn_incremental")

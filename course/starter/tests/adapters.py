@@ -12,12 +12,22 @@ import numpy as np
 
 import theinference
 from src.gpt2 import load_weights
-from src.kvcache import decode_step, generate_cached, layer_attn_incremental, prefill
+from src.kvcache import decode_step, generate_cached, layer_attn_incremental, prefill, single_step_attention
 
 
 @functools.cache
 def _model():
     return load_weights(theinference.weights_path())
+
+
+def run_single_step(seq_ids):
+    """Stage single-step-attention. seq_ids: [n] -> [n_embd].
+
+    Layer 0's attention-sublayer output for the *last* position, computed from the cache of
+    the earlier positions.
+    """
+    params, n_head = _model()
+    return single_step_attention(params, seq_ids, n_head)
 
 
 def run_layer_equiv(seq_ids):
@@ -28,6 +38,16 @@ def run_layer_equiv(seq_ids):
     """
     params, n_head = _model()
     return layer_attn_incremental(params, seq_ids, n_head)
+
+
+def run_decode_step(prompt_ids, next_id):
+    """Stage decode-step. -> [n_vocab].
+
+    Prefill prompt_ids, then one decode_step of next_id at position len(prompt_ids); return its logits.
+    """
+    params, n_head = _model()
+    logits, cache = prefill(params, prompt_ids, n_head)
+    return decode_step(params, cache, next_id, len(prompt_ids), n_head)
 
 
 def run_per_step_logits(prompt_ids, cont_ids):
