@@ -33,7 +33,8 @@ def sample_run() -> RunResult:
     steps = [TokenStep(0, 1, 15496, 15496, 0.0, "match"), TokenStep(1, 2, 995, 11, 0.004, "near-tie"),
              TokenStep(2, 3, 0, 13, 2.5, "mismatch")]
     greedy_case = CaseResult(name="sentence", status="fail", message="token 2 of 4 differs from the oracle's greedy choice",
-                             steps=steps, got_tokens=[15496, 995, 0, 13], expected_tokens=[15496, 995, 13, 198])
+                             steps=steps, got_tokens=[15496, 995, 0, 13], expected_tokens=[15496, 995, 13, 198],
+                             inputs={"prompt": [464], "n_new": 4}, texts={"prompt": "The"})
     greedy_case.diagnosis = diagnose_tokens(steps, HINTS, lambda t: str(t))
     error_case = CaseResult(name="one-step", status="error", message="ValueError: bad shape",
                             traceback='Traceback (most recent call last):\n  File "tests/adapters.py", line 3, in run\nValueError: bad shape\n',
@@ -91,6 +92,12 @@ def test_greedy_table_marks_mismatch_and_near_tie():
     text = render(colour=False)
     assert "◀ first mismatch (logit gap 2.5)" in text
     assert "near-tie accepted (gap 0.004)" in text
+
+
+def test_greedy_shows_prompt_and_both_continuations_as_text():
+    text = render(colour=False)
+    assert "prompt:   'The'" in text
+    assert "expected: 'Hello world.\\n'" in text and "got:      'Hello world!.'" in text
 
 
 def test_sparkline_scales_logarithmically_and_marks_nonfinite():

@@ -14,6 +14,7 @@ from theinference import __version__
 from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
                                      run_options, synth_progress)
 from theinference.runner import DEFAULT_MEMORY_MB
+from theinference.cli_course import demo_command, init_command
 from theinference.cli_grade import grade_command
 from theinference.cli_oracle import oracle_command
 from theinference.cli_stages import stages_app
@@ -22,7 +23,8 @@ from theinference.cli_weights import weights_app
 from theinference.report import TEXT_FORMATS
 from theinference.report.github import render_summary
 from theinference.report.terminal import render_run
-from theinference.session import CONFIG_ERRORS, UsageError, open_session, select_stages
+from theinference.progress import record_progress
+from theinference.session import CONFIG_ERRORS, UsageError, choose_stages, open_session
 from theinference.watch import Watch
 
 app = typer.Typer(
@@ -33,6 +35,8 @@ app.add_typer(weights_app, name="weights")
 app.add_typer(stages_app, name="stages")
 app.command("oracle")(oracle_command)
 app.command("grade")(grade_command)
+app.command("init")(init_command)
+app.command("demo")(demo_command)
 
 
 class Format(str, Enum):
@@ -78,7 +82,7 @@ def _emit(run, fmt: Format, output: Optional[Path]) -> None:
 @app.command()
 def test(
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Stage id to grade (repeatable).")] = None,
-    all_stages: Annotated[bool, typer.Option("--all", help="Grade every stage (the default when no --stage is given).")] = False,
+    all_stages: Annotated[bool, typer.Option("--all", help="Grade every stage (default: the first stage not yet passed).")] = False,
     course: CourseOpt = None,
     weights: Annotated[Optional[str], typer.Option("--weights", help="model.safetensors (or its directory) to grade against.")] = None,
     timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds each adapter call may take, overriding the stage's.")] = None,
@@ -99,12 +103,17 @@ def test(
         options = run_options(timeout, memory_limit, seed)
         session = open_session(course, weights, stages_dir or [], progress=synth_progress())
         try:
-            selected = select_stages(session.stages, [] if all_stages else (stage or []))
+            wanted = [] if all_stages else (stage or None)  # None: the next stage not yet passed
             _weights_notice(session)
             if watch:
-                raise typer.Exit(run_watch(Watch(session, [s.id for s in selected], lambda r: render_regrade(r, session.course.root),
+                raise typer.Exit(run_watch(Watch(session, wanted, lambda r: render_regrade(r, session.course.root),
                                                  extra_stage_dirs=stages_dir or [], options=options, poll=poll)))
+            selected = choose_stages(session, wanted)
+            if wanted is None and len(selected) == 1:
+                err_console().print(f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
+                                    "(--all grades every stage, --stage ID a given one)", soft_wrap=True)
             run = session.run(selected, options)
+            record_progress(session.course.root, run)
         finally:
             session.close()
     except (*CONFIG_ERRORS, UsageError) as e:

@@ -12,6 +12,7 @@ from rich.table import Table
 from theinference.check import check_course
 from theinference.cli_common import EXIT_FAIL, config_error, console_for, synth_progress
 from theinference.course import CourseError, find_course_root
+from theinference.progress import load_progress, next_stage
 from theinference.report.check import render_check
 from theinference.resources import data_dir
 from theinference.session import CONFIG_ERRORS, UsageError, select_stages
@@ -33,11 +34,15 @@ def list_stages(
         stages = load_stages(stage_dirs(root, stages_dir or []))
     except (StageError, CourseError) as e:
         raise config_error(e)
+    progress = load_progress(root) if root else {}
+    upcoming = next_stage(stages, progress) if root else None
     table = Table(show_edge=False)
-    for column in ("stage", "title", "adapter", "cases", "points", "defined in"):
+    for column in ("stage", "status", "title", "adapter", "cases", "points", "defined in"):
         table.add_column(column)
     for s in stages:
-        table.add_row(s.id, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
+        status = progress.get(s.id, {}).get("status", "not graded")
+        marker = " ◀ next" if upcoming is not None and s.id == upcoming.id else ""
+        table.add_row(s.id, status + marker, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
     console_for(sys.stdout).print(table)
 
 

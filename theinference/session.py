@@ -10,6 +10,7 @@ from theinference.course import Course, CourseError, find_course_root, load_cour
 from theinference.grade import GradeContext, GradeError, OracleCache, grade
 from theinference.launch import default_launcher
 from theinference.oracles import OracleError
+from theinference.progress import load_progress, next_stage
 from theinference.randomcases import with_random_cases
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.results import RunResult
@@ -47,6 +48,14 @@ def select_stages(stages: list[StageSpec], wanted: list[str]) -> list[StageSpec]
             hint = f" Did you mean '{close[0]}'?" if close else ""
             raise UsageError(f"unknown stage '{stage_id}'.{hint} Known stages: {', '.join(by_id)}")
     return [s for s in stages if s.id in wanted] if wanted else stages
+
+
+def choose_stages(session: "Session", wanted: list[str] | None) -> list[StageSpec]:
+    """Stages to grade: those named; all for []; for None, the first not yet passed (all once every one has)."""
+    if wanted is not None:
+        return select_stages(session.stages, wanted)
+    upcoming = next_stage(session.stages, load_progress(session.course.root))
+    return [upcoming] if upcoming else session.stages
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from watchdog.observers.polling import PollingObserver
 
 from theinference.course import load_course
 from theinference.results import RunResult
-from theinference.session import RunOptions, Session, select_stages
+from theinference.progress import record_progress
+from theinference.session import RunOptions, Session, choose_stages
 from theinference.stages import load_stages, stage_dirs
 from theinference.weights import load_model
 
@@ -69,7 +70,7 @@ class Regrade:
 @dataclass
 class Watch:
     session: Session
-    stage_ids: list[str]
+    stage_ids: list[str] | None  # None: the first stage not yet passed, re-chosen at every re-grade
     on_regrade: Callable[[Regrade], None]
     extra_stage_dirs: list[Path] = field(default_factory=list)
     options: RunOptions = field(default_factory=RunOptions)
@@ -128,8 +129,8 @@ class Watch:
         started = time.perf_counter()
         try:
             self._reload(changed)
-            selected = select_stages(self.session.stages, self.stage_ids)
-            report.result = self.session.run(selected, self.options)
+            report.result = self.session.run(choose_stages(self.session, self.stage_ids), self.options)
+            record_progress(self.session.course.root, report.result)
         except (*CONFIG_ERRORS, UsageError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started

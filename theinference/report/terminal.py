@@ -145,6 +145,7 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
         parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows], plain)}"))
     if case.steps and case.status == "fail":
         parts.append(tokens_table(case, plain))
+        parts.extend(_greedy_text(case))
     if case.diagnosis:
         parts.append(Text.assemble(("  shape: ", "bold"), (case.diagnosis.shape, "magenta"),
                                    (f" — {case.diagnosis.summary}", "")))
@@ -156,6 +157,13 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
     if output and case.status in ("error", "crash", "timeout"):
         parts.append(Text("  output of your code:\n" + output[-2000:], style="dim"))
     return parts
+
+
+def _greedy_text(case: CaseResult) -> list[Text]:
+    """The prompt and both continuations as text (on synthetic weights, gibberish: the ids are what count)."""
+    prompt = case.texts.get("prompt") or tokenizer.decode(case.inputs.get("prompt", []))
+    return [Text(f"  {label:<9} {text!r}") for label, text in (
+        ("prompt:", prompt), ("expected:", tokenizer.decode(case.expected_tokens)), ("got:", tokenizer.decode(case.got_tokens)))]
 
 
 def _same_failure(a: CaseResult, b: CaseResult) -> bool:
