@@ -190,3 +190,21 @@ def test_ctrl_c_exits_cleanly_with_code_0(solution_course, tiny_path):
     out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def test_a_failing_native_observer_suggests_polling(solution_course, tiny_path, monkeypatch, capsys):
+    from theinference import watch as watch_module
+    from theinference.cli_watch import run_watch
+
+    def refuse(self):
+        raise OSError("inotify watch limit reached")
+
+    monkeypatch.setattr(watch_module.Watch, "start_observer", refuse)
+    session = open_session(solution_course, str(tiny_path), [])
+    try:
+        code = run_watch(Watch(session, ["prove-one-layer"], lambda r: None))
+    finally:
+        session.close()
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "inotify watch limit reached" in err and "--poll" in err
