@@ -72,6 +72,16 @@ def grader_peak_memory(weights: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def time_forward(path: Path, tokens: int, repeat: int) -> tuple[float, float]:
+    """(median seconds of one full forward, median seconds of its bare matmuls), in the same run."""
+    model = load_model(path)
+    ids = list(np.random.default_rng(0).integers(0, model.config.n_vocab, tokens))
+    n_head = model.config.n_head
+    forward = median_seconds(lambda: oracle.logits(model.params, ids, n_head), repeat)
+    matmuls = median_seconds(lambda: bare_matmuls(model.params, tokens, n_head), repeat)
+    return forward, matmuls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights", type=Path, help="a gpt2-shape checkpoint directory (default: made in a temp dir)")
@@ -84,15 +94,10 @@ def main() -> None:
             print("making gpt2-shape synthetic weights ...", flush=True)
             write_synthetic(weights_dir, preset="gpt2", seed=0)
         path = weights_dir / "model.safetensors"
-        model = load_model(path)
-        ids = list(np.random.default_rng(0).integers(0, model.config.n_vocab, args.tokens))
-        n_head = model.config.n_head
-        forward = median_seconds(lambda: oracle.logits(model.params, ids, n_head), args.repeat)
-        matmuls = median_seconds(lambda: bare_matmuls(model.params, args.tokens, n_head), args.repeat)
+        forward, matmuls = time_forward(path, args.tokens, args.repeat)
         print(f"oracle full forward, {args.tokens} tokens: {forward * 1e3:8.1f} ms (median of {args.repeat})")
         print(f"bare matmuls of the same shapes:        {matmuls * 1e3:8.1f} ms")
         print(f"ratio forward / matmuls:                {forward / matmuls:8.2f}   (target <= 1.3)")
-        del model
         memory = grader_peak_memory(path)
         size = path.stat().st_size
         peak = memory["maxrss_kb"] * 1024

@@ -1,7 +1,6 @@
 """The CLI end to end: the reference solution passes, reports and exit codes are right."""
 
 import json
-from pathlib import Path
 
 import pytest
 from safetensors.numpy import load_file

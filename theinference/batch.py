@@ -16,7 +16,8 @@ from pathlib import Path
 
 from theinference.course import CourseError, load_course
 from theinference.grade import OracleCache, check_case_fits
-from theinference.oracles import compute_expected, resolve_oracle
+from theinference.oracles import resolve_oracle
+from theinference.randomcases import with_random_cases
 from theinference.results import RunResult
 from theinference.session import RunOptions, Session
 from theinference.stages import StageSpec
@@ -99,8 +100,6 @@ def grade_batch(subs: list[Submission], base: Session, stages: list[StageSpec], 
                 on_result: Callable[[SubmissionResult], None]) -> list[SubmissionResult]:
     """Grade every submission (jobs at a time); on_result is called as each finishes."""
     if options.seed is not None:
-        from theinference.randomcases import with_random_cases
-
         stages = [with_random_cases(s, options.seed, base.model.config) for s in stages]
         options = dataclasses.replace(options, seed=None)
     warm_oracle(base.model, base.cache, stages)

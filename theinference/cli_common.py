@@ -8,6 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from theinference.randomcases import resolve_seed
+from theinference.session import RunOptions, UsageError
+
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INTERNAL = 0, 1, 2, 3
 
 
@@ -56,9 +59,6 @@ def synth_progress() -> _SynthProgress:
 
 def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None):
     """RunOptions from command-line values; secrets are scrubbed from student processes in CI."""
-    from theinference.randomcases import resolve_seed
-    from theinference.session import RunOptions, UsageError
-
     try:
         resolved = resolve_seed(seed)
     except ValueError:

@@ -3,6 +3,7 @@
 import sys
 import threading
 import time
+from pathlib import Path
 
 from rich.markup import escape
 
@@ -28,7 +29,7 @@ def render_regrade(report: Regrade, root) -> None:
 
 def _relative(path: str, root) -> str:
     try:
-        return str(__import__("pathlib").Path(path).resolve().relative_to(root))
+        return str(Path(path).resolve().relative_to(root))
     except ValueError:
         return path
 

@@ -1,6 +1,7 @@
 """`theinference weights`: show, make and inspect GPT-2 checkpoints."""
 
 import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -33,7 +34,7 @@ def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--
     except CourseError as e:
         raise config_error(e)
     choice = resolve_weights(weights, course_weights, os.environ)
-    console = console_for(__import__("sys").stdout)
+    console = console_for(sys.stdout)
     console.print(f"weights: {choice.path}")
     console.print(f"source:  {choice.source} ({choice.why})")
     if not choice.path.is_file():
@@ -63,7 +64,7 @@ def _print_info(path: Path) -> None:
         check_entries(path, entries, config, path.stat().st_size - data_start)
     except WeightsError as e:
         raise config_error(e)
-    console = console_for(__import__("sys").stdout)
+    console = console_for(sys.stdout)
     synthetic = synthetic_description(path)
     console.print(f"file:      {path} ({path.stat().st_size / 1e6:.1f} MB)")
     console.print(f"synthetic: {synthetic or 'no (real or third-party weights)'}")

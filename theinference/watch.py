@@ -22,7 +22,7 @@ from watchdog.observers.polling import PollingObserver
 from theinference.course import load_course
 from theinference.results import RunResult
 from theinference.progress import record_progress
-from theinference.session import RunOptions, Session, choose_stages
+from theinference.session import CONFIG_ERRORS, RunOptions, Session, UsageError, choose_stages
 from theinference.stages import load_stages, stage_dirs
 from theinference.weights import load_model
 
@@ -123,8 +123,6 @@ class Watch:
 
     def regrade(self, changed: list[str]) -> Regrade:
         """Grade the watched stages once; a configuration error is shown, not raised."""
-        from theinference.session import CONFIG_ERRORS, UsageError
-
         report = Regrade(changed=changed, at=time.time())
         started = time.perf_counter()
         try:
