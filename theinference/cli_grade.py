@@ -19,9 +19,8 @@ from theinference.launch import blas_env, default_launcher
 from theinference.report.jsonout import run_document
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.session import CONFIG_ERRORS, Session, UsageError, select_stages
-from theinference.sources import ensure_weights, resolve_weights
+from theinference.sources import obtain_weights
 from theinference.stages import load_stages, stage_dirs
-from theinference.weights import load_model
 
 
 class BatchFormat(str, Enum):
@@ -37,9 +36,7 @@ def _progress_line(done: int, total: int, result: SubmissionResult) -> str:
 
 def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
-    choice = resolve_weights(weights, None, os.environ)
-    ensure_weights(choice, synth_progress())
-    model = load_model(choice.path)
+    choice, model, _ = obtain_weights(weights, None, synth_progress())
     # The base session only carries what every submission shares: weights, oracle cache, launcher.
     return Session(course=None, stages=stages, weights=choice, model=model, launcher=default_launcher(student_env)), stages
 

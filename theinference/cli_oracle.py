@@ -1,6 +1,5 @@
 """`theinference oracle`: write a stage's oracle inputs and expected arrays to an .npz file."""
 
-import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,9 +10,8 @@ from theinference.cli_common import config_error, err_console, synth_progress
 from theinference.course import find_course_root, load_course
 from theinference.export import oracle_arrays
 from theinference.session import CONFIG_ERRORS, UsageError, select_stages
-from theinference.sources import ensure_weights, resolve_weights
+from theinference.sources import obtain_weights
 from theinference.stages import load_stages, stage_dirs
-from theinference.weights import load_model
 
 
 def oracle_command(
@@ -39,9 +37,8 @@ def oracle_command(
             if wanted not in names:
                 raise UsageError(f"stage '{stage}' has no case '{wanted}' (cases: {', '.join(names)})")
         cases = [c for c in spec.cases if not case or c.name in case]
-        choice = resolve_weights(weights, course_obj.weights if course_obj else None, os.environ)
-        ensure_weights(choice, synth_progress())
-        arrays = oracle_arrays(spec, load_model(choice.path), cases)
+        choice, model, _ = obtain_weights(weights, course_obj.weights if course_obj else None, synth_progress())
+        arrays = oracle_arrays(spec, model, cases)
     except (*CONFIG_ERRORS, UsageError) as e:
         raise config_error(e)
     np.savez(out, **arrays)

@@ -16,9 +16,8 @@ from theinference.progress import load_progress, next_stage
 from theinference.report.check import render_check
 from theinference.resources import data_dir
 from theinference.session import CONFIG_ERRORS, UsageError, select_stages
-from theinference.sources import ensure_weights, resolve_weights
+from theinference.sources import obtain_weights
 from theinference.stages import StageError, load_stages, stage_dirs
-from theinference.weights import load_model
 
 stages_app = typer.Typer(help="List and check stages.", no_args_is_help=True)
 
@@ -83,9 +82,7 @@ def check(
     try:
         all_stages = load_stages(stage_dirs(None, extra))
         selected = select_stages(all_stages, stage or [])
-        choice = resolve_weights(weights, None, os.environ)
-        ensure_weights(choice, synth_progress())
-        model = load_model(choice.path)
+        choice, model, _ = obtain_weights(weights, None, synth_progress())
         console = console_for(sys.stdout)
         console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
         result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs)

@@ -1,7 +1,6 @@
 """Everything a grading run needs, loaded once: course, stages, weights, oracle cache."""
 
 import difflib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +13,9 @@ from theinference.progress import load_progress, next_stage
 from theinference.randomcases import with_random_cases
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.results import RunResult
-from theinference.sources import WeightsChoice, ensure_weights, resolve_weights
+from theinference.sources import WeightsChoice, obtain_weights
 from theinference.stages import StageError, StageSpec, load_stages, stage_dirs
-from theinference.weights import Model, WeightsError, load_model
+from theinference.weights import Model, WeightsError
 
 # Every error a user can fix by changing their command line or files: exit code 2.
 CONFIG_ERRORS = (CourseError, StageError, WeightsError, GradeError, OracleError)
@@ -107,6 +106,5 @@ def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs:
     """Load course, stages and weights (making the default synthetic weights if they are the choice)."""
     course = locate_course(course_dir)
     stages = load_stages(stage_dirs(course.root, [*course.stages_dirs, *extra_stage_dirs]))
-    choice = resolve_weights(weights, course.weights, os.environ)
-    made = ensure_weights(choice, progress)
-    return Session(course=course, stages=stages, weights=choice, model=load_model(choice.path), made_weights=made)
+    choice, model, made = obtain_weights(weights, course.weights, progress)
+    return Session(course=course, stages=stages, weights=choice, model=model, made_weights=made)

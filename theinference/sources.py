@@ -7,6 +7,7 @@ from pathlib import Path
 
 from theinference import WEIGHTS_ENV
 from theinference.synth import SYNTH_VERSION, write_synthetic
+from theinference.weights import Model, load_model
 
 HF_REPOS = ("models--openai-community--gpt2", "models--gpt2")
 DEFAULT_SYNTH = ("gpt2", 0)  # preset, seed of the checkpoint made on first use
@@ -66,6 +67,14 @@ def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=o
         return WeightsChoice(hf, "huggingface-cache", "real GPT-2 found in the Hugging Face cache")
     return WeightsChoice(default_synthetic_path(environ), "default-synthetic",
                          "no weights configured: synthetic GPT-2-shape weights")
+
+
+def obtain_weights(cli_path: str | None, course_weights: Path | None,
+                   progress: Callable[[int, int], None] | None = None) -> tuple[WeightsChoice, Model, bool]:
+    """Resolve, make if it is the missing default, and load: (choice, model, whether it was made)."""
+    choice = resolve_weights(cli_path, course_weights, os.environ)
+    made = ensure_weights(choice, progress)
+    return choice, load_model(choice.path), made
 
 
 def ensure_weights(choice: WeightsChoice, progress: Callable[[int, int], None] | None = None) -> bool:
