@@ -128,3 +128,22 @@ def test_stages_list(cli, solution_course):
     stages = ("single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy")
     order = [next(s for s in stages if s in l) for l in lines if "run_" in l]
     assert order == list(stages)
+
+
+def test_an_internal_error_says_it_is_a_grader_bug(monkeypatch, capsys, solution_course, tiny_path):
+    import sys
+
+    from theinference import cli as cli_module
+    from theinference import grade as grade_module
+
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("oops")
+
+    monkeypatch.setattr(grade_module, "compare_rows", broken)
+    monkeypatch.setattr(sys, "argv", ["theinference", "test", "--stage", "prove-one-layer", "--course",
+                                      str(solution_course), "--weights", str(tiny_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_module.main()
+    assert exit_info.value.code == 3
+    err = capsys.readouterr().err
+    assert "internal error" in err and "bug in the grader, not in your code" in err and "ZeroDivisionError" in err
