@@ -59,7 +59,7 @@ def synth(
 
 def _print_info(path: Path) -> None:
     try:
-        entries, _, data_start = read_header(path)
+        entries, data_start = read_header(path)
         config = infer_config(path, entries)
         check_entries(path, entries, config, path.stat().st_size - data_start)
     except WeightsError as e:

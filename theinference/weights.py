@@ -68,8 +68,8 @@ def expected_shapes(config: GPT2Config) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def read_header(path: Path) -> tuple[dict, dict[str, str], int]:
-    """Return (tensor entries keyed by name without `transformer.`, metadata, data start offset)."""
+def read_header(path: Path) -> tuple[dict, int]:
+    """Return (tensor entries keyed by name without `transformer.`, data start offset)."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -86,14 +86,14 @@ def read_header(path: Path) -> tuple[dict, dict[str, str], int]:
         raise WeightsError(f"{path}: not a safetensors file (header is not JSON: {e})") from e
     if not isinstance(header, dict):
         raise WeightsError(f"{path}: not a safetensors file (header is not a JSON object)")
-    metadata = header.pop("__metadata__", None) or {}
+    header.pop("__metadata__", None)
     entries = {}
     for key, entry in header.items():
         name = key.removeprefix("transformer.")
         if name.endswith(_IGNORED_SUFFIXES) or name == "lm_head.weight":
             continue  # the LM head is tied to wte; a stored copy is not used
         entries[name] = entry
-    return entries, metadata, 8 + header_len
+    return entries, 8 + header_len
 
 
 def infer_config(path: Path, entries: dict) -> GPT2Config:
@@ -183,7 +183,7 @@ def load_model(path: str | Path) -> Model:
         path = path / "model.safetensors"
     if not path.is_file():
         raise WeightsError(f"{path}: no such weights file")
-    entries, _, data_start = read_header(path)
+    entries, data_start = read_header(path)
     config = infer_config(path, entries)
     check_entries(path, entries, config, path.stat().st_size - data_start)
     dtypes = {entries[name]["dtype"] for name in expected_shapes(config)}
