@@ -122,11 +122,14 @@ class _Child:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def finish(self) -> int:
-        """Kill what is left of the process group; return the child's exit code."""
+    def finish(self, graceful: bool = True) -> int:
+        """Kill what is left of the process group; return the child's exit code.
+
+        graceful: the child has reported everything and should exit by itself; give it a moment.
+        """
         self.pipe.close()
         try:
-            self.proc.wait(timeout=2)
+            self.proc.wait(timeout=2 if graceful else 0)
         except subprocess.TimeoutExpired:
             pass
         returncode = self.proc.returncode
@@ -170,9 +173,9 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
         phase = "running" if loaded else "importing the adapters"
         failure = CallOutcome(status="timeout", message=f"timed out after {job.timeout:g} s while {phase}")
     except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
-        child.finish()
+        child.finish(graceful=False)
         raise
-    returncode = child.finish()
+    returncode = child.finish(graceful=failure is None or failure.status != "timeout")
     if current >= len(job.calls) and failure is None:
         return current
     if failure is None:
