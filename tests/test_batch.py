@@ -89,7 +89,7 @@ def test_shards_merged_equal_the_unsharded_result(cli, batch, tiny_path, tmp_pat
     assert cli("grade", *subs, "--shard", "4/3", "--weights", tiny_path).exit_code == 2
 
 
-def test_csv_is_written_incrementally(batch, tiny_path, tmp_path):
+def test_csv_is_written_incrementally(tmp_path):
     from theinference.batch import CsvWriter, SubmissionResult
 
     out = tmp_path / "grades.csv"

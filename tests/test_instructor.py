@@ -125,3 +125,20 @@ def test_a_broken_instructor_oracle_is_a_configuration_error(cli, instructor_cou
                  "--weights", tiny_path, "--stage", "mlp-sublayer")
     assert result.exit_code == 2
     assert "the stage's oracle failed: KeyError" in result.stderr
+
+
+def test_editing_the_oracle_file_invalidates_cached_outputs(instructor_course, tiny_model):
+    import numpy as np
+
+    from theinference.grade import OracleCache
+    from theinference.oracles import resolve_oracle
+    from theinference.stages import load_stage
+
+    stage = load_stage(instructor_course / "stages" / "mlp.toml")
+    cache = OracleCache()
+    first = cache.get(tiny_model, stage, resolve_oracle(stage.oracle, stage.source), stage.cases[0])
+    assert resolve_oracle(stage.oracle, stage.source) is resolve_oracle(stage.oracle, stage.source)  # imported once
+    oracle_file = instructor_course / "stages" / "oracles.py"
+    oracle_file.write_text(oracle_file.read_text().replace("return h + oracle.ffn(", "return 2 * h + oracle.ffn("))
+    second = cache.get(tiny_model, stage, resolve_oracle(stage.oracle, stage.source), stage.cases[0])
+    assert not np.allclose(first, second)

@@ -1,6 +1,7 @@
 """Watch mode with real file writes in a temporary course: one save, one re-grade."""
 
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -208,3 +209,21 @@ def test_a_failing_native_observer_suggests_polling(solution_course, tiny_path, 
     assert code == 2
     err = capsys.readouterr().err
     assert "inotify watch limit reached" in err and "--poll" in err
+
+
+def test_changed_weights_are_reloaded_at_the_next_regrade(solution_course, tiny_dir, tmp_path):
+    from theinference.synth import write_synthetic
+
+    weights_dir = tmp_path / "weights"
+    shutil.copytree(tiny_dir, weights_dir)
+    h = Harness(solution_course, weights_dir / "model.safetensors")
+    try:
+        before = h.session.model.stamp
+        write_synthetic(weights_dir, preset="tiny", seed=1)  # not a course file: no re-grade by itself
+        assert h.settle(0.3) == 0
+        touch(solution_course / "src" / "kvcache.py")
+        h.wait_for(2)
+        assert h.session.model.stamp != before and not h.session.model.is_stale()
+        assert h.regrades[1].result.stages[0].status == "pass"
+    finally:
+        h.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from theinference.course import load_course
 from theinference.grade import GradeContext, OracleCache, grade
+from theinference.launch import SubprocessLauncher
 from theinference.mutants import Mutant, MutantError, build_mutant, load_mutants
 from theinference.results import StageResult
 from theinference.stages import StageSpec
@@ -71,10 +72,9 @@ def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) ->
 
 
 def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], model: Model,
-                 cache: OracleCache | None = None, timeout: float | None = None, jobs: int = 2) -> CheckResult:
+                 timeout: float | None = None, jobs: int = 2, launcher=None) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations."""
-    cache = cache or OracleCache()
-    ctx_args = {"model": model, "cache": cache, "timeout": timeout}
+    ctx_args = {"model": model, "cache": OracleCache(), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
     if not (solution / "tests" / "adapters.py").is_file():

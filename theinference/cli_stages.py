@@ -12,6 +12,7 @@ from rich.table import Table
 from theinference.check import check_course
 from theinference.cli_common import EXIT_FAIL, config_error, console_for, synth_progress
 from theinference.course import CourseError, find_course_root
+from theinference.launch import default_launcher
 from theinference.progress import load_progress, next_stage
 from theinference.report.check import render_check
 from theinference.resources import data_dir
@@ -85,7 +86,11 @@ def check(
         choice, model, _ = obtain_weights(weights, None, synth_progress())
         console = console_for(sys.stdout)
         console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
-        result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs)
+        launcher = default_launcher()
+        try:
+            result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher)
+        finally:
+            launcher.close()
     except (*CONFIG_ERRORS, UsageError) as e:
         raise config_error(e)
     render_check(console, result)

@@ -30,8 +30,7 @@ class OracleCache:
     entries: dict = field(default_factory=dict)
 
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
-        stat = model.path.stat()
-        key = (str(model.path), stat.st_mtime_ns, stat.st_size, stage.oracle, str(stage.source.parent),
+        key = (str(model.path), model.stamp, stage.oracle, spec.stamp,
                tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items()))
         if key not in self.entries:
             self.entries[key] = compute_expected(spec, model, case.inputs)

@@ -31,6 +31,7 @@ class OracleSpec:
     inputs: tuple[str, ...]
     compute: Callable[..., np.ndarray]
     positions: Callable[[dict], list[int]]  # position of each output row, for tables
+    stamp: tuple = ()  # an instructor's oracle: (file, mtime_ns, size), so an edit invalidates cached outputs
 
 
 def _seq_positions(inputs: dict) -> list[int]:
@@ -86,9 +87,23 @@ def positions_needed(inputs: dict) -> int:
     return len(inputs.get("prompt", [])) + extra
 
 
+_FILE_ORACLES: dict[tuple, OracleSpec] = {}  # loaded instructor oracles, by file stamp and function
+
+
 def _load_file_oracle(stage_source: Path, name: str) -> OracleSpec:
     file_name, _, func_name = name.partition(":")
-    path = stage_source.parent / file_name
+    path = (stage_source.parent / file_name).resolve()
+    try:
+        stat = path.stat()
+    except OSError as e:
+        raise OracleError(f"{path}: cannot read the oracle file: {e.strerror or e}") from e
+    stamp = (str(path), stat.st_mtime_ns, stat.st_size)
+    if (stamp, func_name) not in _FILE_ORACLES:  # import once per version of the file, not per grade
+        _FILE_ORACLES[(stamp, func_name)] = _import_file_oracle(path, func_name, stage_source, stamp)
+    return _FILE_ORACLES[(stamp, func_name)]
+
+
+def _import_file_oracle(path: Path, func_name: str, stage_source: Path, stamp: tuple) -> OracleSpec:
     module_name = f"theinference_course_oracle_{abs(hash(str(path)))}"
     try:
         spec = importlib.util.spec_from_file_location(module_name, path)
@@ -100,7 +115,7 @@ def _load_file_oracle(stage_source: Path, name: str) -> OracleSpec:
     func = getattr(module, func_name, None)
     if not callable(func):
         raise OracleError(f"{path}: defines no function '{func_name}' (named by {stage_source.name})")
-    return OracleSpec(inputs=(), compute=func, positions=lambda inputs: [])
+    return OracleSpec(inputs=(), compute=func, positions=lambda inputs: [], stamp=stamp)
 
 
 def resolve_oracle(name: str, stage_source: Path) -> OracleSpec:

@@ -77,11 +77,6 @@ class Session:
     made_weights: bool = False
     cache: OracleCache = field(default_factory=OracleCache)
     launcher: object = field(default_factory=default_launcher)
-    model_stamp: tuple = ()  # (mtime_ns, size) of the weights file when loaded
-
-    def __post_init__(self):
-        stat = self.model.path.stat()
-        self.model_stamp = (stat.st_mtime_ns, stat.st_size)
 
     def close(self) -> None:
         """Stop the pre-warmed student-process launcher, if any."""

@@ -115,11 +115,9 @@ class Watch:
             session.course = load_course(session.course.root)
         if any(p.endswith(".toml") for p in changed):
             session.stages = load_stages(stage_dirs(session.course.root, [*session.course.stages_dirs, *self.extra_stage_dirs]))
-        stat = session.model.path.stat()
-        if (stat.st_mtime_ns, stat.st_size) != session.model_stamp:
+        if session.model.is_stale():
             session.model = load_model(session.model.path)
-            session.model_stamp = (stat.st_mtime_ns, stat.st_size)
-            session.cache.entries.clear()
+            session.cache.entries.clear()  # entries of the old file can never hit again
 
     def regrade(self, changed: list[str]) -> Regrade:
         """Grade the watched stages once; a configuration error is shown, not raised."""

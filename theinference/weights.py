@@ -33,6 +33,12 @@ class Model:
     params: dict
     synthetic: str | None = None  # e.g. "gpt2 preset, seed 0" for weights made by `weights synth`
     notices: list[str] = field(default_factory=list)
+    stamp: tuple = ()  # (mtime_ns, size) of the file when loaded: oracle outputs are cached per stamp
+
+    def is_stale(self) -> bool:
+        """True when the file on disk is no longer the one these weights were loaded from."""
+        stat = self.path.stat()
+        return (stat.st_mtime_ns, stat.st_size) != self.stamp
 
 
 _BLOCK_TENSORS = {
@@ -183,6 +189,7 @@ def load_model(path: str | Path) -> Model:
         path = path / "model.safetensors"
     if not path.is_file():
         raise WeightsError(f"{path}: no such weights file")
+    stat = path.stat()
     entries, data_start = read_header(path)
     config = infer_config(path, entries)
     check_entries(path, entries, config, path.stat().st_size - data_start)
@@ -193,4 +200,4 @@ def load_model(path: str | Path) -> Model:
         for name in expected_shapes(config):
             flat[name] = _read_tensor(f, path, name, entries[name], data_start)
     return Model(path=path, config=config, params=_nest(flat, config.n_layer), synthetic=synthetic_description(path),
-                 notices=notices)
+                 notices=notices, stamp=(stat.st_mtime_ns, stat.st_size))
