@@ -14,6 +14,7 @@ from theinference import __version__
 from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
                                      run_options, synth_progress)
 from theinference.runner import DEFAULT_MEMORY_MB
+from theinference.cli_autograder import autograder_app
 from theinference.cli_course import demo_command, init_command
 from theinference.cli_grade import grade_command
 from theinference.cli_oracle import oracle_command
@@ -33,6 +34,7 @@ app = typer.Typer(
 )
 app.add_typer(weights_app, name="weights")
 app.add_typer(stages_app, name="stages")
+app.add_typer(autograder_app, name="autograder")
 app.command("oracle")(oracle_command)
 app.command("grade")(grade_command)
 app.command("init")(init_command)

@@ -16,6 +16,7 @@ from theinference.batch import (BatchError, CsvWriter, SubmissionResult, grade_b
                                 submissions)
 from theinference.cli_common import config_error, err_console, in_ci, run_options, synth_progress
 from theinference.launch import blas_env, default_launcher
+from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.report.jsonout import run_document
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.session import CONFIG_ERRORS, Session, UsageError, select_stages
@@ -26,6 +27,7 @@ from theinference.stages import load_stages, stage_dirs
 class BatchFormat(str, Enum):
     csv = "csv"
     json = "json"
+    gradescope = "gradescope"
 
 
 def _progress_line(done: int, total: int, result: SubmissionResult) -> str:
@@ -55,7 +57,7 @@ def _merge(parts: list[Path], out: Path) -> None:
 def grade_command(
     submission_dirs: Annotated[list[Path], typer.Argument(metavar="SUBMISSION_DIR...", help="Course directories to grade (or: merge SHARD.csv...).")],
     out: Annotated[Path, typer.Option("--out", help="Where to write the grades.")] = Path("grades.csv"),
-    fmt: Annotated[BatchFormat, typer.Option("--format", help="csv: one row per submission, written as each finishes; json: every run's full results.")] = BatchFormat.csv,
+    fmt: Annotated[BatchFormat, typer.Option("--format", help="csv: one row per submission, written as each finishes; json: every run's full results; gradescope: one submission's results.json.")] = BatchFormat.csv,
     jobs: Annotated[int, typer.Option("--jobs", min=1, help="Submissions graded at once.")] = os.cpu_count() or 1,
     shard_spec: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Grade only the I-th of N deterministic slices.")] = None,
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Grade only this stage (repeatable; default all).")] = None,
@@ -78,6 +80,8 @@ def grade_command(
         student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
         options = dataclasses.replace(run_options(timeout, memory_limit, seed), env=student_env)
         subs = submissions(submission_dirs)
+        if fmt is BatchFormat.gradescope and len(subs) != 1:
+            raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
         if shard_spec:
             subs = shard(subs, *parse_shard(shard_spec))
         base, stages = _base_session(weights, stages_dir or [], stage or [], student_env)
@@ -113,9 +117,20 @@ def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> list
         results = grade_batch(subs, base, stages, options, jobs, on_result)
     if writer:
         writer.finish(results)
+    elif fmt is BatchFormat.gradescope:
+        _write_gradescope(results[0], stages, out)
     else:
         docs = [{"id": r.id, "path": r.path, "status": r.status, "error": r.error, "seconds": r.seconds,
                  "results": run_document(r.run, __version__) if r.run else None} for r in results]
         out.write_text(json.dumps({"schema": "theinference.batch", "schema_version": 1, "seed": options.seed,
                                    "submissions": docs}, indent=2) + "\n")
     return results
+
+
+def _write_gradescope(result: SubmissionResult, stages, out: Path) -> None:
+    text = (render_gradescope(result.run, __version__) if result.run
+            else render_gradescope_ungraded(stages, result.error, __version__))
+    # Atomically: Gradescope must never read a half-written results.json.
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)

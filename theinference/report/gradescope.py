@@ -4,6 +4,7 @@ import json
 
 from theinference.report.text import stage_summary
 from theinference.results import RunResult
+from theinference.stages import StageSpec
 
 
 def render_gradescope(run: RunResult, version: str) -> str:
@@ -30,4 +31,14 @@ def render_gradescope(run: RunResult, version: str) -> str:
         "stdout_visibility": "hidden",
         "tests": tests,
     }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def render_gradescope_ungraded(stages: list[StageSpec], error: str, version: str) -> str:
+    """results.json for a submission that could not be graded at all: every stage 0 points, and why."""
+    tests = [{"name": f"{s.id}: {s.title}", "score": 0, "max_score": s.points, "status": "failed",
+              "output": f"not graded: {error}", "visibility": "visible"} for s in stages]
+    document = {"score": 0, "max_score": sum(s.points for s in stages), "execution_time": 0,
+                "output": f"theinference {version}: this submission could not be graded (0 points): {error}",
+                "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
     return json.dumps(document, indent=2) + "\n"

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Gradescope runs this once, as root, when it builds the autograder's image.
+# Written by `theinference autograder gradescope`; the settings are in bundle.env beside it.
+set -euo pipefail
+ROOT="${AUTOGRADER_ROOT:-/autograder}"
+SOURCE="$ROOT/source"
+source "$SOURCE/bundle.env"
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+# bubblewrap: the sandbox student code runs in; theinference reports which confinement is active.
+apt-get install -y --no-install-recommends bubblewrap ca-certificates python3 python3-venv
+PYTHON=python3
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    # theinference needs Python >= 3.11; Ubuntu 22.04's python3 is 3.10.
+    apt-get install -y --no-install-recommends python3.11 python3.11-venv
+    PYTHON=python3.11
+fi
+
+"$PYTHON" -m venv "$ROOT/venv"
+"$ROOT/venv/bin/python" -m pip install --upgrade pip
+# This very version of theinference (stages and course included), and its dependencies from PyPI.
+"$ROOT/venv/bin/python" -m pip install "$SOURCE/$WHEEL"
+
+if [ -n "$WEIGHTS_PRESET" ]; then
+    # Synthetic weights are deterministic: the same preset and seed give the same bytes everywhere.
+    "$ROOT/venv/bin/theinference" weights synth --preset "$WEIGHTS_PRESET" --seed "$WEIGHTS_SEED" --out "$SOURCE/weights"
+fi
+"$ROOT/venv/bin/theinference" weights info "$SOURCE/weights/model.safetensors"
