@@ -5,6 +5,7 @@ the instructor's weights (a synthetic preset made where grading runs, or a file)
 `theinference grade`, which never reads a submission's own stages, weights or timeouts.
 """
 
+import dataclasses
 import importlib.util
 import shlex
 import shutil
@@ -198,6 +199,9 @@ def render_workflow(repo: Path, shards: int, wheel: Path, weights: Weights, grad
         weights_path = repo_path(weights.file, repo)
         command = f"theinference weights info {shlex.quote(weights_path)}"
     stages = [repo_path(d, repo) for d in grading.stages_dirs]
+    if grading.cases_seed == "random":
+        # One seed for the whole run, so every shard grades the same random cases.
+        grading = dataclasses.replace(grading, cases_seed="${{ github.run_id }}")
     values = {
         "VERSION": __version__, "SHARDS": str(shards), "SHARD_LIST": ", ".join(map(str, range(1, shards + 1))),
         "WHEEL_PATH": shlex.quote(repo_path(wheel, repo)), "ROSTER": shlex.quote(repo_path(roster, repo)),

@@ -1,0 +1,295 @@
+"""The Gradescope bundle and the GitHub Actions workflow, run against fake trees with stubbed installers."""
+
+import csv
+import importlib.util
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import write_adapters
+from test_runner import QUICK_STAGE
+from theinference import __version__, autograder
+from theinference.resources import data_dir
+from theinference.stages import load_stages, stage_dirs
+
+BIN = str(Path(sys.executable).parent)  # where this environment's `theinference` lives
+HANG = "import time\ndef run_layer_equiv(seq_ids):\n    time.sleep(600)\n"
+SYNTAX = "def run_layer_equiv(seq_ids)\n    return 1\n"
+
+
+@pytest.fixture
+def wheel(tmp_path) -> Path:
+    """A stand-in for this version's wheel: the scripts install it, the tests never do."""
+    path = tmp_path / "dist" / f"theinference-{__version__}-py3-none-any.whl"
+    path.parent.mkdir()
+    path.write_bytes(b"not installed by these tests")
+    return path
+
+
+@pytest.fixture
+def course_stages(tmp_path) -> Path:
+    """An instructor's own stage directory, as passed with --stages-dir."""
+    directory = tmp_path / "course-stages"
+    directory.mkdir()
+    (directory / "quick.toml").write_text(QUICK_STAGE)
+    return directory
+
+
+def unpack(bundle: Path, root: Path) -> Path:
+    """Lay the bundle out as Gradescope does: source/ holds the zip, run_autograder is copied beside it."""
+    with zipfile.ZipFile(bundle) as z:
+        z.extractall(root / "source")
+        for info in z.infolist():
+            os.chmod(root / "source" / info.filename, info.external_attr >> 16)
+    shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")
+    return root
+
+
+def build(cli, tmp_path, wheel, *options) -> Path:
+    out = tmp_path / "autograder.zip"
+    result = cli("autograder", "gradescope", "--out", out, "--wheel", wheel, *options)
+    assert result.exit_code == 0, result.output
+    return unpack(out, tmp_path / "autograder")
+
+
+def run_autograder(root: Path, submission: Path, path: str = BIN) -> dict:
+    shutil.rmtree(root / "submission", ignore_errors=True)
+    shutil.copytree(submission, root / "submission")
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "PATH": f"{path}:{os.environ['PATH']}"}
+    done = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def assert_gradescope(doc: dict) -> None:
+    """The fields Gradescope reads, with the types and values it accepts."""
+    assert isinstance(doc["score"], (int, float)) and isinstance(doc["output"], str)
+    for test in doc["tests"]:
+        assert set(test) >= {"name", "score", "max_score", "status", "output"}
+        assert 0 <= test["score"] <= test["max_score"] and test["status"] in ("passed", "failed")
+        assert test["visibility"] in ("hidden", "after_due_date", "after_published", "visible")
+
+
+@pytest.fixture
+def bundle(cli, tmp_path, wheel, tiny_path, course_stages) -> Path:
+    """A bundle grading one quick stage of the instructor's own."""
+    return build(cli, tmp_path, wheel, "--weights", tiny_path, "--stages-dir", course_stages, "--stage", "quick-layer")
+
+
+def test_correct_submission_uploaded_in_a_folder_gets_every_point(cli, tmp_path, wheel, tiny_path, course_stages):
+    root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--stages-dir", course_stages)
+    upload = tmp_path / "upload"
+    shutil.copytree(data_dir("course") / "solution", upload / "my-course")
+    doc = run_autograder(root, upload)
+    assert_gradescope(doc)
+    stages = load_stages(stage_dirs(None, [course_stages]))
+    assert doc["score"] == doc["max_score"] == sum(s.points for s in stages)
+    assert [t["name"].split(":")[0] for t in doc["tests"]] == [s.id for s in stages]  # the instructor's stage too
+    assert all(t["status"] == "passed" for t in doc["tests"])
+
+
+@pytest.mark.parametrize("source, words", [(SYNTAX, "syntax error in"), (HANG, "timed out after 0.5 s")],
+                         ids=["syntax-error", "hang"])
+def test_broken_submission_gets_zero_points_and_says_why(cli, tmp_path, wheel, tiny_path, course_stages, source, words):
+    root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--stages-dir", course_stages, "--stage", "quick-layer",
+                 "--timeout", "0.5")
+    write_adapters(tmp_path / "broken", source)
+    doc = run_autograder(root, tmp_path / "broken")
+    assert_gradescope(doc)
+    assert doc["score"] == 0 and doc["max_score"] > 0
+    assert [(t["name"].split(":")[0], t["status"], t["score"]) for t in doc["tests"]] == [("quick-layer", "failed", 0)]
+    assert words in doc["tests"][0]["output"]
+
+
+def test_empty_submission_is_graded_zero_with_the_reason(bundle, tmp_path):
+    (tmp_path / "empty").mkdir()
+    doc = run_autograder(bundle, tmp_path / "empty")
+    assert_gradescope(doc)
+    assert doc["score"] == 0 and "adapters file not found" in doc["output"]
+    assert doc["max_score"] == sum(t["max_score"] for t in doc["tests"]) > 0
+
+
+@pytest.mark.parametrize("script, budget, words", [
+    ("echo 'Traceback: a grader bug' >&2; exit 3", "60", "exited with status 3"),
+    ("exec sleep 30", "1", "stopped after 1 s"),
+], ids=["grader-crash", "grader-hang"])
+def test_grader_that_crashes_or_hangs_still_leaves_results(cli, tmp_path, wheel, tiny_path, script, budget, words):
+    root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--time-budget", budget)
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "theinference").write_text(f"#!/bin/sh\n{script}\n")
+    (fake / "theinference").chmod(0o755)
+    write_adapters(tmp_path / "sub", SYNTAX)
+    doc = run_autograder(root, tmp_path / "sub", path=str(fake))
+    assert_gradescope(doc)
+    assert doc["score"] == 0 and words in doc["output"]
+
+
+STUBS = {
+    # apt-get and the interpreter are stubbed: each records its command line; `python3 -m venv DIR`
+    # makes DIR/bin/python and DIR/bin/theinference, which record theirs.
+    "apt-get": 'echo "apt-get $*" >> "$LOG"',
+    "python3": '''case "$*" in
+  "-c "*) exit 0 ;;
+  "-m venv "*) mkdir -p "$3/bin"
+    for tool in python theinference; do
+      printf '#!/bin/sh\\necho "%s $*" >> "$LOG"\\n' "$tool" > "$3/bin/$tool"; chmod +x "$3/bin/$tool"
+    done ;;
+esac''',
+}
+
+
+def run_setup(root: Path, tmp_path: Path) -> list[str]:
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name, body in STUBS.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    log = tmp_path / "setup.log"
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "LOG": str(log), "PATH": f"{stubs}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(root / "source" / "setup.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return log.read_text().splitlines()
+
+
+def test_setup_installs_bubblewrap_the_bundled_wheel_and_makes_the_preset(cli, tmp_path, wheel):
+    root = build(cli, tmp_path, wheel, "--preset", "tiny", "--seed", "3")
+    log = run_setup(root, tmp_path)
+    source = root / "source"
+    assert any(line.startswith("apt-get install") and "bubblewrap" in line.split() for line in log)
+    assert f"python -m pip install {source / wheel.name}" in log and (source / wheel.name).is_file()
+    assert f"theinference weights synth --preset tiny --seed 3 --out {source / 'weights'}" in log
+    # run_autograder grades against the file setup.sh makes.
+    assert "$SOURCE/weights/model.safetensors" in (root / "run_autograder").read_text()
+
+
+def test_bundle_carries_the_weights_file_and_the_stages(cli, tmp_path, wheel, tiny_dir, course_stages):
+    root = build(cli, tmp_path, wheel, "--weights", tiny_dir, "--stages-dir", course_stages)
+    source = root / "source"
+    assert (source / "weights" / "model.safetensors").read_bytes() == (tiny_dir / "model.safetensors").read_bytes()
+    assert (source / "weights" / "config.json").is_file()
+    assert (source / "stages" / "1-course-stages" / "quick.toml").read_text() == QUICK_STAGE
+    assert "--stages-dir stages/1-course-stages" in (source / "bundle.env").read_text()
+    for script in ("setup.sh", "run_autograder"):
+        assert (source / script).stat().st_mode & stat.S_IXUSR
+    log = run_setup(root, tmp_path)
+    assert not any("weights synth" in line for line in log)  # the file is used as given
+
+
+def test_large_weights_warn(cli, tmp_path, wheel, tiny_path, monkeypatch):
+    monkeypatch.setattr(autograder, "LARGE_WEIGHTS_MB", 1)
+    result = cli("autograder", "gradescope", "--out", tmp_path / "a.zip", "--wheel", wheel, "--weights", tiny_path)
+    assert result.exit_code == 0 and "MB of weights" in result.stderr and "--preset" in result.stderr
+
+
+@pytest.mark.parametrize("options, words", [
+    (["--wheel", "{tmp}/other-1.0-py3-none-any.whl"], "not a theinference wheel"),
+    (["--stage", "no-such-stage"], "unknown stage 'no-such-stage'"),
+    (["--weights", "{tmp}/missing.safetensors"], "no such weights file"),
+    (["--cases-seed", "soon"], "--cases-seed takes an integer"),
+])
+def test_bad_settings_are_usage_errors_before_anything_is_written(cli, tmp_path, wheel, options, words):
+    (tmp_path / "other-1.0-py3-none-any.whl").write_bytes(b"")
+    options = [o.replace("{tmp}", str(tmp_path)) for o in options]
+    extra = [] if "--wheel" in options else ["--wheel", wheel]
+    result = cli("autograder", "gradescope", "--out", tmp_path / "a.zip", *extra, *options)
+    assert result.exit_code == 2 and words in result.stderr
+    assert not (tmp_path / "a.zip").exists()
+
+
+def test_without_a_source_checkout_it_asks_for_a_wheel(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(autograder, "source_tree", lambda: None)
+    result = cli("autograder", "gradescope", "--out", tmp_path / "a.zip")
+    assert result.exit_code == 2 and "pass --wheel PATH" in result.stderr
+
+
+@pytest.mark.skipif(autograder.source_tree() is None or importlib.util.find_spec("hatchling") is None,
+                    reason="building the wheel offline needs hatchling installed (else pip fetches it from PyPI)")
+def test_wheel_built_from_the_source_tree_carries_stages_and_scripts(tmp_path):
+    built = autograder.build_wheel(tmp_path)
+    names = zipfile.ZipFile(built).namelist()
+    assert built.name.startswith(f"theinference-{__version__}-")
+    assert "theinference/_data/stages/greedy.toml" in names and "theinference/assets/autograder/run_autograder" in names
+
+
+def test_grade_gradescope_format_takes_one_submission(cli, tmp_path, tiny_path):
+    result = cli("grade", tmp_path / "a", tmp_path / "b", "--format", "gradescope", "--weights", tiny_path,
+                 "--out", tmp_path / "r.json")
+    assert result.exit_code == 2 and "exactly one submission" in result.stderr
+
+
+GIT_STUB = """#!/bin/sh
+# clone copies a local course named after the repository; `owner/gone` fails as a deleted one would.
+for last; do :; done
+case " $* " in
+  *" clone "*) repo=$(echo "$*" | sed 's|.*https://github.com/\\(.*\\)\\.git.*|\\1|')
+    [ "$repo" = "owner/gone" ] && exit 128
+    cp -r "$COURSES/${repo##*/}" "$last" && mkdir "$last/.git" ;;
+  *" rev-parse "*) echo 0123abc ;;
+esac
+"""
+
+
+def workflow_steps(doc: dict, job: str) -> dict:
+    return {step.get("name", step.get("uses", step.get("run"))): step for step in doc["jobs"][job]["steps"]}
+
+
+def run_step(step: dict, repo: Path, env: dict, shard: int = 1) -> subprocess.CompletedProcess:
+    script = step["run"].replace("${{ matrix.shard }}", str(shard)).replace("${{ github.run_id }}", "42")
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_github_workflow_grades_the_roster_in_shards_and_merges_them(cli, tmp_path, wheel, tiny_dir, course_stages,
+                                                                    monkeypatch):
+    yaml = pytest.importorskip("yaml")
+    repo = tmp_path / "class"
+    shutil.copytree(course_stages, repo / "stages")
+    shutil.copytree(tiny_dir, repo / "weights-tiny")
+    (repo / "submissions.txt").write_text("# the class\nowner/alice\n\nowner/bob extra-column\nowner/gone\n")
+    monkeypatch.chdir(repo)
+    result = cli("autograder", "github", "--out", ".github/workflows/grade.yml", "--shards", "2", "--wheel", wheel,
+                 "--weights", "weights-tiny", "--stages-dir", "stages", "--stage", "quick-layer", "--cases-seed", "random")
+    assert result.exit_code == 0, result.output
+    text = (repo / ".github/workflows/grade.yml").read_text()
+    assert "@" + "SHARDS@" not in text and "@" + "GRADE_ARGS@" not in text
+    doc = yaml.safe_load(text)
+    assert doc["jobs"]["grade"]["strategy"]["matrix"]["shard"] == [1, 2]
+    assert doc["jobs"]["merge"]["needs"] == "grade"
+    grade, merge = workflow_steps(doc, "grade"), workflow_steps(doc, "merge")
+    installed = (repo / ".github/theinference" / wheel.name)
+    assert installed.is_file() and f"pip install .github/theinference/{wheel.name}" in grade["Install theinference and bubblewrap"]["run"]
+    assert "bubblewrap" in grade["Install theinference and bubblewrap"]["run"]
+    assert "--seed '${{ github.run_id }}'" in grade["Grade shard ${{ matrix.shard }} of 2"]["run"]  # one seed per run
+    secrets = [name for name, step in grade.items() if "secrets." in json.dumps(step)]
+    assert secrets == ["Fetch the submissions"]  # only the clone step sees the token
+
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    (stubs / "git").write_text(GIT_STUB)
+    (stubs / "git").chmod(0o755)
+    courses = tmp_path / "courses"
+    shutil.copytree(data_dir("course") / "solution", courses / "alice")
+    write_adapters(courses / "bob", SYNTAX)
+    env = {**os.environ, "PATH": f"{stubs}:{BIN}:{os.environ['PATH']}", "COURSES": str(courses), "TOKEN": ""}
+    run_step(grade["Weights"], repo, env)
+    fetched = run_step(grade["Fetch the submissions"], repo, env)
+    assert "owner/alice 0123abc" in fetched.stdout and "::warning::could not clone owner/gone" in fetched.stdout
+    assert sorted(p.name for p in (repo / "submissions").iterdir()) == ["alice", "bob", "gone"]
+    assert not (repo / "submissions/alice/.git").exists()
+    (repo / "shards").mkdir()
+    for shard in (1, 2):
+        run_step(grade[f"Grade shard ${{{{ matrix.shard }}}} of 2"], repo, env, shard)
+        shutil.copy(repo / f"grades-{shard}.csv", repo / "shards")
+    run_step(next(step for step in merge.values() if "grade merge" in step.get("run", "")), repo, env)
+    rows = {r["id"]: r for r in csv.DictReader((repo / "grades.csv").open())}
+    assert {k: (r["status"], r["quick-layer.status"]) for k, r in rows.items()} == {
+        "alice": ("pass", "pass"), "bob": ("fail", "error"), "gone": ("error", "error")}
