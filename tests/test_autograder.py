@@ -293,3 +293,12 @@ def test_github_workflow_grades_the_roster_in_shards_and_merges_them(cli, tmp_pa
     rows = {r["id"]: r for r in csv.DictReader((repo / "grades.csv").open())}
     assert {k: (r["status"], r["quick-layer.status"]) for k, r in rows.items()} == {
         "alice": ("pass", "pass"), "bob": ("fail", "error"), "gone": ("error", "error")}
+
+
+def test_github_refuses_files_outside_the_repository(cli, tmp_path, wheel, course_stages, monkeypatch):
+    repo = tmp_path / "class"
+    repo.mkdir()
+    monkeypatch.chdir(repo)
+    result = cli("autograder", "github", "--wheel", wheel, "--stages-dir", course_stages)
+    assert result.exit_code == 2 and "outside the repository" in result.stderr
+    assert not (repo / ".github").exists()

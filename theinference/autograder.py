@@ -79,7 +79,7 @@ def build_wheel(dest: Path) -> Path:
     if root is None:
         raise AutograderError(
             "theinference is installed from a wheel, not from a source checkout, so it cannot rebuild itself: "
-            f"pass --wheel PATH (e.g. from `pip download theinference=={__version__} --no-deps`)")
+            "pass --wheel PATH (the theinference wheel it was installed from)")
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(root)]
     if importlib.util.find_spec("hatchling") is not None:
         command.insert(4, "--no-build-isolation")  # the installed backend: no download needed

@@ -79,8 +79,8 @@ def gradescope(
         raise config_error(e)
     _warn(warnings + wheel_warnings)
     what = f"weights {chosen.file}" if chosen.file else f"{chosen.preset} synthetic weights (seed {chosen.seed}) made at setup"
-    err_console().print(f"wrote {out} ({found.name}, {what}, {len(grading.stages_dirs)} stage director(ies) of your own)",
-                        soft_wrap=True)
+    own = f", stages from {', '.join(map(str, grading.stages_dirs))}" if grading.stages_dirs else ""
+    err_console().print(f"wrote {out} ({found.name}, {what}{own})", soft_wrap=True)
 
 
 @autograder_app.command()

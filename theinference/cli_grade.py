@@ -118,7 +118,7 @@ def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> list
     if writer:
         writer.finish(results)
     elif fmt is BatchFormat.gradescope:
-        _write_gradescope(results[0], stages, out)
+        _write_gradescope(results[0], stages, out, options.seed)
     else:
         docs = [{"id": r.id, "path": r.path, "status": r.status, "error": r.error, "seconds": r.seconds,
                  "results": run_document(r.run, __version__) if r.run else None} for r in results]
@@ -127,8 +127,9 @@ def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> list
     return results
 
 
-def _write_gradescope(result: SubmissionResult, stages, out: Path) -> None:
-    text = (render_gradescope(result.run, __version__) if result.run
+def _write_gradescope(result: SubmissionResult, stages, out: Path, seed: int | None) -> None:
+    # The batch applies the seed to the stages itself; the report still names it, for `test --seed`.
+    text = (render_gradescope(dataclasses.replace(result.run, seed=seed), __version__) if result.run
             else render_gradescope_ungraded(stages, result.error, __version__))
     # Atomically: Gradescope must never read a half-written results.json.
     tmp = out.with_name(out.name + ".tmp")
