@@ -84,7 +84,7 @@ def bundle(cli, tmp_path, wheel, tiny_path, course_stages) -> Path:
 
 
 def test_correct_submission_uploaded_in_a_folder_gets_every_point(cli, tmp_path, wheel, tiny_path, course_stages):
-    root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--stages-dir", course_stages)
+    root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--stages-dir", course_stages, "--cases-seed", "7")
     upload = tmp_path / "upload"
     shutil.copytree(data_dir("course") / "solution", upload / "my-course")
     doc = run_autograder(root, upload)
@@ -93,6 +93,7 @@ def test_correct_submission_uploaded_in_a_folder_gets_every_point(cli, tmp_path,
     assert doc["score"] == doc["max_score"] == sum(s.points for s in stages)
     assert [t["name"].split(":")[0] for t in doc["tests"]] == [s.id for s in stages]  # the instructor's stage too
     assert all(t["status"] == "passed" for t in doc["tests"])
+    assert "seed 7" in doc["output"]  # random extra cases, reproducible with `test --seed 7`
 
 
 @pytest.mark.parametrize("source, words", [(SYNTAX, "syntax error in"), (HANG, "timed out after 0.5 s")],

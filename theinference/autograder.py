@@ -52,7 +52,7 @@ class Grading:
         args = [arg for d in stages_dirs for arg in ("--stages-dir", d)]
         args += [arg for s in self.stage_ids for arg in ("--stage", s)]
         if self.timeout is not None:
-            args += ["--timeout", f"{self.timeout:g}"]
+            args += ["--timeout", str(self.timeout)]
         if self.memory_mb is not None:
             args += ["--memory-limit", str(self.memory_mb)]
         if self.cases_seed is not None:

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from theinference.autograder import (AutograderError, Grading, Weights, check_weights_file, copy_wheel, obtain_wheel,
                                      render_workflow, repo_path, write_gradescope_bundle)
@@ -50,7 +51,7 @@ def _weights(weights: Optional[Path], preset: Preset, seed: int) -> tuple[Weight
 
 def _warn(warnings: list[str]) -> None:
     for warning in warnings:
-        err_console().print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+        err_console().print(f"[yellow]warning:[/yellow] {escape(warning)}", soft_wrap=True)
 
 
 ERRORS = (AutograderError, StageError, UsageError, WeightsError)
