@@ -253,7 +253,7 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
     previous step end, and nothing the child sends moves the stage's deadline.
     """
     child = _Child(job, start, work)
-    state, failure = _Progress(current=start), None
+    state, failure, kill_now = _Progress(current=start), None, False
     try:
         deadline = min(time.monotonic() + job.timeout, stage_deadline)
         while state.current < len(job.calls) and failure is None:
@@ -265,13 +265,13 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
             if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
                 deadline = min(time.monotonic() + job.timeout, stage_deadline)
     except TimeoutError:
-        failure = CallOutcome(status="timeout", message=_timeout_message(job, state.loaded, stage_deadline))
+        failure, kill_now = CallOutcome(status="timeout", message=_timeout_message(job, state.loaded, stage_deadline)), True
     except ProtocolError as e:
-        failure = CallOutcome(status="error", message=f"the adapter's process broke the result protocol: {e}")
+        failure, kill_now = CallOutcome(status="error", message=f"the adapter's process broke the result protocol: {e}"), True
     except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
         child.finish(graceful=False)
         raise
-    returncode = child.finish(graceful=failure is None)
+    returncode = child.finish(graceful=not kill_now)
     if state.current >= len(job.calls) and failure is None:
         return state.current
     if failure is None:
