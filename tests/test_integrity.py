@@ -138,6 +138,8 @@ def test_course_bonus_stage_earns_nothing_when_untrusted(cli, tmp_path, tiny_pat
     gradescope = json.loads(cli("test", "--course", course, "--weights", tiny_path, "--format", "gradescope").stdout)
     assert gradescope["score"] == 0 and gradescope["max_score"] == BUILT_IN_POINTS
     assert all(not t["name"].startswith("bonus") for t in gradescope["tests"])
+    asked = cli("test", "--untrusted", "--course", course, "--weights", tiny_path, "--stage", "bonus")
+    assert asked.exit_code == 2 and "untrusted grading reads no stage files from the course directory" in asked.stderr
 
 
 def test_plain_test_marks_course_stages_in_every_format(cli, tmp_path, tiny_path):

@@ -54,7 +54,12 @@ def select_stages(stages: list[StageSpec], wanted: list[str]) -> list[StageSpec]
 def choose_stages(session: "Session", wanted: list[str] | None) -> list[StageSpec]:
     """Stages to grade: those named; all for []; for None, the first not yet passed (all once every one has)."""
     if wanted is not None:
-        return select_stages(session.stages, wanted)
+        try:
+            return select_stages(session.stages, wanted)
+        except UsageError as e:
+            if session.untrusted:  # the stage may well be in the course's stages/, which was not read
+                raise UsageError(f"{e} (untrusted grading reads no stage files from the course directory)") from None
+            raise
     upcoming = next_stage(session.stages, load_progress(session.course.root))
     return [upcoming] if upcoming else session.stages
 
