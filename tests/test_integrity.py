@@ -352,3 +352,16 @@ def test_plain_test_on_the_students_machine_keeps_their_environment(cli, tmp_pat
 def test_watch_refuses_untrusted_grading(cli, solution_course, tiny_path):
     result = cli("test", "--course", solution_course, "--weights", tiny_path, "--watch", "--untrusted")
     assert result.exit_code == 2 and "cannot be combined with untrusted grading" in result.stderr
+
+
+def test_the_stage_has_a_budget_that_restarts_cannot_stretch(cli, tmp_path, tiny_path):
+    # Each case imports for 1.4 s and runs 1.4 s before crashing: within the 2 s per step, but with
+    # more than two cases the restarts need more than the stage's budget of 2 s x (cases + 1).
+    source = "import os, time\ntime.sleep(1.4)\n\ndef run_layer_equiv(seq_ids):\n    time.sleep(1.4)\n    os._exit(1)\n"
+    write_adapters(tmp_path / "sub", source)
+    graded = grade_json(cli, tmp_path / "g.json", tmp_path / "sub", "--weights", tiny_path, "--stage", "prove-one-layer",
+                        "--timeout", "2")
+    cases = graded["sub"]["results"]["stages"][0]["cases"]
+    budget = 2 * (len(cases) + 1)
+    assert len(cases) > 2 and cases[0]["status"] == "crash"
+    assert (cases[-1]["status"], cases[-1]["message"]) == ("timeout", f"timed out: the stage's time budget of {budget} s ran out")
