@@ -38,6 +38,7 @@ def isolated_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("THEINFERENCE_WEIGHTS", raising=False)
+    monkeypatch.delenv("CI", raising=False)  # CI=true makes `test` untrusted; tests that need it set it
     monkeypatch.setenv("COLUMNS", "120")
     monkeypatch.setenv("NO_COLOR", "1")
 

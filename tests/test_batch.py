@@ -107,13 +107,12 @@ def test_adapters_may_not_import_the_oracle(cli, tmp_path, tiny_path):
     assert "adapters may not use the grader's oracle" in case["message"]
 
 
-def test_secrets_are_scrubbed_in_ci(cli, tmp_path, tiny_path, monkeypatch):
+def test_secrets_are_kept_from_students_in_ci(cli, tmp_path, tiny_path, monkeypatch):
     source = SOLUTION_IMPORTS + (
         "import os\n"
         "def run_layer_equiv(seq_ids):\n"
-        "    leaked = [k for k in ('MY_API_TOKEN', 'DEPLOY_KEY', 'DB_PASSWORD', 'AWS_SECRET_ACCESS_KEY') if k in os.environ]\n"
+        "    leaked = [k for k in ('MY_API_TOKEN', 'DEPLOY_KEY', 'DB_PASSWORD', 'AWS_SECRET_ACCESS_KEY', 'HARMLESS_SETTING') if k in os.environ]\n"
         "    assert not leaked, f'leaked {leaked}'\n"
-        "    assert os.environ['HARMLESS_SETTING'] == 'ok'\n"
         "    return _solve(seq_ids)\n"
     )
     write_adapters(tmp_path / "c", source)

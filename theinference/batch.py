@@ -21,6 +21,7 @@ from theinference.randomcases import with_random_cases
 from theinference.results import RunResult
 from theinference.session import RunOptions, Session
 from theinference.stages import StageSpec
+from theinference.trust import untrusted_course
 from theinference.weights import Model
 
 
@@ -87,11 +88,12 @@ def warm_oracle(model: Model, cache: OracleCache, stages: list[StageSpec]) -> No
 def _grade_one(sub: Submission, base: Session, stages: list[StageSpec], options: RunOptions) -> SubmissionResult:
     started = time.perf_counter()
     try:
-        course = load_course(sub.path)
+        course, notices = untrusted_course(load_course(sub.path))
     except CourseError as e:
         return SubmissionResult(sub.id, str(sub.path), None, error=str(e), seconds=time.perf_counter() - started)
+    # A submission chooses nothing: not its stages, weights or timeouts (see theinference.trust).
     session = Session(course=course, stages=stages, weights=base.weights, model=base.model, cache=base.cache,
-                      launcher=base.launcher)
+                      launcher=base.launcher, untrusted=True, extra_stage_dirs=base.extra_stage_dirs, notices=notices)
     run = session.run(stages, options)
     return SubmissionResult(sub.id, str(sub.path), run, seconds=time.perf_counter() - started)
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from theinference import __version__
 from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
-                                     run_options, synth_progress)
+                                     in_ci, run_options, synth_progress)
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.cli_autograder import autograder_app
 from theinference.cli_course import demo_command, init_command
@@ -95,17 +95,24 @@ def test(
     memory_limit: Annotated[int, typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
     watch: Annotated[bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")] = False,
     poll: Annotated[bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")] = False,
+    untrusted: Annotated[bool, typer.Option("--untrusted", help="Grade as `grade` does: ignore the course's stages, weights and timeout; allow-listed environment (implied by CI=true and --format gradescope).")] = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
     Exit codes: 0 every selected stage passed; 1 some stage failed (including errors, timeouts,
     crashes and stages not started); 2 usage or configuration error.
     """
+    # Results that count as grades come from the instructor's inputs only (see the README's threat model).
+    untrusted = untrusted or in_ci() or fmt is Format.gradescope
     try:
-        options = run_options(timeout, memory_limit, seed)
-        session = open_session(course, weights, stages_dir or [], progress=synth_progress())
+        if untrusted and watch:
+            raise UsageError("--watch trusts the course directory; it cannot be combined with untrusted grading "
+                             "(--untrusted, CI=true or --format gradescope)")
+        options = run_options(timeout, memory_limit, seed, untrusted=untrusted)
+        session = open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted)
         try:
-            wanted = [] if all_stages else (stage or None)  # None: the next stage not yet passed
+            # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
+            wanted = [] if all_stages else (stage or ([] if untrusted else None))
             _weights_notice(session)
             if watch:
                 raise typer.Exit(run_watch(Watch(session, wanted, lambda r: render_regrade(r, session.course.root),
@@ -115,7 +122,8 @@ def test(
                 err_console().print(f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
                                     "(--all grades every stage, --stage ID a given one)", soft_wrap=True)
             run = session.run(selected, options)
-            record_progress(session.course.root, run)
+            if not untrusted:
+                record_progress(session.course.root, run)
         finally:
             session.close()
     except (*CONFIG_ERRORS, UsageError) as e:

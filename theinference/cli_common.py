@@ -57,10 +57,10 @@ def synth_progress() -> _SynthProgress:
     return _SynthProgress()
 
 
-def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None):
-    """RunOptions from command-line values; secrets are scrubbed from student processes in CI."""
+def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False):
+    """RunOptions from command-line values; untrusted grading (and CI) gives students an allow-listed environment."""
     try:
         resolved = resolve_seed(seed)
     except ValueError:
         raise UsageError(f"--seed takes an integer or 'random', not {seed!r}") from None
-    return RunOptions(timeout=timeout, memory_mb=memory_limit_mb or None, scrub_secrets=in_ci(), seed=resolved)
+    return RunOptions(timeout=timeout, memory_mb=memory_limit_mb or None, untrusted=untrusted or in_ci(), seed=resolved)

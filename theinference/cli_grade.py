@@ -40,7 +40,8 @@ def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[st
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
     choice, model, _ = obtain_weights(weights, None, synth_progress())
     # The base session only carries what every submission shares: weights, oracle cache, launcher.
-    return Session(course=None, stages=stages, weights=choice, model=model, launcher=default_launcher(student_env)), stages
+    return Session(course=None, stages=stages, weights=choice, model=model, launcher=default_launcher(student_env),
+                   untrusted=True, extra_stage_dirs=list(stages_dir)), stages
 
 
 def _merge(parts: list[Path], out: Path) -> None:
@@ -69,7 +70,8 @@ def grade_command(
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 
-    Submissions' own stages/ directories are ignored: the batch grades everyone on the same stages.
+    Submissions are untrusted: their stages/, and the weights, stages_dirs and timeout of their
+    theinference.toml, are ignored; student processes get only an allow-listed environment.
     Exit 0 once every submission is graded, whatever their grades; 2 on a configuration error.
     `theinference grade merge SHARD.csv... --out grades.csv` combines the CSVs of --shard runs.
     """
@@ -78,7 +80,7 @@ def grade_command(
     try:
         # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
         student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
-        options = dataclasses.replace(run_options(timeout, memory_limit, seed), env=student_env)
+        options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True), env=student_env)
         subs = submissions(submission_dirs)
         if fmt is BatchFormat.gradescope and len(subs) != 1:
             raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")

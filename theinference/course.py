@@ -6,6 +6,9 @@ theinference.toml (every field optional):
   adapters    path of the adapters file (default tests/adapters.py)
   stages_dirs list of extra stage directories, relative to the course root
   timeout     seconds per adapter call, overriding every stage's own timeout
+
+A submission is untrusted: in `grade`, `test --untrusted`, CI and Gradescope output its
+weights, stages_dirs and timeout are ignored with a notice (theinference.trust.untrusted_course).
 """
 
 import tomllib

@@ -46,7 +46,7 @@ class GradeContext:
     env: dict = field(default_factory=dict)  # extra environment for the student's process
     launcher: object = field(default_factory=SubprocessLauncher)  # how student processes start
     memory_mb: int | None = DEFAULT_MEMORY_MB  # address-space cap per student process
-    scrub_secrets: bool = False  # CI: no secret-looking variables in the student's environment
+    untrusted: bool = False  # only the allow-listed environment for the student's process
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -183,7 +183,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
         weights=ctx.model.path, timeout=ctx.timeout or ctx.course.timeout or stage.timeout, env=ctx.env,
-        launcher=ctx.launcher, memory_mb=ctx.memory_mb, scrub=ctx.scrub_secrets,
+        launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted,
     )
     outcomes = run_adapter(job)
     cases = [_case_result(stage, case, outcome, ctx, spec) for case, outcome in zip(stage.cases, outcomes)]

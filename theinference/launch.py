@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 
+from theinference.trust import allowed_env
 
 class SubprocessLauncher:
     """A fresh `python -m theinference.child` per run: slower to start, nothing shared."""
@@ -64,7 +65,8 @@ class ZygoteLauncher:
     """Forks student processes from a zygote that has numpy imported (Linux).
 
     `env` is applied to the zygote itself: settings read once when numpy loads (the BLAS
-    thread count) must be in place before the fork.
+    thread count) must be in place before the fork. The zygote starts from the allow-listed
+    environment only: every worker inherits its /proc/<pid>/environ, whatever env it is given.
     """
 
     def __init__(self, env: dict | None = None):
@@ -79,7 +81,7 @@ class ZygoteLauncher:
                 return os.path.join(self._dir, "zygote.sock")
             self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
             path = os.path.join(self._dir, "zygote.sock")
-            self._proc = subprocess.Popen([sys.executable, "-m", "theinference.zygote", path], env={**os.environ, **self._env},
+            self._proc = subprocess.Popen([sys.executable, "-m", "theinference.zygote", path], env={**allowed_env(os.environ), **self._env},
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
             if self._proc.stdout.readline().strip() != b"ready":
                 raise RuntimeError("the zygote process did not start")

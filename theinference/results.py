@@ -83,6 +83,7 @@ class StageResult:
     adapter_line: int | None = None  # where the adapter is defined in adapters_file, for annotations
     # For stages whose cases return one row each: the shape read across cases, ordered by position.
     cross_case: Diagnosis | None = None
+    origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course
 
     @property
     def passed_cases(self) -> int:
@@ -109,6 +110,9 @@ class RunResult:
     stages: list[StageResult]
     notices: list[str] = field(default_factory=list)
     seed: int | None = None  # the seed of the random extra cases, if any
+    untrusted: bool = False  # graded as an untrusted submission (nothing in it chose stages, weights, timeouts)
+    # What the course directory chose instead of the instructor (plain `test` only), one sentence each.
+    course_supplied: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:

@@ -1,13 +1,17 @@
 """Run a student's adapter in a separate process, one call per case, under a timeout.
 
 Student code never runs in the grader's process: a hang, a crash, a `sys.exit` or a segfault
-is recorded as that case's outcome and the next case runs in a fresh process.
+is recorded as that case's outcome and the next case runs in a fresh process. Everything the
+student's process sends on the result pipe is untrusted input: a message out of protocol is
+that submission's error, and only the grader's own clock sets deadlines.
 """
 
 import json
+import math
 import os
 import select
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -17,16 +21,18 @@ from pathlib import Path
 import numpy as np
 
 from theinference.launch import SubprocessLauncher
+from theinference.trust import allowed_env
 
 OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
 DEFAULT_MEMORY_MB = 6144  # address space per student process: room for 124M weights, copies and BLAS
 FILE_CAP = 1 << 30  # bytes any one file the student's process writes may reach (its output included)
-_SECRET_WORDS = ("TOKEN", "SECRET", "KEY", "PASSWORD")
+MESSAGE_CAP = 1 << 20  # bytes of one protocol message
+_EVENTS = ("loaded", "load-error", "start", "done")
+_DONE_STATUSES = ("ok", "not-started", "error", "bad-output")
 
 
-def scrub_secrets(env: dict) -> dict:
-    """The environment without variables whose names look like credentials."""
-    return {k: v for k, v in env.items() if not any(word in k.upper() for word in _SECRET_WORDS)}
+class ProtocolError(Exception):
+    """The student's process sent the grader something theinference.child never sends: that submission's error."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class AdapterJob:
     env: dict = field(default_factory=dict)
     launcher: object = field(default_factory=SubprocessLauncher)
     memory_mb: int | None = DEFAULT_MEMORY_MB  # None: no cap
-    scrub: bool = False  # drop secret-looking environment variables (CI mode)
+    untrusted: bool = False  # the student's process gets only the allow-listed environment
 
 
 @dataclass
@@ -98,7 +104,7 @@ class _Child:
             "limits": {"memory_bytes": job.memory_mb * 2**20 if job.memory_mb else None, "file_bytes": FILE_CAP},
         }))
         read_fd, write_fd = os.pipe()
-        base = scrub_secrets(dict(os.environ)) if job.scrub else dict(os.environ)
+        base = allowed_env(os.environ) if job.untrusted else dict(os.environ)
         env = {**base, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
         try:
@@ -110,8 +116,10 @@ class _Child:
         self.buffer = b""
 
     def next_message(self, deadline: float) -> dict | None:
-        """The next message, None at end of stream; raises TimeoutError past the deadline."""
+        """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed."""
         while b"\n" not in self.buffer:
+            if len(self.buffer) > MESSAGE_CAP:
+                raise ProtocolError(f"a message longer than {MESSAGE_CAP >> 20} MB")
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([self.pipe], [], [], remaining)[0]:
                 raise TimeoutError
@@ -120,7 +128,13 @@ class _Child:
                 return None
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            raise ProtocolError(f"a line that is not JSON: {line[:80]!r}") from None
+        if not isinstance(message, dict) or message.get("event") not in _EVENTS:
+            raise ProtocolError(f"a message that is not one of the protocol's: {line[:80]!r}")
+        return message
 
     def finish(self, graceful: bool = True) -> int:
         """Kill what is left of the process group; return the child's exit code.
@@ -142,57 +156,152 @@ class _Child:
         outcome.stderr = _read_capped(self.stderr_path, start[1], end[1] if end else None)
 
 
-def _outcome_from_done(message: dict) -> CallOutcome:
-    value = np.load(message["file"], allow_pickle=False) if message["status"] == "ok" else None
-    return CallOutcome(status=message["status"], value=value, message=message.get("message", ""),
-                       traceback=message.get("traceback", ""), seconds=message.get("seconds", 0.0))
+def _text(message: dict, key: str) -> str:
+    value = message.get(key, "")
+    if not isinstance(value, str):
+        raise ProtocolError(f"'{key}' of a {message['event']!r} message is not text")
+    return value[:OUTPUT_CAP]
 
 
-def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome]) -> int:
-    """Run one child from case `start`; fill outcomes; return the next case still to run."""
-    child = _Child(job, start, work)
-    current, failure, loaded, case_output = start, None, False, [0, 0]
+def _offsets(message: dict) -> list[int]:
+    """The stdout/stderr offsets a message carries, checked to lie within what a file can hold."""
+    value = message.get("output")
+    if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and 0 <= v <= FILE_CAP for v in value)):
+        raise ProtocolError(f"'output' of a {message['event']!r} message is not a pair of file offsets")
+    return value
+
+
+def _load_output(file, index: int, work: Path) -> np.ndarray:
+    """The array the child saved for case `index`: only that file in the run's directory, a regular .npy file."""
+    expected = work / f"case-{index}.npy"
+    if file != str(expected):
+        raise ProtocolError(f"the output file {str(file)[:200]!r} is not {expected.name} in the run's directory")
     try:
-        deadline = time.monotonic() + job.timeout
-        while current < len(job.calls):
+        fd = os.open(expected, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        raise ProtocolError(f"cannot open {expected.name}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > FILE_CAP:
+            raise ProtocolError(f"{expected.name} is not a regular file of at most {FILE_CAP >> 20} MB")
+        try:
+            value = np.load(f, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise ProtocolError(f"{expected.name} is not a .npy array ({type(e).__name__}: {e})") from None
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+        raise ProtocolError(f"{expected.name} does not hold an array of numbers")
+    return value
+
+
+def _outcome_from_done(message: dict, index: int, work: Path) -> CallOutcome:
+    status, seconds = message.get("status"), message.get("seconds", 0.0)
+    if status not in _DONE_STATUSES:
+        raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
+    if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
+        raise ProtocolError(f"'seconds' of case {index} is not a duration")
+    value = _load_output(message.get("file"), index, work) if status == "ok" else None
+    return CallOutcome(status=status, value=value, message=_text(message, "message"),
+                       traceback=_text(message, "traceback"), seconds=float(seconds))
+
+
+def _is_case(message: dict, index: int) -> bool:
+    return type(message.get("case")) is int and message["case"] == index
+
+
+def _unexpected(message: dict, current: int, n_calls: int) -> str:
+    case = message.get("case")
+    if "case" in message and not (type(case) is int and 0 <= case < n_calls):
+        return f"a {message['event']!r} message for case {str(case)[:40]}, out of range (the stage has {n_calls} cases)"
+    return f"an unexpected {message['event']!r} message" + (f" for case {case}" if "case" in message else "") + \
+        f" (case {current} was due)"
+
+
+@dataclass
+class _Progress:
+    """Where one child stands in the protocol, as the grader has seen it."""
+
+    current: int
+    loaded: bool = False
+    started: bool = False
+    case_output: list[int] = field(default_factory=lambda: [0, 0])
+
+
+def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, work: Path,
+            outcomes: dict[int, CallOutcome]) -> CallOutcome | None:
+    """Apply one message in the order the protocol allows; return a load failure, raise ProtocolError otherwise."""
+    event = message["event"]
+    if event == "load-error" and not state.loaded:
+        return CallOutcome(status="error", message=_text(message, "message"), traceback=_text(message, "traceback"))
+    if event == "loaded" and not state.loaded:
+        state.loaded = True
+    elif event == "start" and state.loaded and not state.started and _is_case(message, state.current):
+        state.started, state.case_output = True, _offsets(message)
+    elif event == "done" and state.started and _is_case(message, state.current):
+        outcome = _outcome_from_done(message, state.current, work)
+        child.attach_output(outcome, state.case_output, _offsets(message))
+        outcomes[state.current] = outcome
+        state.current, state.started = state.current + 1, False
+    else:
+        raise ProtocolError(_unexpected(message, state.current, len(job.calls)))
+    return None
+
+
+def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome], stage_deadline: float) -> int:
+    """Run one child from case `start`; fill outcomes; return the next case still to run.
+
+    Deadlines are the grader's: the import and each case get job.timeout from when the grader saw the
+    previous step end, and nothing the child sends moves the stage's deadline.
+    """
+    child = _Child(job, start, work)
+    state, failure, kill_now = _Progress(current=start), None, False
+    try:
+        deadline = min(time.monotonic() + job.timeout, stage_deadline)
+        while state.current < len(job.calls) and failure is None:
             message = child.next_message(deadline)
             if message is None:
                 break
-            if message["event"] == "load-error":
-                failure = CallOutcome(status="error", message=message["message"], traceback=message.get("traceback", ""))
-                break
-            if message["event"] in ("loaded", "start"):
-                loaded = True
-                case_output = message.get("output", case_output)
-                deadline = time.monotonic() + job.timeout
-            elif message["event"] == "done":
-                outcomes[message["case"]] = _outcome_from_done(message)
-                child.attach_output(outcomes[message["case"]], case_output, message["output"])
-                current = message["case"] + 1
+            step = (state.loaded, state.current)
+            failure = _handle(message, state, child, job, work, outcomes)
+            if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
+                deadline = min(time.monotonic() + job.timeout, stage_deadline)
     except TimeoutError:
-        phase = "running" if loaded else "importing the adapters"
-        failure = CallOutcome(status="timeout", message=f"timed out after {job.timeout:g} s while {phase}")
+        failure, kill_now = CallOutcome(status="timeout", message=_timeout_message(job, state.loaded, stage_deadline)), True
+    except ProtocolError as e:
+        failure, kill_now = CallOutcome(status="error", message=f"the adapter's process broke the result protocol: {e}"), True
     except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
         child.finish(graceful=False)
         raise
-    returncode = child.finish(graceful=failure is None or failure.status != "timeout")
-    if current >= len(job.calls) and failure is None:
-        return current
+    returncode = child.finish(graceful=not kill_now)
+    if state.current >= len(job.calls) and failure is None:
+        return state.current
     if failure is None:
         failure = CallOutcome(status="crash", message=_exit_message(returncode))
-    child.attach_output(failure, case_output, None)
+    child.attach_output(failure, state.case_output, None)
     # A failure before any case started (import, load) would repeat for every case: record it for all.
-    last = current + 1 if loaded else len(job.calls)
-    for index in range(current, last):
+    last = state.current + 1 if state.loaded else len(job.calls)
+    for index in range(state.current, last):
         outcomes[index] = failure
     return last
+
+
+def _timeout_message(job: AdapterJob, loaded: bool, stage_deadline: float) -> str:
+    if time.monotonic() >= stage_deadline:
+        return f"timed out: the stage's time budget of {_stage_budget(job):g} s ran out"
+    return f"timed out after {job.timeout:g} s while {'running' if loaded else 'importing the adapters'}"
+
+
+def _stage_budget(job: AdapterJob) -> float:
+    """Seconds the whole stage may take: a call's timeout per case, and one more for importing."""
+    return job.timeout * (len(job.calls) + 1)
 
 
 def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     """Call the adapter once per entry of job.calls, each in a child process; never raises for student faults."""
     outcomes: dict[int, CallOutcome] = {}
+    stage_deadline = time.monotonic() + _stage_budget(job)
     with tempfile.TemporaryDirectory(prefix="theinference-run-") as work:
         start = 0
-        while start < len(job.calls):
-            start = _run_child(job, start, Path(work), outcomes)
-    return [outcomes[i] for i in range(len(job.calls))]
+        while start < len(job.calls) and time.monotonic() < stage_deadline:
+            start = _run_child(job, start, Path(work), outcomes, stage_deadline)
+    spent = CallOutcome(status="timeout", message=f"timed out: the stage's time budget of {_stage_budget(job):g} s ran out")
+    return [outcomes.get(i, spent) for i in range(len(job.calls))]

@@ -1,5 +1,6 @@
 """Everything a grading run needs, loaded once: course, stages, weights, oracle cache."""
 
+import dataclasses
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.results import RunResult
 from theinference.sources import WeightsChoice, obtain_weights
 from theinference.stages import StageError, StageSpec, load_stages, stage_dirs
+from theinference.trust import stage_origin, untrusted_course
 from theinference.weights import Model, WeightsError
 
 # Every error a user can fix by changing their command line or files: exit code 2.
@@ -52,18 +54,23 @@ def select_stages(stages: list[StageSpec], wanted: list[str]) -> list[StageSpec]
 def choose_stages(session: "Session", wanted: list[str] | None) -> list[StageSpec]:
     """Stages to grade: those named; all for []; for None, the first not yet passed (all once every one has)."""
     if wanted is not None:
-        return select_stages(session.stages, wanted)
+        try:
+            return select_stages(session.stages, wanted)
+        except UsageError as e:
+            if session.untrusted:  # the stage may well be in the course's stages/, which was not read
+                raise UsageError(f"{e} (untrusted grading reads no stage files from the course directory)") from None
+            raise
     upcoming = next_stage(session.stages, load_progress(session.course.root))
     return [upcoming] if upcoming else session.stages
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to grade: per-call timeout override, memory cap, CI hygiene, random extra cases."""
+    """How to grade: per-call timeout override, memory cap, trust, random extra cases."""
 
     timeout: float | None = None
     memory_mb: int | None = DEFAULT_MEMORY_MB
-    scrub_secrets: bool = False
+    untrusted: bool = False  # student processes get only the allow-listed environment (theinference.trust)
     seed: int | None = None
     env: dict = field(default_factory=dict)  # extra environment for student processes
 
@@ -77,6 +84,9 @@ class Session:
     made_weights: bool = False
     cache: OracleCache = field(default_factory=OracleCache)
     launcher: object = field(default_factory=default_launcher)
+    untrusted: bool = False  # the submission's stages, weights, stage dirs and timeout were not read
+    extra_stage_dirs: list[Path] = field(default_factory=list)  # the instructor's --stages-dir
+    notices: list[str] = field(default_factory=list)
 
     def close(self) -> None:
         """Stop the pre-warmed student-process launcher, if any."""
@@ -86,20 +96,40 @@ class Session:
         """Grade the selected stages in order (with the seed's random cases added, if any)."""
         options = options or RunOptions()
         ctx = GradeContext(course=self.course, model=self.model, cache=self.cache, timeout=options.timeout, env=options.env,
-                           launcher=self.launcher, memory_mb=options.memory_mb, scrub_secrets=options.scrub_secrets)
+                           launcher=self.launcher, memory_mb=options.memory_mb, untrusted=options.untrusted)
         if options.seed is not None:
             selected = [with_random_cases(s, options.seed, self.model.config) for s in selected]
+        stages = [dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
+                  for stage in selected]
         return RunResult(
             course=str(self.course.root), weights_path=str(self.model.path), weights_source=self.weights.source,
             weights_why=self.weights.why, synthetic=self.model.synthetic, config=self.model.config.as_dict(),
-            stages=[grade(stage, ctx) for stage in selected], notices=list(self.model.notices), seed=options.seed,
+            stages=stages, notices=[*self.notices, *self.model.notices], seed=options.seed,
+            untrusted=self.untrusted or options.untrusted, course_supplied=self._course_supplied(stages, options),
         )
+
+    def _course_supplied(self, stages: list, options: "RunOptions") -> list[str]:
+        """What in this run the course directory chose rather than the instructor, said in words for every report."""
+        lines = []
+        ours = [s for s in stages if s.origin == "course"]
+        if ours:
+            lines.append("stages from the course directory: " + ", ".join(f"{s.id} ({s.max_points:g} points)" for s in ours))
+        if self.weights.source == "theinference.toml":
+            lines.append(f"weights from the course's theinference.toml: {self.model.path}")
+        if self.course.timeout and options.timeout is None:
+            lines.append(f"timeout from the course's theinference.toml: {self.course.timeout:g} s per call")
+        return lines
 
 
 def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs: list[Path],
-                 progress: Callable[[int, int], None] | None = None) -> Session:
-    """Load course, stages and weights (making the default synthetic weights if they are the choice)."""
-    course = locate_course(course_dir)
-    stages = load_stages(stage_dirs(course.root, [*course.stages_dirs, *extra_stage_dirs]))
+                 progress: Callable[[int, int], None] | None = None, untrusted: bool = False) -> Session:
+    """Load course, stages and weights (making the default synthetic weights if they are the choice).
+
+    untrusted: the course's own stages, stage dirs, weights and timeout are ignored (theinference.trust).
+    """
+    course, notices = untrusted_course(locate_course(course_dir)) if untrusted else (locate_course(course_dir), [])
+    stage_root = None if untrusted else course.root
+    stages = load_stages(stage_dirs(stage_root, [*course.stages_dirs, *extra_stage_dirs]))
     choice, model, made = obtain_weights(weights, course.weights, progress)
-    return Session(course=course, stages=stages, weights=choice, model=model, made_weights=made)
+    return Session(course=course, stages=stages, weights=choice, model=model, made_weights=made, untrusted=untrusted,
+                   extra_stage_dirs=list(extra_stage_dirs), notices=notices)

@@ -34,6 +34,8 @@ def render_annotations(run: RunResult) -> str:
         title = _escape_property(f"theinference {stage.id}: {stage.status}")
         failing = [case_summary(c) for c in stage.cases if c.status != "pass"]
         lines.append(f"::error {where},title={title}::{_escape_data(chr(10).join(failing))}")
+    for line in run.course_supplied:
+        lines.append(f"::warning title={_escape_property('theinference: not the instructor')}::{_escape_data(line)}")
     earned, possible = run.points
     lines.append(f"::notice title=theinference::{sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
                  f"stages passed, {earned:g}/{possible:g} points")
@@ -53,6 +55,8 @@ def render_summary(run: RunResult, version: str) -> str:
         for case in stage.cases:
             if case.status != "pass":
                 out += ["", f"### `{stage.id}` · {case.name}", "", "```", case_summary(case), "```"]
+    if run.course_supplied:
+        out += ["", *(f"> **not the instructor's:** {line}  " for line in run.course_supplied)]
     seed = f" · seed {run.seed}" if run.seed is not None else ""
     out += ["", f"<sub>theinference {version} · weights `{run.weights_path}`{seed}</sub>", ""]
     return "\n".join(out)

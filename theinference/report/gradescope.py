@@ -11,7 +11,7 @@ def render_gradescope(run: RunResult, version: str) -> str:
     earned, possible = run.points
     tests = [
         {
-            "name": f"{stage.id}: {stage.title}",
+            "name": f"{stage.id}: {stage.title}" + (" [from the course directory]" if stage.origin == "course" else ""),
             "score": round(stage.points, 4),
             "max_score": stage.max_points,
             "status": "passed" if stage.status == "pass" else "failed",
@@ -26,7 +26,8 @@ def render_gradescope(run: RunResult, version: str) -> str:
         "max_score": possible,
         "execution_time": round(sum(s.seconds for s in run.stages), 3),
         "output": f"theinference {version}: {sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
-                  f"stages passed, {earned:g}/{possible:g} points (weights: {run.weights_path}{seed})",
+                  f"stages passed, {earned:g}/{possible:g} points (weights: {run.weights_path}{seed})"
+                  + "".join(f"\nnot the instructor's: {line}" for line in run.course_supplied),
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,

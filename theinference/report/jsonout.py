@@ -49,6 +49,7 @@ def stage_document(stage: StageResult) -> dict:
         "seconds": stage.seconds,
         "diagnosis": dataclasses.asdict(stage.diagnosis) if stage.diagnosis else None,
         "cross_case": stage.cross_case is not None,
+        "source": stage.origin,
         "cases": [case_document(c) for c in stage.cases],
     }
 
@@ -62,6 +63,7 @@ def run_document(run: RunResult, version: str) -> dict:
         "course": run.course, "seed": run.seed,
         "weights": {"path": run.weights_path, "source": run.weights_source, "why": run.weights_why,
                     "synthetic": run.synthetic, "config": run.config},
+        "untrusted": run.untrusted, "course_supplied": run.course_supplied,
         "notices": run.notices,
         "stages": [stage_document(s) for s in run.stages],
     })

@@ -17,7 +17,8 @@ def render_junit(run: RunResult, version: str) -> str:
         props = ET.SubElement(suite, "properties")
         for name, value in (("title", stage.title), ("points", f"{stage.points:g}"), ("max_points", f"{stage.max_points:g}"),
                             ("status", stage.status), ("weights", run.weights_path), ("seed", str(run.seed)),
-                            ("theinference_version", version)):
+                            ("theinference_version", version), ("source", stage.origin),
+                            ("course_supplied", "; ".join(run.course_supplied))):
             ET.SubElement(props, "property", name=name, value=value)
         stage_failures = stage_errors = 0
         for case in stage.cases:

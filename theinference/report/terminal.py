@@ -69,8 +69,12 @@ def render_header(console: Console, run: RunResult, version: str) -> None:
     console.print(f"         {escape(run.weights_why)} · {config}", style="dim")
     if run.seed is not None:
         console.print(f"         random extra cases from seed {run.seed}", style="dim")
+    if run.untrusted:
+        console.print("         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim")
+    for line in run.course_supplied:
+        console.print(f"[bold yellow]not the instructor's:[/bold yellow] {escape(line)}", soft_wrap=True)
     for notice in run.notices:
-        console.print(f"[yellow]note:[/yellow] {escape(notice)}")
+        console.print(f"[yellow]note:[/yellow] {escape(notice)}", soft_wrap=True)
     console.print()
 
 
@@ -182,6 +186,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
         (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"), f"  {stage.title}  ",
         (f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
          f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s", "dim"),
+        (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
     ))
     if stage.status == "not-started":
         raised = stage.cases[0].message if stage.cases else "NotImplementedError"
@@ -224,3 +229,6 @@ def render_run(console: Console, run: RunResult, version: str) -> None:
     earned, possible = run.points
     style = "bold green" if run.passed else "bold red"
     console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)
+    if run.course_supplied:
+        console.print(f"not the instructor's grading: {'; '.join(run.course_supplied)}", style="bold yellow",
+                      soft_wrap=True, markup=False)
