@@ -113,7 +113,9 @@ def test(
                 err_console().print(f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
                                     "(--all grades every stage, --stage ID a given one)", soft_wrap=True)
             run = session.run(selected, options)
-            record_progress(session.course.root, run)
+            notice = record_progress(session.course.root, run)
+            if notice:
+                err_console().print(notice, markup=False, soft_wrap=True)
         finally:
             session.close()
     except (*CONFIG_ERRORS, UsageError) as e:
