@@ -57,6 +57,22 @@ def is_relevant(path: str, root: Path) -> bool:
     return not any(part.startswith(".") or part == "__pycache__" for part in parts[:-1])
 
 
+def _tree_state(root: Path) -> list | None:
+    """(path, mtime, size) of every file in the tree outside hidden dirs and caches; None if root is no directory."""
+    if _dir_id(root) is None:
+        return None
+    state = []
+    for parent, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        for name in files:
+            try:
+                stat = os.stat(os.path.join(parent, name))
+            except OSError:
+                continue  # removed while walking
+            state.append((parent, name, stat.st_mtime_ns, stat.st_size))
+    return sorted(state)
+
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, root: Path, events: queue.Queue):
         self.root, self.events = root, events
@@ -121,10 +137,12 @@ class Watch:
         self.stop_observer()
         self.on_regrade(Regrade(changed=[], at=time.time(), waiting=True,
                                 error=f"{root} is gone (renamed or deleted): waiting for it to come back"))
-        while _dir_id(root) is None:
+        previous, current = None, _tree_state(root)
+        while current is None or current != previous:  # absent, or still being copied or checked out
             if stop.is_set() or self._quit_requested():
                 return False
             time.sleep(0.1)
+            previous, current = current, _tree_state(root)
         self.start_observer()
         return True
 
