@@ -6,6 +6,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from theinference import sources
+from theinference.resources import data_dir
 
 
 def test_reference_solution_passes_every_stage(cli, solution_course, tiny_path):
@@ -76,6 +77,16 @@ def test_invalid_course_stage_file(cli, solution_course, tiny_path):
     result = cli("test", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 2
     assert "bad.toml: field 'title': missing required field" in result.stderr
+
+
+def test_stage_file_with_nan_tolerance_is_refused(cli, solution_course, tiny_path):
+    builtin = (data_dir("stages") / "prove-one-layer.toml").read_text()
+    (solution_course / "stages").mkdir()
+    (solution_course / "stages" / "nan.toml").write_text(
+        builtin.replace('id = "prove-one-layer"', 'id = "nan-tolerance"').replace("atol = 1e-4", "atol = nan"))
+    result = cli("test", "--course", solution_course, "--weights", tiny_path)
+    assert result.exit_code == 2
+    assert "nan.toml: field 'tolerance.atol': must be a finite number >= 0, not nan" in result.stderr
 
 
 def test_theinference_toml_weights_and_bad_field(cli, solution_course, tiny_path):

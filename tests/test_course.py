@@ -3,6 +3,8 @@
 import json
 import shutil
 
+import pytest
+
 from theinference.resources import data_dir
 
 ALL_STAGES = ("single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy")
@@ -57,6 +59,24 @@ def test_plain_test_moves_on_to_the_next_stage(cli, tmp_path, tiny_path):
     rows = {line.split()[0]: line for line in listing.stdout.splitlines() if line.strip() and line.split()[0] in ALL_STAGES}
     assert "pass" in rows["single-step-attention"]
     assert "not-started" in rows["prove-one-layer"] and "◀ next" in rows["prove-one-layer"]
+
+
+@pytest.mark.parametrize("content, why", [
+    ('{"stages": ["pass"]}', "no 'stages' object"),
+    ("{not json", "not readable JSON"),
+    ("[1, 2]", "no 'stages' object"),
+    ('{"stages": {"greedy": "pass"}}', "entry 'greedy'"),
+])
+def test_corrupt_progress_file_is_ignored_with_a_notice_and_rewritten(cli, solution_course, tiny_path, content, why):
+    progress = solution_course / ".theinference" / "progress.json"
+    progress.parent.mkdir()
+    progress.write_text(content)
+    result = cli("test", "--course", solution_course, "--weights", tiny_path)
+    assert result.exit_code == 0, result.output
+    assert "✔ single-step-attention" in result.stdout
+    [notice] = [line for line in result.stderr.splitlines() if "progress.json" in line]
+    assert notice.startswith("notice: ignored") and why in notice and "wrote it anew" in notice
+    assert json.loads(progress.read_text())["stages"]["single-step-attention"]["status"] == "pass"
 
 
 def test_demo_shows_a_pass_and_a_named_diagnosis(cli, tiny_path):

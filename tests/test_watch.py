@@ -33,7 +33,7 @@ class Harness:
         self.regrades = []
         self.watch = Watch(self.session, ["prove-one-layer"], self.regrades.append, poll=poll)
         self.stop = threading.Event()
-        self.observer = self.watch.start_observer()
+        self.watch.start_observer()
         self.thread = threading.Thread(target=self.watch.loop, args=(self.stop,), daemon=True)
         self.thread.start()
         self.wait_for(1)  # the first run
@@ -52,8 +52,7 @@ class Harness:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(timeout=10)
-        self.observer.stop()
-        self.observer.join(timeout=5)
+        self.watch.stop_observer()
         self.session.close()
 
 
@@ -164,6 +163,26 @@ def test_a_stage_file_change_reloads_the_stages(harness, solution_course):
     assert h.regrades[2].result.stages[0].status == "pass"
 
 
+@pytest.mark.parametrize("poll", [False, True], ids=["inotify", "poll"])
+def test_course_renamed_away_then_recreated_waits_then_resumes(harness, solution_course, poll):
+    h = harness(poll=poll)
+    away = solution_course.with_name("moved-away")
+    os.rename(solution_course, away)
+    h.wait_for(2)
+    assert h.regrades[1].waiting and "is gone (renamed or deleted): waiting for it" in h.regrades[1].error
+    touch(away / "src" / "kvcache.py")  # the old directory, now elsewhere, is not graded
+    assert h.settle() == 1
+
+    shutil.copytree(away, solution_course)
+    h.wait_for(3)
+    assert not h.regrades[2].waiting and h.regrades[2].result.stages[0].status == "pass"
+    target = solution_course / "src" / "kvcache.py"
+    target.write_text(target.read_text() + "\ndef broken(:\n")  # the recreated directory is the one watched
+    h.wait_for(4)
+    assert h.regrades[3].changed == [str(target)] and h.regrades[3].result.stages[0].status == "error"
+    assert h.settle() == 3
+
+
 @pytest.mark.parametrize("name, relevant", [
     ("src/kvcache.py", True), ("theinference.toml", True), ("stages/x.toml", True),
     ("src/kvcache.py~", False), ("src/.kvcache.py.swp", False), ("src/4913", False), ("src/.#kvcache.py", False),
@@ -227,3 +246,13 @@ def test_changed_weights_are_reloaded_at_the_next_regrade(solution_course, tiny_
         assert h.regrades[1].result.stages[0].status == "pass"
     finally:
         h.close()
+
+
+def test_the_waiting_screen_says_what_happened(capsys, tmp_path):
+    from theinference.cli_watch import render_regrade
+    from theinference.watch import Regrade
+
+    render_regrade(Regrade(changed=[], at=0.0, waiting=True, error=f"{tmp_path} is gone (renamed or deleted): "
+                           "waiting for it to come back"), tmp_path)
+    out = capsys.readouterr().out
+    assert f"{tmp_path} is gone (renamed or deleted): waiting for it to come back" in out and "graded in" not in out

@@ -156,3 +156,133 @@ def test_hf_hub_cache_variable_and_old_repo_name(tmp_path, tiny_path):
     hub = tmp_path / "hubcache"
     hf_file = _fake_hf_cache(hub, "models--gpt2", tiny_path)
     assert find_hf_gpt2({"HF_HUB_CACHE": str(hub), "HF_HOME": str(tmp_path / "elsewhere")}) == hf_file
+
+
+# Checkpoints as they exist in the wild: every defect is exit 2 naming the tensor or field.
+
+def _edit_header(src: Path, dest_dir: Path, edit) -> Path:
+    """Copy a checkpoint with `edit(header)` applied to its JSON header; the tensor bytes are kept."""
+    data = src.read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_len])
+    edit(header)
+    head = json.dumps(header).encode()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    (dest_dir / "model.safetensors").write_bytes(len(head).to_bytes(8, "little") + head + data[8 + header_len :])
+    return dest_dir / "model.safetensors"
+
+
+def _set(name, field, value):
+    return lambda header: header[name].update({field: value})
+
+
+def _shifted(name, by):
+    return lambda header: header[name].update({"data_offsets": [n + by for n in header[name]["data_offsets"]]})
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda h: h.update({"h.0.ln_1.bias": "oops"}), "tensor 'h.0.ln_1.bias': header entry is str 'oops', not an object"),
+    (lambda h: h.update({"wte.weight": 3}), "tensor 'wte.weight': header entry is int 3"),
+    (lambda h: h["h.1.ln_2.weight"].pop("data_offsets"), "tensor 'h.1.ln_2.weight': header entry has no 'data_offsets'"),
+    (lambda h: h["ln_f.bias"].pop("shape"), "tensor 'ln_f.bias': header entry has no 'shape'"),
+    (_set("ln_f.bias", "data_offsets", ["0", "512"]), "tensor 'ln_f.bias': 'data_offsets' is ['0', '512']"),
+    (_set("ln_f.bias", "data_offsets", [-512, 0]), "tensor 'ln_f.bias': 'data_offsets' is [-512, 0]"),
+    (_set("ln_f.bias", "data_offsets", [512, 0]), "tensor 'ln_f.bias': 'data_offsets' is [512, 0]"),
+    (_shifted("h.0.attn.c_proj.weight", 10**12), "tensor 'h.0.attn.c_proj.weight' lies outside the file's data"),
+    (_set("ln_f.bias", "shape", ["128"]), "tensor 'ln_f.bias': 'shape' is ['128']"),
+    (_set("ln_f.bias", "dtype", 32), "tensor 'ln_f.bias': 'dtype' is 32, not a string"),
+    (_set("wte.weight", "shape", [50257 * 128]), "tensor 'wte.weight' has shape [6432896], expected [n_vocab, n_embd]"),
+    (_set("wte.weight", "shape", [1, 50257, 128]), "tensor 'wte.weight' has shape [1, 50257, 128], expected [n_vocab, n_embd]"),
+    (_set("wpe.weight", "shape", [0, 128]), "tensor 'wpe.weight' has shape [0, 128], expected [n_ctx, n_embd]"),
+    (_set("wte.weight", "shape", [128, 50257]), "'wte.weight' has shape [128, 50257] but 'wpe.weight' has [256, 128]: "
+                                                "expected wte [n_vocab, 128] (is it transposed?)"),
+])
+def test_corrupt_header_values_exit_2_naming_the_tensor(cli, solution_course, tmp_path, tiny_path, edit, words):
+    path = _edit_header(tiny_path, tmp_path / "w", edit)
+    result = cli("test", "--course", solution_course, "--weights", path)
+    assert result.exit_code == 2, result.output
+    assert words in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("field, value", [
+    ("activation_function", "relu"),
+    ("layer_norm_epsilon", 1e-6),
+    ("scale_attn_by_inverse_layer_idx", True),
+    ("reorder_and_upcast_attn", True),
+    ("scale_attn_weights", False),
+    ("tie_word_embeddings", False),
+    ("model_type", "gpt_neo"),
+])
+def test_config_fields_that_change_the_model_are_refused_by_name(cli, solution_course, tmp_path, tiny_dir, field, value):
+    path = _rewrite(tiny_dir, tmp_path / "w", lambda t: None)
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    (tmp_path / "w" / "config.json").write_text(json.dumps({**config, field: value}))
+    result = cli("test", "--course", solution_course, "--weights", path)
+    assert result.exit_code == 2, result.output
+    assert f"config.json: field '{field}' is {json.dumps(value)}" in result.stderr
+
+
+def test_gelu_pytorch_tanh_is_the_same_model(cli, tmp_path, tiny_dir):
+    _rewrite(tiny_dir, tmp_path / "w", lambda t: None)
+    config = json.loads((tmp_path / "w" / "config.json").read_text())
+    (tmp_path / "w" / "config.json").write_text(json.dumps({**config, "activation_function": "gelu_pytorch_tanh"}))
+    assert cli("weights", "info", tmp_path / "w").exit_code == 0
+
+
+def test_an_untied_head_is_refused_and_a_stored_copy_of_wte_is_not(cli, solution_course, tmp_path, tiny_dir):
+    untied = _rewrite(tiny_dir, tmp_path / "untied", lambda t: t.update({"lm_head.weight": t["wte.weight"] * 2}))
+    result = cli("test", "--course", solution_course, "--weights", untied)
+    assert result.exit_code == 2
+    assert "tensor 'lm_head.weight' differs from 'wte.weight': the LM head is not tied" in result.stderr
+    tied = _rewrite(tiny_dir, tmp_path / "tied", lambda t: t.update({"lm_head.weight": t["wte.weight"].copy()}))
+    result = cli("weights", "--weights", tied)
+    assert result.exit_code == 0, result.output
+
+
+def test_symlinked_hf_cache_snapshot_uses_the_config_beside_the_link(cli, solution_course, tmp_path, tiny_path):
+    # The HF cache layout: snapshot files are symlinks into blobs/, named by content hash.
+    repo = tmp_path / "hf-home" / "hub" / "models--openai-community--gpt2"
+    (repo / "blobs").mkdir(parents=True)
+    shutil.copy(tiny_path, repo / "blobs" / "a1b2")
+    (repo / "blobs" / "c3d4").write_text(json.dumps({"model_type": "gpt2", "n_head": 4}))
+    snapshot = repo / "snapshots" / "rev1"
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.safetensors").symlink_to(Path("..", "..", "blobs", "a1b2"))
+    (snapshot / "config.json").symlink_to(Path("..", "..", "blobs", "c3d4"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("rev1")
+
+    result = cli("test", "--stage", "prove-one-layer", "--course", solution_course, "--format", "json")
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0, result.stdout
+    assert doc["weights"]["source"] == "huggingface-cache" and doc["weights"]["path"] == str(snapshot / "model.safetensors")
+    assert doc["weights"]["config"]["n_head"] == 4
+
+
+def test_sharded_checkpoint_is_refused_by_name(cli, solution_course, tmp_path, tiny_dir):
+    tensors = load_file(str(tiny_dir / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(sharded / shard))
+    weight_map = {k: shard for shard, keys in shards.items() for k in keys}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    for given in (sharded, sharded / "model.safetensors.index.json", sharded / "model-00001-of-00002.safetensors"):
+        result = cli("test", "--course", solution_course, "--weights", given)
+        assert result.exit_code == 2
+        assert "model.safetensors.index.json: a sharded checkpoint" in result.stderr
+
+
+def test_weights_command_accepts_a_directory(cli, tiny_dir):
+    result = cli("weights", "--weights", tiny_dir)
+    assert result.exit_code == 0, result.output
+    assert "given with --weights" in result.stdout and "n_embd 128 · n_head 2" in result.stdout
+
+
+def test_a_bf16_checkpoint_passes_the_reference_solution(cli, solution_course, tmp_path, tiny_dir):
+    path = _write_bf16(tiny_dir, tmp_path / "bf16")
+    result = cli("test", "--stage", "per-step-identity", "--course", solution_course, "--weights", path)
+    assert result.exit_code == 0, result.stdout
+    assert "weights stored as BF16; converted to float32" in result.output

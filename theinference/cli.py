@@ -123,7 +123,9 @@ def test(
                                     "(--all grades every stage, --stage ID a given one)", soft_wrap=True)
             run = session.run(selected, options)
             if not untrusted:
-                record_progress(session.course.root, run)
+                notice = record_progress(session.course.root, run)
+                if notice:
+                    err_console().print(notice, markup=False, soft_wrap=True)
         finally:
             session.close()
     except (*CONFIG_ERRORS, UsageError) as e:

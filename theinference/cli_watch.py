@@ -17,12 +17,17 @@ def render_regrade(report: Regrade, root) -> None:
     console = console_for(sys.stdout)
     console.clear()
     when = time.strftime("%H:%M:%S", time.localtime(report.at))
+    if report.waiting:
+        console.print(f"[dim]{when}[/dim] [bold yellow]{escape(report.error)}[/bold yellow] — Ctrl-C exits", soft_wrap=True)
+        return
     what = ", ".join(_relative(p, root) for p in report.changed) if report.changed else "first run"
     console.print(f"[dim]{when} · {escape(what)} · graded in {report.seconds:.2f} s[/dim]", soft_wrap=True)
     if report.error:
         console.print(f"[bold red]error:[/bold red] {escape(report.error)}", soft_wrap=True)
     else:
         render_run(console, report.result, __version__)
+    if report.notice:
+        console.print(report.notice, markup=False, soft_wrap=True)
     keys = "Enter re-runs, q+Enter quits, " if sys.stdin.isatty() else ""
     console.print(f"\n[dim]watching {escape(str(root))} for changes — {keys}Ctrl-C exits[/dim]", soft_wrap=True)
 
@@ -37,7 +42,7 @@ def _relative(path: str, root) -> str:
 def run_watch(watch: Watch) -> int:
     """Watch until q or Ctrl-C; exit code 0 either way, 2 if the file watcher cannot start."""
     try:
-        observer = watch.start_observer()
+        watch.start_observer()
     except OSError as e:
         hint = "" if watch.poll else " Try --poll (polling works on WSL2 Windows mounts and network filesystems)."
         err_console().print(f"[bold red]error:[/bold red] cannot watch {watch.session.course.root}: {e}.{hint}", soft_wrap=True)
@@ -49,6 +54,5 @@ def run_watch(watch: Watch) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        observer.stop()
-        observer.join(timeout=2)
+        watch.stop_observer()
     return 0

@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from theinference.cli_common import EXIT_CONFIG, config_error, console_for, err_console, synth_progress
+from theinference.cli_common import config_error, console_for, err_console, synth_progress
 from theinference.course import CourseError, find_course_root, load_course
 from theinference.sources import resolve_weights
 from theinference.synth import PRESETS, write_synthetic
-from theinference.weights import WeightsError, check_entries, expected_shapes, infer_config, read_header, synthetic_description
+from theinference.weights import WeightsError, expected_shapes, inspect_checkpoint, locate_checkpoint, synthetic_description
 
 weights_app = typer.Typer(help="Show, make and inspect GPT-2 weights.", invoke_without_command=True)
 
@@ -37,10 +37,9 @@ def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--
     console = console_for(sys.stdout)
     console.print(f"weights: {choice.path}")
     console.print(f"source:  {choice.source} ({choice.why})")
-    if not choice.path.is_file():
-        console.print("not made yet: `theinference test` makes it on first use" if choice.source == "default-synthetic"
-                      else "[red]this file does not exist[/red]")
-        raise typer.Exit(0 if choice.source == "default-synthetic" else EXIT_CONFIG)
+    if choice.source == "default-synthetic" and not choice.path.is_file():
+        console.print("not made yet: `theinference test` makes it on first use")
+        raise typer.Exit(0)
     _print_info(choice.path)
 
 
@@ -59,9 +58,8 @@ def synth(
 
 def _print_info(path: Path) -> None:
     try:
-        entries, data_start = read_header(path)
-        config = infer_config(path, entries)
-        check_entries(path, entries, config, path.stat().st_size - data_start)
+        path = locate_checkpoint(path)
+        entries, config, _ = inspect_checkpoint(path)
     except WeightsError as e:
         raise config_error(e)
     console = console_for(sys.stdout)
@@ -80,7 +78,4 @@ def _print_info(path: Path) -> None:
 @weights_app.command()
 def info(path: Annotated[Path, typer.Argument(help="model.safetensors or its directory.")]) -> None:
     """Print a checkpoint's config and tensor table (and check every tensor is there)."""
-    path = path / "model.safetensors" if path.is_dir() else path
-    if not path.is_file():
-        raise config_error(WeightsError(f"{path}: no such weights file"))
     _print_info(path)

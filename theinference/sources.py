@@ -56,12 +56,13 @@ def default_synthetic_path(environ=os.environ) -> Path:
 
 def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=os.environ) -> WeightsChoice:
     """Pick the weights by the documented order; the default synthetic file may not exist yet."""
+    # Paths are made absolute, never resolved: config.json is read beside a symlink, not beside its target.
     if cli_path:
-        return WeightsChoice(Path(cli_path).expanduser().resolve(), "--weights", "given with --weights")
+        return WeightsChoice(Path(cli_path).expanduser().absolute(), "--weights", "given with --weights")
     if environ.get(WEIGHTS_ENV):
-        return WeightsChoice(Path(environ[WEIGHTS_ENV]).expanduser().resolve(), WEIGHTS_ENV, f"${WEIGHTS_ENV} is set")
+        return WeightsChoice(Path(environ[WEIGHTS_ENV]).expanduser().absolute(), WEIGHTS_ENV, f"${WEIGHTS_ENV} is set")
     if course_weights is not None:
-        return WeightsChoice(course_weights.resolve(), "theinference.toml", "set in the course's theinference.toml")
+        return WeightsChoice(course_weights.absolute(), "theinference.toml", "set in the course's theinference.toml")
     hf = find_hf_gpt2(environ)
     if hf is not None:
         return WeightsChoice(hf, "huggingface-cache", "real GPT-2 found in the Hugging Face cache")

@@ -17,13 +17,14 @@ A stage file (format_version 1) holds, at the top level:
   timeout         number > 0, seconds each case may take in the student's process
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
-  [tolerance]     atol, rtol: numbers >= 0; for "tokens" the near-tie tolerance on logits
+  [tolerance]     atol, rtol: finite numbers >= 0; for "tokens" the near-tie tolerance on logits
   [hints]         failure shape -> hint text shown when a failing case has that shape
   [[case]]        name (str, unique in the stage) plus the oracle's inputs: token inputs
                   (seq, prompt, cont) as text or a list of ids, counts (n_new) as ints,
                   single token ids (next_id) as an int or a text of exactly one token
 """
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -237,8 +238,8 @@ def _tolerance(path: Path, table: dict) -> tuple[float, float]:
         if key not in table:
             raise _fail(path, f"tolerance.{key}", "missing required field")
         _check_type(path, f"tolerance.{key}", table[key], (int, float))
-        if table[key] < 0:
-            raise _fail(path, f"tolerance.{key}", "must be >= 0")
+        if not math.isfinite(table[key]) or table[key] < 0:
+            raise _fail(path, f"tolerance.{key}", f"must be a finite number >= 0, not {table[key]}")
     return float(table["atol"]), float(table["rtol"])
 
 

@@ -3,10 +3,13 @@
 One queue carries file events (from watchdog) and key presses (Enter re-runs, q+Enter quits).
 A burst of events — an editor's write-rename-delete, a formatter touching ten files — is
 coalesced by a short quiet window into one re-grade; events that arrive while a grade runs
-are queued and give exactly one more re-grade when it ends.
+are queued and give exactly one more re-grade when it ends. If the course directory is
+renamed away or deleted, watch mode says it is waiting, grades nothing, and when a directory
+is back at the path it watches that one afresh and re-grades.
 """
 
 import fnmatch
+import os
 import queue
 import sys
 import threading
@@ -30,6 +33,16 @@ DEBOUNCE = 0.05  # seconds of quiet that end a burst of file events
 WATCHED_SUFFIXES = (".py", ".toml")
 IGNORED_NAMES = ("*.swp", "*.swx", "*.swo", "*~", ".#*", "#*#", "4913", "flycheck_*", "*.tmp", ".~*")
 _FILE_EVENTS = {"created", "modified", "moved", "deleted"}
+BACK = "(course directory back)"  # what a re-grade after the course directory reappeared shows as changed
+
+
+def _dir_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a directory, or None if there is none at the path."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino) if os.path.isdir(path) else None
 
 
 def is_relevant(path: str, root: Path) -> bool:
@@ -42,6 +55,22 @@ def is_relevant(path: str, root: Path) -> bool:
     except ValueError:
         return False
     return not any(part.startswith(".") or part == "__pycache__" for part in parts[:-1])
+
+
+def _tree_state(root: Path) -> list | None:
+    """(path, mtime, size) of every file in the tree outside hidden dirs and caches; None if root is no directory."""
+    if _dir_id(root) is None:
+        return None
+    state = []
+    for parent, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        for name in files:
+            try:
+                stat = os.stat(os.path.join(parent, name))
+            except OSError:
+                continue  # removed while walking
+            state.append((parent, name, stat.st_mtime_ns, stat.st_size))
+    return sorted(state)
 
 
 class _Handler(FileSystemEventHandler):
@@ -65,6 +94,8 @@ class Regrade:
     result: RunResult | None = None
     error: str = ""
     seconds: float = 0.0
+    waiting: bool = False  # not a grade: the course directory is gone and watch mode waits for it
+    notice: str = ""
 
 
 @dataclass
@@ -77,13 +108,53 @@ class Watch:
     poll: bool = False
     debounce: float = DEBOUNCE
     events: queue.Queue = field(default_factory=queue.Queue)
+    observer: object = None
+    watched_id: tuple[int, int] | None = None  # the directory the observer watches, to notice it being replaced
 
     def start_observer(self):
         """Start watchdog on the course directory (PollingObserver with poll=True)."""
+        root = self.session.course.root
         observer = (PollingObserver(timeout=0.1) if self.poll else Observer())
-        observer.schedule(_Handler(self.session.course.root, self.events), str(self.session.course.root), recursive=True)
+        observer.schedule(_Handler(root, self.events), str(root), recursive=True)
         observer.start()
+        self.observer, self.watched_id = observer, _dir_id(root)
         return observer
+
+    def stop_observer(self) -> None:
+        """Stop the file watcher, if one runs."""
+        if self.observer is not None:
+            self.observer.stop()
+            self.observer.join(timeout=2)
+            self.observer = None
+
+    def _root_replaced(self) -> bool:
+        """True when the watched directory is no longer at the course path (renamed, deleted, recreated)."""
+        return self.observer is not None and _dir_id(self.session.course.root) != self.watched_id
+
+    def _wait_for_root(self, stop: threading.Event) -> bool:
+        """Say the course directory is gone, wait until one is back, watch it afresh; False on quit."""
+        root = self.session.course.root
+        self.stop_observer()
+        self.on_regrade(Regrade(changed=[], at=time.time(), waiting=True,
+                                error=f"{root} is gone (renamed or deleted): waiting for it to come back"))
+        previous, current = None, _tree_state(root)
+        while current is None or current != previous:  # absent, or still being copied or checked out
+            if stop.is_set() or self._quit_requested():
+                return False
+            time.sleep(0.1)
+            previous, current = current, _tree_state(root)
+        self.start_observer()
+        return True
+
+    def _quit_requested(self) -> bool:
+        """Drop queued file events (they name a directory that has moved); True if q was pressed."""
+        while True:
+            try:
+                kind, value = self.events.get_nowait()
+            except queue.Empty:
+                return False
+            if kind == "key" and value in ("q", "quit"):
+                return True
 
     def start_keys(self) -> None:
         """Read Enter / q+Enter from a terminal's stdin into the event queue."""
@@ -111,9 +182,9 @@ class Watch:
     def _reload(self, changed: list[str]) -> None:
         """Refresh the warm state a change invalidates: course config, stage files, weights."""
         session = self.session
-        if any(Path(p).name == "theinference.toml" for p in changed):
+        if BACK in changed or any(Path(p).name == "theinference.toml" for p in changed):
             session.course = load_course(session.course.root)
-        if any(p.endswith(".toml") for p in changed):
+        if BACK in changed or any(p.endswith(".toml") for p in changed):
             session.stages = load_stages(stage_dirs(session.course.root, [*session.course.stages_dirs, *self.extra_stage_dirs]))
         if session.model.is_stale():
             session.model = load_model(session.model.path)
@@ -126,7 +197,7 @@ class Watch:
         try:
             self._reload(changed)
             report.result = self.session.run(choose_stages(self.session, self.stage_ids), self.options)
-            record_progress(self.session.course.root, report.result)
+            report.notice = record_progress(self.session.course.root, report.result)
         except (*CONFIG_ERRORS, UsageError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started
@@ -137,6 +208,11 @@ class Watch:
         """Grade once, then re-grade on every burst of changes until `q` or stop is set."""
         self.regrade([])
         while not stop.is_set():
+            if self._root_replaced():
+                if not self._wait_for_root(stop):
+                    return
+                self.regrade([BACK])
+                continue
             try:
                 kind, value = self.events.get(timeout=0.1)
             except queue.Empty:
@@ -145,4 +221,6 @@ class Watch:
                 if value != "eof":
                     return
                 continue
-            self.regrade(self._drain_burst(value) if kind == "file" else ["(Enter)"])
+            changed = self._drain_burst(value) if kind == "file" else ["(Enter)"]
+            if not self._root_replaced():  # never grade a path that has just gone away
+                self.regrade(changed)

@@ -96,10 +96,31 @@ def read_header(path: Path) -> tuple[dict, int]:
     entries = {}
     for key, entry in header.items():
         name = key.removeprefix("transformer.")
-        if name.endswith(_IGNORED_SUFFIXES) or name == "lm_head.weight":
-            continue  # the LM head is tied to wte; a stored copy is not used
-        entries[name] = entry
+        if not name.endswith(_IGNORED_SUFFIXES):
+            entries[name] = _check_entry_fields(path, key, entry)
     return entries, 8 + header_len
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_entry_fields(path: Path, key: str, entry) -> dict:
+    """The header entry if its dtype, shape and data_offsets are well-formed; else WeightsError naming the field."""
+    if not isinstance(entry, dict):
+        raise WeightsError(f"{path}: tensor '{key}': header entry is {type(entry).__name__} {entry!r}, not an object")
+    for field_name in ("dtype", "shape", "data_offsets"):
+        if field_name not in entry:
+            raise WeightsError(f"{path}: tensor '{key}': header entry has no '{field_name}'")
+    if not isinstance(entry["dtype"], str):
+        raise WeightsError(f"{path}: tensor '{key}': 'dtype' is {entry['dtype']!r}, not a string")
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise WeightsError(f"{path}: tensor '{key}': 'shape' is {shape!r}, not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(n) for n in offsets)
+            and offsets[0] <= offsets[1]):
+        raise WeightsError(f"{path}: tensor '{key}': 'data_offsets' is {offsets!r}, not [start, end] with 0 <= start <= end")
+    return entry
 
 
 def infer_config(path: Path, entries: dict) -> GPT2Config:
@@ -107,17 +128,53 @@ def infer_config(path: Path, entries: dict) -> GPT2Config:
     for required in ("wte.weight", "wpe.weight"):
         if required not in entries:
             raise WeightsError(f"{path}: missing tensor '{required}' (is this a GPT-2 checkpoint?)")
-    n_vocab, n_embd = entries["wte.weight"]["shape"]
-    n_ctx = entries["wpe.weight"]["shape"][0]
+    n_vocab, n_embd, n_ctx = _embedding_dims(path, entries["wte.weight"]["shape"], entries["wpe.weight"]["shape"])
     n_layer = 0
     while f"h.{n_layer}.ln_1.weight" in entries:
         n_layer += 1
-    n_head = read_config_json(path).get("n_head", n_embd // 64)
+    config_json = read_config_json(path)
+    check_supported(path.parent / "config.json", config_json)
+    n_head = config_json.get("n_head", n_embd // 64)
     if n_layer == 0:
         raise WeightsError(f"{path}: no transformer blocks found (no tensor 'h.0.ln_1.weight')")
     if n_head <= 0 or n_embd % n_head:
         raise WeightsError(f"{path}: n_head={n_head} does not divide n_embd={n_embd}")
     return GPT2Config(n_vocab=n_vocab, n_ctx=n_ctx, n_embd=n_embd, n_head=n_head, n_layer=n_layer)
+
+
+def _embedding_dims(path: Path, wte: list, wpe: list) -> tuple[int, int, int]:
+    """(n_vocab, n_embd, n_ctx) from wte [n_vocab, n_embd] and wpe [n_ctx, n_embd], or WeightsError."""
+    if len(wpe) != 2 or min(wpe) < 1:
+        raise WeightsError(f"{path}: tensor 'wpe.weight' has shape {wpe}, expected [n_ctx, n_embd] with both >= 1")
+    if len(wte) != 2 or min(wte) < 1:
+        raise WeightsError(f"{path}: tensor 'wte.weight' has shape {wte}, expected [n_vocab, n_embd] with both >= 1")
+    if wte[1] != wpe[1]:
+        transposed = " (is it transposed?)" if wte[0] == wpe[1] else ""
+        raise WeightsError(f"{path}: tensor 'wte.weight' has shape {wte} but 'wpe.weight' has {wpe}: "
+                           f"expected wte [n_vocab, {wpe[1]}]{transposed}")
+    return wte[0], wte[1], wpe[0]
+
+
+# config.json fields that would change the model, and the values the oracle computes (the first is HF's default).
+SUPPORTED_CONFIG = {
+    "model_type": ("gpt2",),
+    "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
+    "layer_norm_epsilon": (1e-5,),
+    "scale_attn_weights": (True,),
+    "scale_attn_by_inverse_layer_idx": (False,),
+    "reorder_and_upcast_attn": (False,),
+    "tie_word_embeddings": (True,),
+}
+
+
+def check_supported(config_path: Path, config_json: dict) -> None:
+    """Refuse, by field, a config.json that asks for a model other than the GPT-2 the oracle computes."""
+    for name, accepted in SUPPORTED_CONFIG.items():
+        value = config_json.get(name, accepted[0])
+        if value not in accepted or type(value) is not type(accepted[0]):
+            wanted = " or ".join(json.dumps(v) for v in accepted)
+            raise WeightsError(f"{config_path}: field '{name}' is {json.dumps(value)}; theinference grades GPT-2 with "
+                               f"{name} {wanted} only, and will not grade a different model as if it were that one")
 
 
 def read_config_json(path: Path) -> dict:
@@ -182,17 +239,63 @@ def _nest(flat: dict[str, np.ndarray], n_layer: int) -> dict:
     return params
 
 
-def load_model(path: str | Path) -> Model:
-    """Load and check a GPT-2 checkpoint; raise WeightsError with a clear message if unusable."""
-    path = Path(path).expanduser().resolve()
+def check_tied_head(path: Path, entries: dict, data_start: int) -> None:
+    """Refuse a stored lm_head.weight that is not byte-for-byte wte.weight: the oracle's LM head is tied."""
+    head, wte = entries.get("lm_head.weight"), entries["wte.weight"]
+    if head is None:
+        return
+    same = (head["dtype"], head["shape"]) == (wte["dtype"], wte["shape"]) and _same_bytes(path, data_start, head, wte)
+    if not same:
+        raise WeightsError(f"{path}: tensor 'lm_head.weight' differs from 'wte.weight': the LM head is not tied, "
+                           "and theinference grades GPT-2 with its head tied to wte only")
+
+
+def _same_bytes(path: Path, data_start: int, a: dict, b: dict, chunk: int = 1 << 24) -> bool:
+    (a_start, a_end), (b_start, _) = a["data_offsets"], b["data_offsets"]
+    with path.open("rb") as f:
+        for offset in range(0, a_end - a_start, chunk):
+            size = min(chunk, a_end - a_start - offset)
+            f.seek(data_start + a_start + offset)
+            left = f.read(size)
+            f.seek(data_start + b_start + offset)
+            if f.read(size) != left:
+                return False
+    return True
+
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def locate_checkpoint(path: str | Path) -> Path:
+    """The model.safetensors a path names (the file, or the one in a directory); symlinks are kept, not resolved."""
+    # Not resolve(): the HF cache links snapshots/<rev>/model.safetensors into blobs/, and config.json
+    # must be read from beside the link, not from beside the blob.
+    path = Path(path).expanduser().absolute()
     if path.is_dir():
         path = path / "model.safetensors"
+    index = path.parent / INDEX_FILE
+    if path.name == INDEX_FILE or (index.is_file() and not (path.name == "model.safetensors" and path.is_file())):
+        raise WeightsError(f"{index}: a sharded checkpoint (an index and several .safetensors shards); theinference "
+                           "reads one model.safetensors: merge the shards into one file first")
     if not path.is_file():
         raise WeightsError(f"{path}: no such weights file")
-    stat = path.stat()
+    return path
+
+
+def inspect_checkpoint(path: Path) -> tuple[dict, GPT2Config, int]:
+    """Check header, config.json and LM head without loading tensors: (entries, config, data start offset)."""
     entries, data_start = read_header(path)
     config = infer_config(path, entries)
     check_entries(path, entries, config, path.stat().st_size - data_start)
+    check_tied_head(path, entries, data_start)
+    return entries, config, data_start
+
+
+def load_model(path: str | Path) -> Model:
+    """Load and check a GPT-2 checkpoint; raise WeightsError with a clear message if unusable."""
+    path = locate_checkpoint(path)
+    stat = path.stat()
+    entries, config, data_start = inspect_checkpoint(path)
     dtypes = {entries[name]["dtype"] for name in expected_shapes(config)}
     notices = [f"weights stored as {d}; converted to float32" for d in sorted(dtypes - {"F32"})]
     flat = {}

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file
 
 
 def load_weights(path):
@@ -18,9 +17,8 @@ def load_weights(path):
     params is nested like the checkpoint keys: params["wte"]["weight"], params["h"][i]["attn"]["c_attn"]["weight"], ...
     This plumbing is given; the course starts at the maths below.
     """
-    raw = load_file(str(path))
     params = {"h": {}}
-    for key, value in raw.items():
+    for key, value in read_safetensors(path).items():
         key = key.removeprefix("transformer.")
         if key.endswith((".attn.bias", ".attn.masked_bias")) or key == "lm_head.weight":
             continue
@@ -31,12 +29,33 @@ def load_weights(path):
             parts = parts[2:]
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = value.astype(np.float32)
+        node[parts[-1]] = value
     params["h"] = [params["h"][i] for i in range(len(params["h"]))]
     n_embd = params["wte"]["weight"].shape[1]
     config_file = Path(path).parent / "config.json"
     n_head = json.loads(config_file.read_text())["n_head"] if config_file.exists() else n_embd // 64
     return params, n_head
+
+
+_STORED = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}  # numpy has no bfloat16: read its bits
+
+
+def read_safetensors(path):
+    """Every tensor of a .safetensors file as float32, whether stored as F32, F16 or BF16."""
+    # The format: 8 bytes of header length, a JSON header (name -> dtype, shape, byte offsets), then the data.
+    with open(path, "rb") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(header_len))
+    header.pop("__metadata__", None)
+    tensors = {}
+    for name, info in header.items():
+        offset = 8 + header_len + info["data_offsets"][0]
+        count = int(np.prod(info["shape"]))
+        value = np.fromfile(path, dtype=_STORED[info["dtype"]], count=count, offset=offset)
+        if info["dtype"] == "BF16":  # a bfloat16 is the upper half of a float32
+            value = (value.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = value.astype(np.float32, copy=False).reshape(info["shape"])
+    return tensors
 
 
 def gelu(x):
