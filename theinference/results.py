@@ -109,6 +109,8 @@ class RunResult:
     stages: list[StageResult]
     notices: list[str] = field(default_factory=list)
     seed: int | None = None  # the seed of the random extra cases, if any
+    isolation: str = ""  # how student processes were confined: sandbox | unprivileged | subreaper | process-group
+    isolation_summary: str = ""  # the same in words
 
     @property
     def passed(self) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from theinference.course import Course, CourseError, find_course_root, load_course
 from theinference.grade import GradeContext, GradeError, OracleCache, grade
-from theinference.launch import default_launcher
+from theinference.launch import ConfinementError, default_launcher
 from theinference.oracles import OracleError
 from theinference.progress import load_progress, next_stage
 from theinference.randomcases import with_random_cases
@@ -18,7 +18,7 @@ from theinference.stages import StageError, StageSpec, load_stages, stage_dirs
 from theinference.weights import Model, WeightsError
 
 # Every error a user can fix by changing their command line or files: exit code 2.
-CONFIG_ERRORS = (CourseError, StageError, WeightsError, GradeError, OracleError)
+CONFIG_ERRORS = (CourseError, StageError, WeightsError, GradeError, OracleError, ConfinementError)
 
 
 class UsageError(Exception):
@@ -93,13 +93,18 @@ class Session:
             course=str(self.course.root), weights_path=str(self.model.path), weights_source=self.weights.source,
             weights_why=self.weights.why, synthetic=self.model.synthetic, config=self.model.config.as_dict(),
             stages=[grade(stage, ctx) for stage in selected], notices=list(self.model.notices), seed=options.seed,
+            isolation=self.launcher.isolation.level, isolation_summary=self.launcher.isolation.summary,
         )
 
 
 def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs: list[Path],
-                 progress: Callable[[int, int], None] | None = None) -> Session:
-    """Load course, stages and weights (making the default synthetic weights if they are the choice)."""
+                 progress: Callable[[int, int], None] | None = None, untrusted: bool = False) -> Session:
+    """Load course, stages and weights (making the default synthetic weights if they are the choice).
+
+    untrusted: student processes run under the strongest isolation available (theinference.sandbox).
+    """
     course = locate_course(course_dir)
     stages = load_stages(stage_dirs(course.root, [*course.stages_dirs, *extra_stage_dirs]))
     choice, model, made = obtain_weights(weights, course.weights, progress)
-    return Session(course=course, stages=stages, weights=choice, model=model, made_weights=made)
+    return Session(course=course, stages=stages, weights=choice, model=model, made_weights=made,
+                   launcher=default_launcher(untrusted=untrusted))

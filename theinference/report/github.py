@@ -36,7 +36,7 @@ def render_annotations(run: RunResult) -> str:
         lines.append(f"::error {where},title={title}::{_escape_data(chr(10).join(failing))}")
     earned, possible = run.points
     lines.append(f"::notice title=theinference::{sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
-                 f"stages passed, {earned:g}/{possible:g} points")
+                 f"stages passed, {earned:g}/{possible:g} points; isolation: {run.isolation}")
     return "\n".join(lines) + "\n"
 
 
@@ -54,5 +54,6 @@ def render_summary(run: RunResult, version: str) -> str:
             if case.status != "pass":
                 out += ["", f"### `{stage.id}` · {case.name}", "", "```", case_summary(case), "```"]
     seed = f" · seed {run.seed}" if run.seed is not None else ""
-    out += ["", f"<sub>theinference {version} · weights `{run.weights_path}`{seed}</sub>", ""]
+    out += ["", f"<sub>theinference {version} · weights `{run.weights_path}`{seed} · "
+                f"isolation: {run.isolation} ({run.isolation_summary})</sub>", ""]
     return "\n".join(out)

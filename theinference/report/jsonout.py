@@ -63,6 +63,7 @@ def run_document(run: RunResult, version: str) -> dict:
         "weights": {"path": run.weights_path, "source": run.weights_source, "why": run.weights_why,
                     "synthetic": run.synthetic, "config": run.config},
         "notices": run.notices,
+        "isolation": {"level": run.isolation, "summary": run.isolation_summary},
         "stages": [stage_document(s) for s in run.stages],
     })
 
