@@ -130,15 +130,15 @@ class Sandbox:
     def command(self, argv: list[str], course_root: str, run_dir: str, weights: str) -> list[str]:
         """argv (run inside the sandbox) wrapped in bwrap, seeing only what the run needs."""
         python = _python_dirs()
-        # The weights' directory as named (config.json beside it) and where a symlinked file really lives.
-        readable = [*python, *dict.fromkeys((course_root, str(Path(weights).parent), str(Path(weights).resolve().parent),
-                                             self.stub_root))]
+        # The weights file and its config.json, not their directory: it may be private, or hold more than they need.
+        config = Path(weights).parent / "config.json"
+        readable = [*python, course_root, weights, *([str(config)] if config.exists() else []), self.stub_root]
         args = [self.isolation.bwrap, "--die-with-parent", "--new-session", *_NAMESPACES, "--proc", "/proc", "--dev", "/dev"]
         for parent in _parents([*readable, run_dir]):  # bwrap would make them 0700: the student's user must pass
             args += ["--perms", "0755", "--dir", parent]
         for path in _SYSTEM_DIRS:
             args += ["--ro-bind-try", path, path]
-        for path in readable:
+        for path in sorted(readable, key=lambda p: p.count("/")):  # outer first: a later bind would cover an inner one
             args += ["--ro-bind", path, path]
         for path in _hidden_dirs([*python, *_SYSTEM_DIRS]):
             args += ["--tmpfs", path, "--remount-ro", path]
