@@ -87,7 +87,8 @@ class SubprocessLauncher:
 
     def _command(self, args: list[str], cwd: str, env: dict) -> list[str]:
         if self._sandbox is None:
-            return [sys.executable, "-m", "theinference.child", *args]
+            # -P: the course directory (which the child puts on sys.path itself) cannot shadow the grader's modules.
+            return [*self.isolation.unshare, sys.executable, "-P", "-m", "theinference.child", *args]
         run_dir = os.path.dirname(args[0])
         self._sandbox.prepare(run_dir)
         inner = [sys.executable, "-P", "-B", self._sandbox.child_script, *args]

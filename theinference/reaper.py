@@ -47,12 +47,24 @@ def _children(parent: int) -> list[int]:
     return found
 
 
+def _any_children() -> bool:
+    """Whether this process has a child (reaping one that has exited): a cheap test before a /proc scan."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
+
+
 def kill_descendants() -> None:
     """SIGKILL and reap every descendant of this (subreaper) process, layer by layer."""
     if sys.platform != "linux":
         return
     me = os.getpid()
-    while kids := _children(me):
+    while _any_children():
+        kids = _children(me)
+        if not kids:
+            return  # the only one was a zombie, reaped just now
         for pid in kids:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -7,12 +7,14 @@ Levels, strongest first (the report header names the one in use):
   system directories, Python and its site-packages, the course, the weights and the run's
   output directory (the only writable place). The grader's package is hidden; a stub
   `theinference` package offers only `weights_path()` and the student-side runner.
-- `unprivileged`: no sandbox, but the grader runs as root: student processes run as nobody.
+- `namespaces`: no bubblewrap, but `unshare` (util-linux) works: own PID namespace and no
+  network; the filesystem, the grader's package included, stays readable.
+- `unprivileged`: no namespaces, but the grader runs as root: student processes run as nobody.
 - `subreaper`: student processes run with the grader's rights; their monitor kills every
   descendant, whatever session it moved to, before results are accepted (Linux).
 - `process-group`: elsewhere (macOS): only the student's process group is killed.
 
-A sandbox run as root also runs the student as nobody. Untrusted modes (`grade`, CI) use the
+Run as root, the `sandbox` and `namespaces` levels also run the student as nobody. Untrusted modes (`grade`, CI) use the
 strongest level available; `test` on a student's own machine keeps the fast zygote launcher.
 """
 
@@ -35,9 +37,10 @@ _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts
 class Isolation:
     """How student processes are confined: a level, and what it means in words."""
 
-    level: str  # sandbox | unprivileged | subreaper | process-group
+    level: str  # sandbox | namespaces | unprivileged | subreaper | process-group
     summary: str
     bwrap: str | None = None  # the bubblewrap executable, for the sandbox level
+    unshare: tuple[str, ...] = ()  # the command prefix, for the namespaces level
     run_as: int | None = None  # uid (and gid) of student processes, when the grader is root
 
 
@@ -57,6 +60,21 @@ def _working_bwrap() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return bwrap if done.returncode == 0 else None
+
+
+@functools.cache
+def _working_unshare() -> tuple[str, ...]:
+    """The unshare command prefix (new PID and network namespaces), if it works here; () if not."""
+    unshare = shutil.which("unshare")
+    if not unshare or sys.platform != "linux":
+        return ()
+    user = () if _is_root() else ("--user", "--map-root-user")
+    prefix = (unshare, *user, "--pid", "--fork", "--kill-child", "--net", "--mount-proc")
+    try:
+        done = subprocess.run([*prefix, "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return prefix if done.returncode == 0 else ()
 
 
 def reachable_by_others(path: Path) -> bool:
@@ -80,18 +98,23 @@ def basic_isolation() -> Isolation:
 def strongest_isolation() -> Isolation:
     """The strongest isolation available on this machine (for untrusted submissions)."""
     bwrap = _working_bwrap()
-    as_nobody = f" as user nobody ({NOBODY})" if _is_root() else ""
     if bwrap:
+        as_nobody = f" as user nobody ({NOBODY})" if _is_root() else ""
         return Isolation("sandbox", f"bubblewrap sandbox{as_nobody}: own PID namespace, no network, read-only "
                                     "filesystem but for the run's output, grader's package hidden",
                          bwrap=bwrap, run_as=NOBODY if _is_root() else None)
-    basic = basic_isolation()
-    if _is_root():
-        if reachable_by_others(Path(sys.executable)):
-            return Isolation("unprivileged", f"no sandbox (bubblewrap unavailable): student code runs as user nobody "
-                                             f"({NOBODY}); every process it starts is killed", run_as=NOBODY)
-        return Isolation(basic.level, basic.summary + " (running as root, but Python is not readable by nobody)")
-    return Isolation(basic.level, basic.summary + " (bubblewrap unavailable)")
+    basic, unshare = basic_isolation(), _working_unshare()
+    run_as = NOBODY if _is_root() and reachable_by_others(Path(sys.executable)) else None
+    who = f" as user nobody ({NOBODY})" if run_as else " as root (Python is not readable by nobody)" if _is_root() else ""
+    if unshare:
+        return Isolation("namespaces", f"unshare{who}, bubblewrap unavailable: own PID namespace, no network; "
+                                       "the filesystem, the grader's package included, stays readable",
+                         unshare=unshare, run_as=run_as)
+    if run_as:
+        return Isolation("unprivileged", f"no sandbox (bubblewrap unavailable): student code runs{who}; "
+                                         "every process it starts is killed", run_as=run_as)
+    root = "; as root, since Python is not readable by nobody" if _is_root() else ""
+    return Isolation(basic.level, f"{basic.summary} (bubblewrap unavailable{root})")
 
 
 def _python_dirs() -> list[str]:
