@@ -208,3 +208,13 @@ def test_without_bubblewrap_untrusted_runs_fall_back_and_say_so(cli, tmp_path, t
     assert doc["isolation"] == {"level": isolation.level, "summary": isolation.summary}
     # Only namespaces cut the network.
     assert doc["status"] == ("pass" if isolation.level == "namespaces" else "fail")
+
+
+@needs_linux
+@pytest.mark.parametrize("launcher", ["zygote", "subprocess"])
+def test_killing_its_monitor_is_no_grader_error(cli, tmp_path, tiny_path, monkeypatch, launcher):
+    write_adapters(tmp_path / "c", SOLUTION_IMPORTS + "import os, signal\ndef run_layer_equiv(seq_ids):\n"
+                                                      "    os.kill(os.getppid(), signal.SIGKILL)\n    return _solve(seq_ids)\n")
+    monkeypatch.setenv("THEINFERENCE_LAUNCHER", launcher)
+    result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["stages"][0]["status"] == "pass"

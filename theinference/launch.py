@@ -12,6 +12,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +22,13 @@ import time
 from pathlib import Path
 
 from theinference.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class ConfinementError(Exception):
@@ -43,7 +51,7 @@ class ZygoteProcess:
                 raise subprocess.TimeoutExpired("zygote worker", remaining)
             chunk = self.conn.recv(4096)
             if not chunk:
-                raise RuntimeError("the student process's monitor went away without a status")
+                raise ConnectionResetError("the student process's monitor went away without a status")
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
@@ -51,7 +59,11 @@ class ZygoteProcess:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-            self.returncode = self._read(deadline)["status"]
+            try:
+                self.returncode = self._read(deadline)["status"]
+            except ConnectionResetError:  # student code killed its monitor: its process group goes the same way
+                _kill_group(self.pid)
+                self.returncode = -signal.SIGKILL
             self.conn.close()
         return self.returncode
 
@@ -107,9 +119,9 @@ class SubprocessLauncher:
         env = self._student_env(args, cwd, env, proto_fd)
         ours, theirs = socket.socketpair()
         with theirs:
-            # -I: the monitor is grader code and must not import anything from the course directory.
+            # -P: the monitor is grader code and must not import anything from the course directory.
             monitor = subprocess.Popen(
-                [sys.executable, "-I", "-m", "theinference.reaper", str(theirs.fileno()), "--", *self._command(args, cwd, env)],
+                [sys.executable, "-P", "-m", "theinference.reaper", str(theirs.fileno()), "--", *self._command(args, cwd, env)],
                 cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                 pass_fds=(proto_fd, theirs.fileno()), start_new_session=True,
             )

@@ -6,7 +6,7 @@ orphans are re-parented to it instead of to init; once the student's process has
 kills them all, whatever session or group they moved to, and only then reports the exit
 status. The grader accepts results and writes output only after that report.
 
-Run as `python -I -m theinference.reaper STATUS_FD -- COMMAND...` (the fresh-interpreter
+Run as `python -P -m theinference.reaper STATUS_FD -- COMMAND...` (the fresh-interpreter
 and sandbox launchers): forks COMMAND in a new session, writes {"pid": P} and then
 {"status": S} (a Popen-style returncode) to the socket STATUS_FD, one JSON object a line.
 """
