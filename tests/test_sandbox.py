@@ -218,3 +218,18 @@ def test_killing_its_monitor_is_no_grader_error(cli, tmp_path, tiny_path, monkey
     monkeypatch.setenv("THEINFERENCE_LAUNCHER", launcher)
     result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
     assert result.exit_code == 0 and json.loads(result.stdout)["stages"][0]["status"] == "pass"
+
+
+@needs_sandbox
+def test_the_results_file_is_hidden_even_inside_the_course(cli, tmp_path, tiny_path, monkeypatch):
+    results = tmp_path / "c" / "results.json"
+    _probe_adapter(tmp_path / "c", f"return 'read the results file' if 'grades' in open({str(results)!r}).read() else None")
+    monkeypatch.setenv("CI", "true")
+    for trusted in (False, True):
+        results.write_text('{"earlier": "grades"}')
+        if trusted:
+            monkeypatch.setenv("CI", "false")
+        code = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json",
+                   "--output", results).exit_code
+        doc = json.loads(results.read_text())
+        assert (code, doc["status"]) == ((1, "fail") if trusted else (0, "pass"))

@@ -106,6 +106,8 @@ def test(
         session = open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=in_ci())
         try:
             wanted = [] if all_stages else (stage or None)  # None: the next stage not yet passed
+            if output:
+                session.launcher.hide(output)
             _weights_notice(session)
             if watch:
                 raise typer.Exit(run_watch(Watch(session, wanted, lambda r: render_regrade(r, session.course.root),

@@ -81,6 +81,7 @@ def grade_command(
         if shard_spec:
             subs = shard(subs, *parse_shard(shard_spec))
         base, stages = _base_session(weights, stages_dir or [], stage or [], student_env)
+        base.launcher.hide(out)
     except (*CONFIG_ERRORS, UsageError, BatchError) as e:
         raise config_error(e)
     try:

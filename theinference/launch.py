@@ -127,6 +127,11 @@ class SubprocessLauncher:
             )
         return MonitoredProcess(ours, monitor)
 
+    def hide(self, path: Path) -> None:
+        """Keep a results file out of the sandbox's view (it may lie inside the course directory)."""
+        if self._sandbox is not None:
+            self._sandbox.hidden.append(str(path.resolve()))
+
     def close(self) -> None:
         if self._sandbox is not None:
             self._sandbox.close()
@@ -165,6 +170,9 @@ class ZygoteLauncher:
                 raise RuntimeError("the zygote process did not start")
             atexit.register(self.close)
             return path
+
+    def hide(self, path: Path) -> None:
+        """Nothing to hide from: zygote workers are not sandboxed."""
 
     def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> ZygoteProcess:
         path = self._ensure_started()

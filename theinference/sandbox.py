@@ -141,6 +141,7 @@ class Sandbox:
 
     def __init__(self, isolation: Isolation):
         self.isolation = isolation
+        self.hidden: list[str] = []  # results files: not readable even where the course's tree shows them
         self.stub_root = tempfile.mkdtemp(prefix="theinference-stub-")
         os.chmod(self.stub_root, 0o755)  # readable by nobody
         stub = Path(self.stub_root) / "theinference"
@@ -165,6 +166,9 @@ class Sandbox:
             args += ["--ro-bind", path, path]
         for path in _hidden_dirs([*python, *_SYSTEM_DIRS]):
             args += ["--tmpfs", path, "--remount-ro", path]
+        for path in self.hidden:
+            if os.path.isfile(path):
+                args += ["--ro-bind", "/dev/null", path]
         args += ["--bind", run_dir, run_dir, "--chdir", course_root, "--remount-ro", "/", "--", *argv]
         return args
 
