@@ -157,12 +157,15 @@ def test_sandbox_hides_the_grader_network_and_filesystem(cli, tmp_path, tiny_pat
 
 
 @needs_sandbox
-def test_under_the_sandbox_weights_path_works_and_the_student_is_not_root(cli, tmp_path, tiny_path, monkeypatch):
+def test_under_the_sandbox_weights_path_and_scratch_files_work_and_the_student_is_not_root(cli, tmp_path, tiny_path, monkeypatch):
     write_adapters(tmp_path / "c", SOLUTION_IMPORTS + """\
 import os
 def run_layer_equiv(seq_ids):
     assert os.path.exists(theinference.weights_path()), theinference.weights_path()
     assert os.getuid() != 0 and os.geteuid() != 0, "running as root"
+    import tempfile
+    with tempfile.TemporaryFile() as f:  # scratch space works, inside the run's own directory
+        f.write(b"x")
     return _solve(seq_ids)
 """)
     monkeypatch.setenv("CI", "true")

@@ -108,6 +108,8 @@ class SubprocessLauncher:
 
     def _student_env(self, args: list[str], cwd: str, env: dict, proto_fd: int) -> dict:
         env = {**env, "THEINFERENCE_PROTOCOL_FD": str(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
+        if self._sandbox is not None:
+            env["TMPDIR"] = os.path.dirname(args[0])  # the one writable place
         if self.isolation.run_as is None:
             return env
         if self._sandbox is None:
