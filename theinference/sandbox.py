@@ -146,7 +146,8 @@ class Sandbox:
         os.chmod(self.stub_root, 0o755)  # readable by nobody
         stub = Path(self.stub_root) / "theinference"
         stub.mkdir(mode=0o755)
-        for name in ("__init__.py", "child.py"):  # weights_path() and the student-side runner: nothing to copy from
+        # weights_path() and the student-side runner, both free of imports from the package: nothing to copy from.
+        for name in ("__init__.py", "child.py"):
             shutil.copyfile(_PACKAGE / name, stub / name)
             os.chmod(stub / name, 0o644)
         self.child_script = str(stub / "child.py")
