@@ -236,3 +236,12 @@ def test_the_results_file_is_hidden_even_inside_the_course(cli, tmp_path, tiny_p
                    "--output", results).exit_code
         doc = json.loads(results.read_text())
         assert (code, doc["status"]) == ((1, "fail") if trusted else (0, "pass"))
+
+
+@pytest.mark.parametrize("fmt", ["junit", "gradescope", "github"])
+def test_every_ci_format_names_the_isolation_level(cli, solution_course, tiny_path, monkeypatch, fmt):
+    monkeypatch.setenv("CI", "false")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    out = cli("test", "--stage", STAGE, "--course", solution_course, "--weights", tiny_path, "--format", fmt).stdout
+    level = "subreaper" if sys.platform == "linux" else "process-group"
+    assert (f'name="isolation" value="{level}: ' if fmt == "junit" else f"isolation: {level}") in out
