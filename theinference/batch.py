@@ -16,6 +16,7 @@ from pathlib import Path
 
 from theinference.course import CourseError, load_course
 from theinference.grade import OracleCache, check_case_fits
+from theinference.launch import ConfinementError
 from theinference.oracles import resolve_oracle
 from theinference.randomcases import with_random_cases
 from theinference.results import RunResult
@@ -94,7 +95,10 @@ def _grade_one(sub: Submission, base: Session, stages: list[StageSpec], options:
     # A submission chooses nothing: not its stages, weights or timeouts (see theinference.trust).
     session = Session(course=course, stages=stages, weights=base.weights, model=base.model, cache=base.cache,
                       launcher=base.launcher, untrusted=True, extra_stage_dirs=base.extra_stage_dirs, notices=notices)
-    run = session.run(stages, options)
+    try:
+        run = session.run(stages, options)
+    except ConfinementError as e:  # e.g. a submission directory its confined user cannot read
+        return SubmissionResult(sub.id, str(sub.path), None, error=str(e), seconds=time.perf_counter() - started)
     return SubmissionResult(sub.id, str(sub.path), run, seconds=time.perf_counter() - started)
 
 

@@ -151,7 +151,17 @@ def _apply_limits(limits: dict) -> None:
             resource.setrlimit(which, (cap, hard))
 
 
+def _drop_privileges() -> None:
+    """As root, become the unprivileged user the launcher names, before any student code runs."""
+    run_as = os.environ.pop("THEINFERENCE_RUN_AS", None)
+    if run_as:
+        os.setgroups([])
+        os.setgid(int(run_as))
+        os.setuid(int(run_as))
+
+
 def main() -> None:
+    _drop_privileges()
     job = json.loads(Path(sys.argv[1]).read_text())
     fd = int(os.environ.pop("THEINFERENCE_PROTOCOL_FD"))
     os.set_inheritable(fd, False)  # processes the student starts do not get the grader's pipe
@@ -168,4 +178,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # Run as a script (the sandbox's copy), the package beside this file is the one students import.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     main()

@@ -1,5 +1,6 @@
 """The `theinference` command: parses, calls the package, renders, maps results to exit codes."""
 
+import io
 import os
 import sys
 import traceback
@@ -12,7 +13,7 @@ from rich.console import Console
 
 from theinference import __version__
 from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
-                                     in_ci, run_options, synth_progress)
+                                     in_ci, run_options, synth_progress, write_atomic)
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.cli_autograder import autograder_app
 from theinference.cli_course import demo_command, init_command
@@ -70,13 +71,14 @@ def _emit(run, fmt: Format, output: Optional[Path]) -> None:
     if fmt.value in TEXT_FORMATS:
         text = TEXT_FORMATS[fmt.value](run, __version__)
         if output:
-            output.write_text(text, encoding="utf-8")
+            write_atomic(output, text)
         else:
             sys.stdout.write(text)
         return
     if output:
-        with output.open("w") as f:
-            render_run(Console(file=f, width=120, no_color=True, highlight=False), run, __version__)
+        buffer = io.StringIO()
+        render_run(Console(file=buffer, width=120, no_color=True, highlight=False), run, __version__)
+        write_atomic(output, buffer.getvalue())
     else:
         render_run(console_for(sys.stdout), run, __version__)
 
@@ -113,6 +115,8 @@ def test(
         try:
             # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
             wanted = [] if all_stages else (stage or ([] if untrusted else None))
+            if output:
+                session.launcher.hide(output)
             _weights_notice(session)
             if watch:
                 raise typer.Exit(run_watch(Watch(session, wanted, lambda r: render_regrade(r, session.course.root),

@@ -2,6 +2,8 @@
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -27,6 +29,18 @@ def console_for(stream) -> Console:
 
 def err_console() -> Console:
     return console_for(sys.stderr)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a results file whole or not at all: a temporary file beside it, renamed over it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def config_error(e: Exception) -> typer.Exit:

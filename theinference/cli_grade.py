@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from theinference import __version__
 from theinference.batch import (BatchError, CsvWriter, SubmissionResult, grade_batch, merge_csv, parse_shard, shard,
                                 submissions)
-from theinference.cli_common import config_error, err_console, in_ci, run_options, synth_progress
+from theinference.cli_common import config_error, err_console, in_ci, run_options, synth_progress, write_atomic
 from theinference.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.report.jsonout import run_document
@@ -40,8 +40,9 @@ def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[st
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
     choice, model, _ = obtain_weights(weights, None, synth_progress())
     # The base session only carries what every submission shares: weights, oracle cache, launcher.
-    return Session(course=None, stages=stages, weights=choice, model=model, launcher=default_launcher(student_env),
-                   untrusted=True, extra_stage_dirs=list(stages_dir)), stages
+    return Session(course=None, stages=stages, weights=choice, model=model,
+                   launcher=default_launcher(student_env, untrusted=True), untrusted=True,
+                   extra_stage_dirs=list(stages_dir)), stages
 
 
 def _merge(parts: list[Path], out: Path) -> None:
@@ -87,6 +88,7 @@ def grade_command(
         if shard_spec:
             subs = shard(subs, *parse_shard(shard_spec))
         base, stages = _base_session(weights, stages_dir or [], stage or [], student_env)
+        base.launcher.hide(out)
     except (*CONFIG_ERRORS, UsageError, BatchError) as e:
         raise config_error(e)
     try:
@@ -124,8 +126,8 @@ def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> list
     else:
         docs = [{"id": r.id, "path": r.path, "status": r.status, "error": r.error, "seconds": r.seconds,
                  "results": run_document(r.run, __version__) if r.run else None} for r in results]
-        out.write_text(json.dumps({"schema": "theinference.batch", "schema_version": 1, "seed": options.seed,
-                                   "submissions": docs}, indent=2) + "\n")
+        write_atomic(out, json.dumps({"schema": "theinference.batch", "schema_version": 1, "seed": options.seed,
+                                      "submissions": docs}, indent=2) + "\n")
     return results
 
 

@@ -113,6 +113,8 @@ class RunResult:
     untrusted: bool = False  # graded as an untrusted submission (nothing in it chose stages, weights, timeouts)
     # What the course directory chose instead of the instructor (plain `test` only), one sentence each.
     course_supplied: list[str] = field(default_factory=list)
+    isolation: str = ""  # how student processes were confined: sandbox | unprivileged | subreaper | process-group
+    isolation_summary: str = ""  # the same in words
 
     @property
     def passed(self) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from theinference.course import Course, CourseError, find_course_root, load_course
 from theinference.grade import GradeContext, GradeError, OracleCache, grade
-from theinference.launch import default_launcher
+from theinference.launch import ConfinementError, default_launcher
 from theinference.oracles import OracleError
 from theinference.progress import load_progress, next_stage
 from theinference.randomcases import with_random_cases
@@ -20,7 +20,7 @@ from theinference.trust import stage_origin, untrusted_course
 from theinference.weights import Model, WeightsError
 
 # Every error a user can fix by changing their command line or files: exit code 2.
-CONFIG_ERRORS = (CourseError, StageError, WeightsError, GradeError, OracleError)
+CONFIG_ERRORS = (CourseError, StageError, WeightsError, GradeError, OracleError, ConfinementError)
 
 
 class UsageError(Exception):
@@ -106,6 +106,7 @@ class Session:
             weights_why=self.weights.why, synthetic=self.model.synthetic, config=self.model.config.as_dict(),
             stages=stages, notices=[*self.notices, *self.model.notices], seed=options.seed,
             untrusted=self.untrusted or options.untrusted, course_supplied=self._course_supplied(stages, options),
+            isolation=self.launcher.isolation.level, isolation_summary=self.launcher.isolation.summary,
         )
 
     def _course_supplied(self, stages: list, options: "RunOptions") -> list[str]:
@@ -125,11 +126,12 @@ def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs:
                  progress: Callable[[int, int], None] | None = None, untrusted: bool = False) -> Session:
     """Load course, stages and weights (making the default synthetic weights if they are the choice).
 
-    untrusted: the course's own stages, stage dirs, weights and timeout are ignored (theinference.trust).
+    untrusted: the course's own stages, stage dirs, weights and timeout are ignored (theinference.trust), and
+    student processes run under the strongest isolation available (theinference.sandbox).
     """
     course, notices = untrusted_course(locate_course(course_dir)) if untrusted else (locate_course(course_dir), [])
     stage_root = None if untrusted else course.root
     stages = load_stages(stage_dirs(stage_root, [*course.stages_dirs, *extra_stage_dirs]))
     choice, model, made = obtain_weights(weights, course.weights, progress)
     return Session(course=course, stages=stages, weights=choice, model=model, made_weights=made, untrusted=untrusted,
-                   extra_stage_dirs=list(extra_stage_dirs), notices=notices)
+                   extra_stage_dirs=list(extra_stage_dirs), notices=notices, launcher=default_launcher(untrusted=untrusted))

@@ -8,7 +8,9 @@ Protocol, over a Unix socket connection per run: the grader sends one JSON reque
 theinference.child, cwd, env) with three file descriptors (stdout, stderr, protocol pipe) and
 receives {"pid": P} once the worker is forked, then {"status": S} (a Popen-style returncode)
 when it has exited. Each run is served by a monitor process forked for it, which forks the
-worker and waits for it, so the zygote itself only accepts connections.
+worker and waits for it, so the zygote itself only accepts connections. The monitor is a child
+subreaper (theinference.reaper): it reports the status only after killing every process the
+worker left behind.
 """
 
 import json
@@ -23,12 +25,9 @@ import numpy  # noqa: F401
 import safetensors.numpy  # noqa: F401
 
 import theinference.child
+from theinference.reaper import become_subreaper, kill_descendants, returncode
 
 _MAX_REQUEST = 1 << 20
-
-
-def _returncode(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def _worker(request: dict, fds: list[int]) -> None:
@@ -63,7 +62,8 @@ def _worker(request: dict, fds: list[int]) -> None:
 
 
 def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the monitor: fork the worker, report its pid, wait for it, report its exit status."""
+    """In the monitor: fork the worker, report its pid, wait for it, kill what it left, report its exit status."""
+    become_subreaper()
     pid = os.fork()
     if pid == 0:
         conn.close()
@@ -72,7 +72,8 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status = os.waitpid(pid, 0)
-    conn.sendall(json.dumps({"status": _returncode(status)}).encode() + b"\n")
+    kill_descendants()
+    conn.sendall(json.dumps({"status": returncode(status)}).encode() + b"\n")
     os._exit(0)
 
 

@@ -38,7 +38,7 @@ def render_annotations(run: RunResult) -> str:
         lines.append(f"::warning title={_escape_property('theinference: not the instructor')}::{_escape_data(line)}")
     earned, possible = run.points
     lines.append(f"::notice title=theinference::{sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
-                 f"stages passed, {earned:g}/{possible:g} points")
+                 f"stages passed, {earned:g}/{possible:g} points; isolation: {run.isolation}")
     return "\n".join(lines) + "\n"
 
 
@@ -58,5 +58,6 @@ def render_summary(run: RunResult, version: str) -> str:
     if run.course_supplied:
         out += ["", *(f"> **not the instructor's:** {line}  " for line in run.course_supplied)]
     seed = f" · seed {run.seed}" if run.seed is not None else ""
-    out += ["", f"<sub>theinference {version} · weights `{run.weights_path}`{seed}</sub>", ""]
+    out += ["", f"<sub>theinference {version} · weights `{run.weights_path}`{seed} · "
+                f"isolation: {run.isolation} ({run.isolation_summary})</sub>", ""]
     return "\n".join(out)

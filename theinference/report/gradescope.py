@@ -26,7 +26,8 @@ def render_gradescope(run: RunResult, version: str) -> str:
         "max_score": possible,
         "execution_time": round(sum(s.seconds for s in run.stages), 3),
         "output": f"theinference {version}: {sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
-                  f"stages passed, {earned:g}/{possible:g} points (weights: {run.weights_path}{seed})"
+                  f"stages passed, {earned:g}/{possible:g} points (weights: {run.weights_path}{seed}; "
+                  f"isolation: {run.isolation}: {run.isolation_summary})"
                   + "".join(f"\nnot the instructor's: {line}" for line in run.course_supplied),
         "visibility": "visible",
         "stdout_visibility": "hidden",

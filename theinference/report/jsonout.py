@@ -65,6 +65,7 @@ def run_document(run: RunResult, version: str) -> dict:
                     "synthetic": run.synthetic, "config": run.config},
         "untrusted": run.untrusted, "course_supplied": run.course_supplied,
         "notices": run.notices,
+        "isolation": {"level": run.isolation, "summary": run.isolation_summary},
         "stages": [stage_document(s) for s in run.stages],
     })
 

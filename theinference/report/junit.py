@@ -17,6 +17,7 @@ def render_junit(run: RunResult, version: str) -> str:
         props = ET.SubElement(suite, "properties")
         for name, value in (("title", stage.title), ("points", f"{stage.points:g}"), ("max_points", f"{stage.max_points:g}"),
                             ("status", stage.status), ("weights", run.weights_path), ("seed", str(run.seed)),
+                            ("isolation", f"{run.isolation}: {run.isolation_summary}"),
                             ("theinference_version", version), ("source", stage.origin),
                             ("course_supplied", "; ".join(run.course_supplied))):
             ET.SubElement(props, "property", name=name, value=value)

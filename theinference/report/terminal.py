@@ -69,6 +69,8 @@ def render_header(console: Console, run: RunResult, version: str) -> None:
     console.print(f"         {escape(run.weights_why)} · {config}", style="dim")
     if run.seed is not None:
         console.print(f"         random extra cases from seed {run.seed}", style="dim")
+    if run.isolation:
+        console.print(f"isolation: {run.isolation} · {escape(run.isolation_summary)}")
     if run.untrusted:
         console.print("         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim")
     for line in run.course_supplied:
