@@ -16,10 +16,10 @@ from theinference.course import Course, CourseError
 from theinference.resources import data_dir
 
 # Variables a student process (and the zygote it is forked from) may see in untrusted mode:
-# what the interpreter, locale and BLAS need. Anything else (tokens, passwords, CI
-# credentials under whatever name) is left out.
+# what the interpreter, locale and BLAS need (PWD: bubblewrap sets it to the working directory).
+# Anything else (tokens, passwords, CI credentials under whatever name) is left out.
 ENV_ALLOWED = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM", "COLUMNS",
+    "PATH", "HOME", "PWD", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM", "COLUMNS",
     "NO_COLOR", "SYSTEMROOT", "COMSPEC", "LD_LIBRARY_PATH", "VIRTUAL_ENV", WEIGHTS_ENV,
     "PYTHONPATH", "PYTHONHOME", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
     "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
