@@ -41,6 +41,7 @@ class AdapterJob:
     launcher: object = field(default_factory=SubprocessLauncher)
     memory_mb: int | None = DEFAULT_MEMORY_MB  # None: no cap
     scrub: bool = False  # drop secret-looking environment variables (CI mode)
+    scaling: dict | None = None  # cache-scaling: {"lengths", "repeats"} to time each call at (theinference.timing)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class CallOutcome:
     seconds: float = 0.0
     stdout: str = ""
     stderr: str = ""
+    timing: dict | None = None  # cache-scaling: {"seconds": per length, "blas": pools while timing}
 
 
 def _read_capped(path: Path, start: int = 0, end: int | None = None) -> str:
@@ -94,7 +96,7 @@ class _Child:
         job_file = work / f"job-{start}.json"
         job_file.write_text(json.dumps({
             "course_root": str(job.course_root), "adapters": str(job.adapters), "names": list(job.names),
-            "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work),
+            "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work), "scaling": job.scaling,
             "limits": {"memory_bytes": job.memory_mb * 2**20 if job.memory_mb else None, "file_bytes": FILE_CAP},
         }))
         read_fd, write_fd = os.pipe()
@@ -145,7 +147,8 @@ class _Child:
 def _outcome_from_done(message: dict) -> CallOutcome:
     value = np.load(message["file"], allow_pickle=False) if message["status"] == "ok" else None
     return CallOutcome(status=message["status"], value=value, message=message.get("message", ""),
-                       traceback=message.get("traceback", ""), seconds=message.get("seconds", 0.0))
+                       traceback=message.get("traceback", ""), seconds=message.get("seconds", 0.0),
+                       timing=message.get("timing"))
 
 
 def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome]) -> int:
