@@ -38,7 +38,7 @@ def write_stage(directory: Path, text: str, name: str = "stage.toml") -> Path:
 
 def test_builtin_stages_follow_the_course():
     stages = {s.id: s for s in load_stages(stage_dirs(None))}
-    assert list(stages) == ["single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy"]
+    assert list(stages) == ["forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy"]
     assert (stages["single-step-attention"].atol, stages["single-step-attention"].rtol) == (1e-4, 1e-3)
     assert (stages["decode-step"].atol, stages["decode-step"].rtol) == (1e-3, 1e-2)
     assert (stages["prove-one-layer"].atol, stages["prove-one-layer"].rtol) == (1e-4, 1e-3)
@@ -110,5 +110,5 @@ def test_duplicate_ids_across_directories(tmp_path):
 def test_course_stages_directory_is_discovered(tmp_path):
     write_stage(tmp_path / "course" / "stages", VALID)
     ids = [s.id for s in load_stages(stage_dirs(tmp_path / "course"))]
-    assert ids == ["single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy", "mlp-check"]
+    assert ids == ["forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy", "mlp-check"]
     assert stage_dirs(tmp_path / "course")[0] == data_dir("stages")
