@@ -1,6 +1,7 @@
 """Benchmark: the cache-scaling stage's ratio for the reference solution and every no-cache mutant.
 
     python bench/cache_scaling.py [--shapes tiny,gpt2] [--lengths 8,224] [--repeats 3] [--timeout 600]
+                                  [--subjects solution,recompute-only,...]
 
 For each weights shape (synthetic, made in a temporary directory), grades the built-in
 cache-scaling stage, exactly as `theinference test` does, for the reference solution, a
@@ -84,11 +85,12 @@ def main() -> None:
     parser.add_argument("--lengths", default="")
     parser.add_argument("--repeats", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--subjects", default="", help="only these subjects (comma-separated names)")
     args = parser.parse_args()
     stage = stage_for(args)
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
         work = Path(tmp)
-        found = subjects(work)
+        found = [s for s in subjects(work) if not args.subjects or s[0] in args.subjects.split(",")]
         for shape in args.shapes.split(","):
             write_synthetic(work / shape, preset=shape, seed=0)
             model = load_model(work / shape / "model.safetensors")
