@@ -12,16 +12,19 @@ import pytest
 from conftest import write_adapters, write_quick_scaling_stage
 from theinference.resources import data_dir
 
-RECOMPUTE = """\
+MODEL = """\
 import functools
 import numpy as np
 import theinference
 from src.gpt2 import forward, load_weights
+from src.kvcache import generate_cached
 
 @functools.cache
 def _model():
     return load_weights(theinference.weights_path())
+"""
 
+RECOMPUTE = MODEL + """
 def run_greedy(prompt_ids, n_new):
     # No cache: every step runs the model over the whole sequence so far.
     params, n_head = _model()
@@ -31,17 +34,9 @@ def run_greedy(prompt_ids, n_new):
     return ids[len(prompt_ids):]
 """
 
-WRONG_TOKEN = """\
-import functools
-import theinference
-from src.gpt2 import load_weights
-from src.kvcache import generate_cached
-
-@functools.cache
-def _model():
-    return load_weights(theinference.weights_path())
-
+WRONG_TOKEN = MODEL + """
 def run_greedy(prompt_ids, n_new):
+    # Fast (cached) but one token wrong.
     params, n_head = _model()
     out = generate_cached(params, prompt_ids, n_new, n_head)
     out[n_new // 2] = (out[n_new // 2] + 1) % 50257
