@@ -144,7 +144,7 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
         table.add_column(title, justify="right", no_wrap=True)
     t = case.scaling
     for n, per, marginal in zip(t.lengths, t.ms_per_token, t.marginal_ms):
-        table.add_row(str(n), f"{per:.3g}", "" if marginal is None else f"{marginal:.3g}")
+        table.add_row(str(n), f"{per:.2f}", "" if marginal is None else f"{marginal:.2f}")
     return table
 
 
