@@ -141,3 +141,13 @@ def test_json_junit_and_gradescope_carry_the_numbers(cli, solution_course, tiny_
     gradescope = json.loads(grade_quick(cli, solution_course, tiny_path, quick_stages, "--format", "gradescope").stdout)
     assert gradescope["tests"][0]["status"] == "passed"
     assert "4 tokens" in gradescope["tests"][0]["output"] and "96 tokens" in gradescope["tests"][0]["output"]
+
+
+def test_lengths_beyond_the_context_are_scaled_down_to_fit(cli, solution_course, tiny_path, tmp_path):
+    stages = write_quick_scaling_stage(tmp_path / "long-stages")
+    stage = stages / "quick-scaling.toml"
+    stage.write_text(stage.read_text().replace("lengths = [4, 96]", "lengths = [20, 1000]"))  # tiny: n_ctx 256
+    result = grade_quick(cli, solution_course, tiny_path, stages, "--format", "json")
+    assert result.exit_code == 0, result.stdout
+    case = json.loads(result.stdout)["stages"][0]["cases"][0]
+    assert case["scaling"]["lengths"] == [5, 256] and case["inputs"]["n_new"] == 256

@@ -1,6 +1,7 @@
 """grade(stage, context): oracle + runner + compare + diagnose -> StageResult."""
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,7 @@ from theinference.course import Course
 from theinference.diagnose import diagnose_rows, diagnose_tokens
 from theinference.launch import SubprocessLauncher
 from theinference.oracles import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
-from theinference.results import CaseResult, Diagnosis, ScalingResult, StageResult
+from theinference.results import CaseResult, Diagnosis, StageResult
 from theinference.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
 from theinference.stages import CaseSpec, StageSpec
 from theinference.weights import Model
@@ -37,7 +38,7 @@ class OracleCache:
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
         key = self._key(model, stage, spec, case)
         if key not in self.entries:
-            compute = lambda: compute_expected(spec, model, case.inputs)  # noqa: E731
+            compute = functools.partial(compute_expected, spec, model, case.inputs)
             if stage.compare == "scaling":  # its recompute time is shown beside the student's, timed alike
                 self.entries[key], self.cpu_seconds[key] = timing.single_thread_cpu(compute)
             else:
