@@ -3,25 +3,53 @@ mutant in the gallery fails exactly its manifest's stages with its manifest's di
 
 import shutil
 
+from conftest import write_quick_scaling_stage
 from theinference.mutants import load_mutants
 from theinference.resources import data_dir
+from theinference.stages import load_stages
+
+
+# Output stages: the timed stage is checked below at test-sized lengths (a recompute of the
+# built-in lengths costs half a minute per mutant on tiny weights; bench/cache_scaling.py runs them).
+OUTPUT_STAGES = [s.id for s in load_stages([data_dir("stages")]) if s.compare != "scaling"]
 
 
 def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path):
-    result = cli("stages", "check", "--weights", tiny_path)
+    result = cli("stages", "check", "--weights", tiny_path, *(arg for s in OUTPUT_STAGES for arg in ("--stage", s)))
     assert result.exit_code == 0, result.stdout
     out = result.stdout
     assert "stages check passed" in out and "0 mismatches, 0 problems" in out
     mutants = load_mutants(data_dir("course") / "mutants")
     assert len(mutants) >= 7
     lines = {line.split("|")[0].strip(): line for line in out.splitlines() if "|" in line}
-    assert lines["solution"].count("✔ pass") == 5
-    assert lines["starter"].count("✔ not-started") == 5
+    assert lines["solution"].count("✔ pass") == len(OUTPUT_STAGES)
+    assert lines["starter"].count("✔ not-started") == len(OUTPUT_STAGES)
     for mutant in mutants:
         row = lines[mutant.name]
-        for shapes in mutant.expect.values():
-            assert any(f"✔ {shape}" in row for shape in shapes)
+        for stage, shapes in mutant.expect.items():
+            if stage in OUTPUT_STAGES:
+                assert any(f"✔ {shape}" in row for shape in shapes)
         assert "✘" not in row
+
+
+def test_no_cache_mutants_pass_every_output_stage_and_fail_only_on_cost(cli, tiny_path, tmp_path):
+    mutants = [m for m in load_mutants(data_dir("course") / "mutants") if "cache-scaling" in m.expect]
+    no_cache = {m.name for m in mutants if m.expect["cache-scaling"] == ("no-cache",)}
+    assert {"decode-recomputes", "cache-rebuilt-each-step", "lm-head-every-position"} <= no_cache
+    assert all(set(m.expect) == {"cache-scaling"} for m in mutants if m.name in no_cache)  # every output stage passes
+    source, stages = tmp_path / "course", tmp_path / "stages"
+    shutil.copytree(data_dir("course") / "solution", source / "solution")
+    for name in no_cache:
+        shutil.copytree(data_dir("course") / "mutants" / name, source / "mutants" / name)
+        manifest = source / "mutants" / name / "manifest.toml"
+        manifest.write_text(manifest.read_text().replace("cache-scaling =", "quick-scaling ="))
+    write_quick_scaling_stage(stages)
+    result = cli("stages", "check", "--source", source, "--stages-dir", stages, "--weights", tiny_path,
+                 "--stage", "quick-scaling")
+    assert result.exit_code == 0, result.stdout
+    lines = {line.split("|")[0].strip(): line for line in result.stdout.splitlines() if "|" in line}
+    assert "✔ pass" in lines["solution"]
+    assert all("✔ no-cache" in lines[name] for name in no_cache)
 
 
 def test_the_gallery_covers_the_classic_bugs():

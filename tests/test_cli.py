@@ -7,14 +7,17 @@ from safetensors.numpy import load_file
 
 from theinference import sources
 from theinference.resources import data_dir
+from theinference.stages import load_stages
 
 
 def test_reference_solution_passes_every_stage(cli, solution_course, tiny_path):
     result = cli("test", "--all", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 0, result.stdout
-    for stage in ("single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy"):
-        assert f"✔ {stage}" in result.stdout
-    assert "5 of 5 stage(s) passed · 55/55 points" in result.stdout
+    stages = load_stages([data_dir("stages")])
+    for stage in stages:
+        assert f"✔ {stage.id}" in result.stdout
+    points = sum(s.points for s in stages)
+    assert f"{len(stages)} of {len(stages)} stage(s) passed · {points:g}/{points:g} points" in result.stdout
     assert f"weights: {tiny_path}" in result.stdout and "given with --weights" in result.stdout
 
 
@@ -44,7 +47,7 @@ def test_unknown_stage_suggests_the_closest(cli, solution_course, tiny_path):
     result = cli("test", "--stage", "per-step-identiy", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 2
     assert "unknown stage 'per-step-identiy'. Did you mean 'per-step-identity'?" in result.stderr
-    assert "single-step-attention, prove-one-layer, decode-step, per-step-identity, greedy" in result.stderr
+    assert "forward, single-step-attention, prove-one-layer, decode-step, per-step-identity, cache-scaling, greedy" in result.stderr
 
 
 def test_no_course_directory(cli, tmp_path, monkeypatch):
@@ -136,7 +139,7 @@ def test_stages_list(cli, solution_course):
     result = cli("stages", "list", "--course", solution_course)
     assert result.exit_code == 0
     lines = [l for l in result.stdout.splitlines() if l.strip()]
-    stages = ("single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy")
+    stages = ("forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy")
     order = [next(s for s in stages if s in l) for l in lines if "run_" in l]
     assert order == list(stages)
 

@@ -38,14 +38,18 @@ def write_stage(directory: Path, text: str, name: str = "stage.toml") -> Path:
 
 def test_builtin_stages_follow_the_course():
     stages = {s.id: s for s in load_stages(stage_dirs(None))}
-    assert list(stages) == ["single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy"]
+    assert list(stages) == ["forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy"]
     assert (stages["single-step-attention"].atol, stages["single-step-attention"].rtol) == (1e-4, 1e-3)
     assert (stages["decode-step"].atol, stages["decode-step"].rtol) == (1e-3, 1e-2)
     assert (stages["prove-one-layer"].atol, stages["prove-one-layer"].rtol) == (1e-4, 1e-3)
     assert (stages["per-step-identity"].atol, stages["per-step-identity"].rtol) == (1e-3, 1e-2)
     assert (stages["greedy"].atol, stages["greedy"].rtol) == (1e-3, 1e-2)
     assert stages["per-step-identity"].adapter_names == ("run_per_step_logits", "runPerStepLogits")
+    assert stages["cache-scaling"].adapter == stages["greedy"].adapter  # nothing new for students to write
     for stage in stages.values():
+        if stage.compare == "scaling":  # one timed generation; its lengths are what matter
+            assert stage.scaling.lengths[-1] >= 7 * stage.scaling.lengths[0]
+            continue
         assert len(stage.cases) >= 3
         lengths = [len(c.inputs.get("seq") or c.inputs["prompt"]) for c in stage.cases]
         assert 1 in lengths, f"{stage.id} needs a 1-token case"
@@ -71,7 +75,7 @@ def test_default_alias_is_camel_case(tmp_path):
         (lambda t: t.replace("timeout = 10", 'timeout = "ten"'), "timeout", "expected int or float"),
         (lambda t: t.replace("timeout = 10", "timeout = true"), "timeout", "expected int or float"),
         (lambda t: t.replace("timeout = 10", "timeout = 0"), "timeout", "must be > 0"),
-        (lambda t: t.replace('compare = "rows"', 'compare = "bytes"'), "compare", "must be 'rows' or 'tokens'"),
+        (lambda t: t.replace('compare = "rows"', 'compare = "bytes"'), "compare", "must be one of rows, tokens, scaling"),
         (lambda t: t.replace('oracle = "layer0-attn-sublayer"', 'oracle = "layer9"'), "oracle", "unknown oracle 'layer9'"),
         (lambda t: t.replace('id = "mlp-check"', 'id = "MLP Check"'), "id", "lowercase"),
         (lambda t: t.replace("atol = 1e-4\n", ""), "tolerance.atol", "missing required field"),
@@ -97,6 +101,62 @@ def test_invalid_stage_names_file_and_field(tmp_path, edit, field, words):
     assert words in message
 
 
+SCALING = """\
+format_version = 1
+id = "timed"
+title = "A timed stage"
+order = 60
+lesson = "lesson.md"
+adapter = "run_greedy"
+oracle = "greedy"
+compare = "scaling"
+timeout = 60
+points = 5
+
+[tolerance]
+atol = 1e-3
+rtol = 1e-2
+
+[scaling]
+lengths = [8, 64]
+repeats = 2
+max_ratio = 2.0
+
+[[case]]
+name = "a"
+prompt = [464]
+"""
+
+
+def test_a_scaling_stage_takes_n_new_from_its_lengths(tmp_path):
+    stage = load_stage(write_stage(tmp_path, SCALING))
+    assert stage.scaling.lengths == (8, 64) and stage.scaling.repeats == 2 and stage.scaling.max_ratio == 2.0
+    assert stage.cases[0].inputs == {"prompt": [464], "n_new": 64}
+
+
+@pytest.mark.parametrize(
+    "text, field, words",
+    [
+        (SCALING.replace("[scaling]\nlengths = [8, 64]\nrepeats = 2\nmax_ratio = 2.0\n", ""), "scaling", "needs a [scaling] table"),
+        (SCALING.replace("repeats = 2", "repeats = 2\nwarmup = 1"), "scaling.warmup", "unknown field"),
+        (SCALING.replace("lengths = [8, 64]", "lengths = [64, 8]"), "scaling.lengths", "ascending"),
+        (SCALING.replace("lengths = [8, 64]", "lengths = [64]"), "scaling.lengths", "at least two"),
+        (SCALING.replace("lengths = [8, 64]", 'lengths = [8, "64"]'), "scaling.lengths[1]", "expected int"),
+        (SCALING.replace("repeats = 2", "repeats = 0"), "scaling.repeats", "must be >= 1"),
+        (SCALING.replace("max_ratio = 2.0", "max_ratio = 1"), "scaling.max_ratio", "must be > 1"),
+        (SCALING.replace("max_ratio = 2.0\n", ""), "scaling.max_ratio", "missing required field"),
+        (SCALING.replace('prompt = [464]', 'prompt = [464]\nn_new = 3'), "case[0].n_new", "unknown field"),
+        (SCALING.replace('oracle = "greedy"', 'oracle = "per-step-logits"'), "oracle", "must be \"greedy\""),
+        (VALID + "\n[scaling]\nlengths = [1, 2]\n", "scaling", "only a stage with compare"),
+    ],
+)
+def test_invalid_scaling_names_file_and_field(tmp_path, text, field, words):
+    path = write_stage(tmp_path, text)
+    with pytest.raises(StageError) as info:
+        load_stage(path)
+    assert str(path) in str(info.value) and f"field '{field}'" in str(info.value) and words in str(info.value)
+
+
 def test_toml_syntax_error_names_the_file(tmp_path):
     path = write_stage(tmp_path, VALID.replace('title = "A valid stage"', "title = "))
     with pytest.raises(StageError, match=rf"{path}: not valid TOML"):
@@ -113,5 +173,5 @@ def test_duplicate_ids_across_directories(tmp_path):
 def test_course_stages_directory_is_discovered(tmp_path):
     write_stage(tmp_path / "course" / "stages", VALID)
     ids = [s.id for s in load_stages(stage_dirs(tmp_path / "course"))]
-    assert ids == ["single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy", "mlp-check"]
+    assert ids == ["forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy", "mlp-check"]
     assert stage_dirs(tmp_path / "course")[0] == data_dir("stages")

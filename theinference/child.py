@@ -16,6 +16,8 @@ import time
 import traceback
 from pathlib import Path
 
+from theinference import timing
+
 _GRADER_DIR = str(Path(__file__).resolve().parent)
 
 
@@ -91,7 +93,7 @@ def _to_array(value):
     return array, None
 
 
-def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
+def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict | None = None) -> None:
     import numpy as np
 
     def done(**message):
@@ -99,8 +101,12 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
 
     _send(proto, event="start", case=index, output=_output_offsets())
     started = time.perf_counter()
+    timings = None
     try:
-        value = func(*args)
+        if scaling:  # cache-scaling: args are (prompt, n_new); time the adapter at each length
+            value, timings = timing.measure(func, args[0], scaling["lengths"], scaling["repeats"])
+        else:
+            value = func(*args)
     except NotImplementedError as e:
         done(status="not-started", message=f"NotImplementedError: {e}" if str(e) else "NotImplementedError")
         return
@@ -121,7 +127,7 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
         return
     out = out_dir / f"case-{index}.npy"
     np.save(out, array, allow_pickle=False)
-    done(status="ok", file=str(out), seconds=seconds)
+    done(status="ok", file=str(out), seconds=seconds, **({"timing": timings} if timings else {}))
 
 
 class _OracleGuard(importlib.abc.MetaPathFinder):
@@ -174,7 +180,7 @@ def main() -> None:
         return
     _send(proto, event="loaded")
     for index in range(job["start"], len(job["calls"])):
-        _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto)
+        _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto, job.get("scaling"))
 
 
 if __name__ == "__main__":

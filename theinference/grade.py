@@ -1,13 +1,14 @@
 """grade(stage, context): oracle + runner + compare + diagnose -> StageResult."""
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from theinference import oracle, tokenizer
+from theinference import oracle, scaling, timing, tokenizer
 from theinference.compare import compare_rows, shape_problem, walk_tokens
 from theinference.course import Course
 from theinference.diagnose import diagnose_rows, diagnose_tokens
@@ -28,13 +29,25 @@ class OracleCache:
     """Oracle outputs per (weights file, oracle, case inputs); lives as long as a watch or batch session."""
 
     entries: dict = field(default_factory=dict)
+    cpu_seconds: dict = field(default_factory=dict)  # same keys: the oracle's CPU time, on one BLAS thread
+
+    def _key(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> tuple:
+        return (str(model.path), model.stamp, stage.oracle, spec.stamp,
+                tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items()))
 
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
-        key = (str(model.path), model.stamp, stage.oracle, spec.stamp,
-               tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items()))
+        key = self._key(model, stage, spec, case)
         if key not in self.entries:
-            self.entries[key] = compute_expected(spec, model, case.inputs)
+            compute = functools.partial(compute_expected, spec, model, case.inputs)
+            if stage.compare == "scaling":  # its recompute time is shown beside the student's, timed alike
+                self.entries[key], self.cpu_seconds[key] = timing.single_thread_cpu(compute)
+            else:
+                self.entries[key] = compute()
         return self.entries[key]
+
+    def seconds(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> float | None:
+        """The CPU seconds the oracle took for this case (None if not computed here)."""
+        return self.cpu_seconds.get(self._key(model, stage, spec, case))
 
 
 @dataclass
@@ -124,14 +137,20 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
     result = CaseResult(name=case.name, status=outcome.status, message=outcome.message, inputs=case.inputs,
                         texts=case.texts, traceback=outcome.traceback, stdout=outcome.stdout, stderr=outcome.stderr,
                         seconds=outcome.seconds)
+    if outcome.status == "timeout" and stage.scaling is not None:
+        scaling.judge_timeout(result, stage)
+        return result
     if outcome.status in _FAILED_OUTCOMES:
         return result
     if outcome.status == "bad-output":
         result.status, result.detail = "fail", "non-numeric"
         return result
     expected = ctx.cache.get(ctx.model, stage, spec, case)
-    if stage.compare == "tokens":
+    if stage.compare in ("tokens", "scaling"):
         _tokens_result(result, stage, ctx.model, expected, outcome.value)
+        # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
+        if stage.scaling is not None and result.status == "pass" and outcome.timing:
+            scaling.judge_timing(result, stage, outcome.timing, ctx.cache.seconds(ctx.model, stage, spec, case))
     else:
         _rows_result(result, stage, spec, expected, outcome.value)
     return result
@@ -177,13 +196,14 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     """Grade one stage of the course against the oracle; student faults become results, never exceptions."""
     started = time.perf_counter()
     spec = resolve_oracle(stage.oracle, stage.source)
+    stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
     job = AdapterJob(
         course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
         weights=ctx.model.path, timeout=ctx.timeout or ctx.course.timeout or stage.timeout, env=ctx.env,
-        launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted,
+        launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted, scaling=scaling.job_scaling(stage),
     )
     outcomes = run_adapter(job)
     cases = [_case_result(stage, case, outcome, ctx, spec) for case, outcome in zip(stage.cases, outcomes)]

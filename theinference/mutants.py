@@ -6,7 +6,8 @@ course/mutants/<name>/manifest.toml:
   [[edit]]     file (relative to the solution), find (text occurring exactly once), replace
   [expect]     stage id -> the diagnosis shape that stage must show when it fails, or a list
                of shapes when the bug's shape is genuinely ambiguous for that stage (e.g. an
-               error that grows, then saturates); every stage not named here must pass
+               error that grows, then saturates); every stage not named here must pass.
+               `no-cache` is cache-scaling's shape: right outputs whose cost grows with position
 """
 
 import shutil

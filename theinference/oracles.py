@@ -59,6 +59,11 @@ BUILTIN_ORACLES = {
                                                          rows=slice(len(prompt), len(prompt) + 1))[0],
         positions=_last_position,
     ),
+    "logits": OracleSpec(
+        inputs=("seq",),
+        compute=lambda m, seq: oracle.logits(m.params, seq, m.config.n_head),
+        positions=_seq_positions,
+    ),
     "layer0-attn-sublayer": OracleSpec(
         inputs=("seq",),
         compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head),

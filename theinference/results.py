@@ -42,6 +42,40 @@ class Diagnosis:
     hint: str  # the stage's hint for it ("" if the stage has none)
 
 
+@dataclass(frozen=True)
+class ScalingResult:
+    """cache-scaling: CPU time of the student's generation at each length, timed in their process."""
+
+    lengths: tuple[int, ...]  # n_new values timed, ascending
+    seconds: tuple[float, ...]  # fastest CPU seconds of one call at each length
+    max_ratio: float  # the stage's threshold on ratio
+    blas_threads: int  # BLAS threads in the student's process while timing (the grader asks for 1)
+    oracle_seconds: float | None = None  # CPU seconds of the oracle's full recompute at the longest length
+
+    @property
+    def ms_per_token(self) -> tuple[float, ...]:
+        return tuple(1000 * s / n for s, n in zip(self.seconds, self.lengths))
+
+    @property
+    def marginal_ms(self) -> tuple[float | None, ...]:
+        """CPU ms per extra token between each length and the one before (None for the first)."""
+        pairs = zip(self.lengths, self.lengths[1:], self.seconds, self.seconds[1:])
+        return (None, *(1000 * (s1 - s0) / (n1 - n0) for n0, n1, s0, s1 in pairs))
+
+    @property
+    def ratio(self) -> float:
+        """Per-token cost at the longest length over that at the shortest."""
+        first, last = self.ms_per_token[0], self.ms_per_token[-1]
+        return last / first if first > 0 else float("inf")
+
+    @property
+    def speedup(self) -> float | None:
+        """The oracle's recompute time over the student's, at the longest length."""
+        if self.oracle_seconds is None or self.seconds[-1] <= 0:
+            return None
+        return self.oracle_seconds / self.seconds[-1]
+
+
 @dataclass
 class CaseResult:
     name: str
@@ -59,6 +93,7 @@ class CaseResult:
     stdout: str = ""
     stderr: str = ""
     seconds: float = 0.0  # the adapter's own compute time
+    scaling: ScalingResult | None = None  # cache-scaling: the timings, when they were measured
 
     @property
     def first_bad_row(self) -> int | None:

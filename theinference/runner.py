@@ -47,6 +47,7 @@ class AdapterJob:
     launcher: object = field(default_factory=SubprocessLauncher)
     memory_mb: int | None = DEFAULT_MEMORY_MB  # None: no cap
     untrusted: bool = False  # the student's process gets only the allow-listed environment
+    scaling: dict | None = None  # cache-scaling: {"lengths", "repeats"} to time each call at (theinference.timing)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class CallOutcome:
     seconds: float = 0.0
     stdout: str = ""
     stderr: str = ""
+    timing: dict | None = None  # cache-scaling: {"seconds": per length, "blas": pools while timing}
 
 
 def _read_capped(path: Path, start: int = 0, end: int | None = None) -> str:
@@ -100,7 +102,7 @@ class _Child:
         job_file = work / f"job-{start}.json"
         job_file.write_text(json.dumps({
             "course_root": str(job.course_root), "adapters": str(job.adapters), "names": list(job.names),
-            "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work),
+            "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work), "scaling": job.scaling,
             "limits": {"memory_bytes": job.memory_mb * 2**20 if job.memory_mb else None, "file_bytes": FILE_CAP},
         }))
         read_fd, write_fd = os.pipe()
@@ -201,7 +203,22 @@ def _outcome_from_done(message: dict, index: int, work: Path) -> CallOutcome:
         raise ProtocolError(f"'seconds' of case {index} is not a duration")
     value = _load_output(message.get("file"), index, work) if status == "ok" else None
     return CallOutcome(status=status, value=value, message=_text(message, "message"),
-                       traceback=_text(message, "traceback"), seconds=float(seconds))
+                       traceback=_text(message, "traceback"), seconds=float(seconds), timing=_timing(message, index))
+
+
+def _timing(message: dict, index: int) -> dict | None:
+    """The cache-scaling timings a done message may carry: CPU seconds per length and the BLAS pools seen."""
+    timing = message.get("timing")
+    if timing is None:
+        return None
+    seconds = timing.get("seconds") if isinstance(timing, dict) else None
+    blas = timing.get("blas") if isinstance(timing, dict) else None
+    if not (isinstance(seconds, list) and len(seconds) <= 64
+            and all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in seconds)):
+        raise ProtocolError(f"'timing' of case {index} does not hold a list of durations")
+    if not (isinstance(blas, list) and len(blas) <= 64 and all(isinstance(b, dict) for b in blas)):
+        raise ProtocolError(f"'timing' of case {index} does not hold a list of BLAS pools")
+    return timing
 
 
 def _is_case(message: dict, index: int) -> bool:

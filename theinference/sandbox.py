@@ -146,8 +146,9 @@ class Sandbox:
         os.chmod(self.stub_root, 0o755)  # readable by nobody
         stub = Path(self.stub_root) / "theinference"
         stub.mkdir(mode=0o755)
-        # weights_path() and the student-side runner, both free of imports from the package: nothing to copy from.
-        for name in ("__init__.py", "child.py"):
+        # weights_path(), the student-side runner and its timing helper (cache-scaling); none of them
+        # imports anything else from the package at module level, so nothing else need be copied.
+        for name in ("__init__.py", "child.py", "timing.py"):
             shutil.copyfile(_PACKAGE / name, stub / name)
             os.chmod(stub / name, 0o644)
         self.child_script = str(stub / "child.py")

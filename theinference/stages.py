@@ -13,12 +13,23 @@ A stage file (format_version 1) holds, at the top level:
                   for an instructor's oracle defined in a file beside the stage file
   inputs          list of input names the cases give and the adapter receives, in order;
                   required for an instructor's oracle, implied by a built-in one
-  compare         "rows" (per-row allclose of arrays) or "tokens" (greedy token ids)
+  compare         "rows" (per-row allclose of arrays), "tokens" (greedy token ids) or "scaling"
+                  (greedy token ids, plus the cost per token timed at several lengths: see [scaling])
   timeout         number > 0, seconds each case may take in the student's process
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
   [tolerance]     atol, rtol: finite numbers >= 0; for "tokens" the near-tie tolerance on logits
   [hints]         failure shape -> hint text shown when a failing case has that shape
+  [scaling]       required with compare = "scaling" (oracle "greedy"), forbidden otherwise:
+                    lengths    list of >= 2 ints >= 1, ascending: the n_new values timed; the
+                               tokens of the longest are checked as the greedy stage checks them.
+                               Scaled down in proportion when a case's prompt plus the longest
+                               does not fit the weights' n_ctx.
+                    repeats    int >= 1: timed calls per length (the fastest counts), after one
+                               untimed warm-up call
+                    max_ratio  number > 1: the most the CPU time per token at the longest length
+                               may be, as a multiple of that at the shortest
+                  Its cases give only `prompt`: n_new comes from `lengths`.
   [[case]]        name (str, unique in the stage) plus the oracle's inputs: token inputs
                   (seq, prompt, cont) as text or a list of ids, counts (n_new) as ints,
                   single token ids (next_id) as an int or a text of exactly one token
@@ -44,7 +55,9 @@ SHAPES = (
     "nonfinite-row",
     "no-pattern",
     "token-mismatch",
+    "no-cache",
 )
+COMPARES = ("rows", "tokens", "scaling")
 _ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _REQUIRED = {
     "format_version": int,
@@ -60,7 +73,7 @@ _REQUIRED = {
     "tolerance": dict,
     "case": list,
 }
-_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list}
+_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list, "scaling": dict}
 
 
 class StageError(Exception):
@@ -72,6 +85,13 @@ class CaseSpec:
     name: str
     inputs: dict  # input name -> list of token ids or int, in the oracle's argument order
     texts: dict = field(default_factory=dict)  # input name -> the text it was given as, if any
+
+
+@dataclass(frozen=True)
+class ScalingSpec:
+    lengths: tuple[int, ...]  # n_new values timed, ascending
+    repeats: int
+    max_ratio: float
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,7 @@ class StageSpec:
     hints: dict
     cases: tuple[CaseSpec, ...]
     source: Path
+    scaling: ScalingSpec | None = None  # compare = "scaling" only
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
@@ -213,8 +234,8 @@ def _check_values(path: Path, data: dict) -> None:
         raise _fail(path, "format_version", f"this theinference reads format_version {FORMAT_VERSION}")
     if not _ID.match(data["id"]):
         raise _fail(path, "id", f"'{data['id']}' must be lowercase words joined by '-'")
-    if data["compare"] not in ("rows", "tokens"):
-        raise _fail(path, "compare", "must be 'rows' or 'tokens'")
+    if data["compare"] not in COMPARES:
+        raise _fail(path, "compare", f"must be one of {', '.join(COMPARES)}")
     if data["timeout"] <= 0:
         raise _fail(path, "timeout", "must be > 0 seconds")
     if data["points"] < 0:
@@ -243,6 +264,44 @@ def _tolerance(path: Path, table: dict) -> tuple[float, float]:
     return float(table["atol"]), float(table["rtol"])
 
 
+def _scaling(path: Path, data: dict) -> ScalingSpec | None:
+    if data["compare"] != "scaling":
+        if "scaling" in data:
+            raise _fail(path, "scaling", "only a stage with compare = \"scaling\" takes a [scaling] table")
+        return None
+    if data["oracle"] != "greedy":
+        raise _fail(path, "oracle", "compare = \"scaling\" times run_greedy-like adapters: the oracle must be \"greedy\"")
+    table = data.get("scaling")
+    if table is None:
+        raise _fail(path, "scaling", "compare = \"scaling\" needs a [scaling] table (lengths, repeats, max_ratio)")
+    for key in table:
+        if key not in ("lengths", "repeats", "max_ratio"):
+            raise _fail(path, f"scaling.{key}", "unknown field (known fields: lengths, max_ratio, repeats)")
+    for key, kind in (("lengths", list), ("repeats", int), ("max_ratio", (int, float))):
+        if key not in table:
+            raise _fail(path, f"scaling.{key}", "missing required field")
+        _check_type(path, f"scaling.{key}", table[key], kind)
+    lengths = table["lengths"]
+    for i, n in enumerate(lengths):
+        _check_type(path, f"scaling.lengths[{i}]", n, int)
+    if len(lengths) < 2 or lengths[0] < 1 or any(a >= b for a, b in zip(lengths, lengths[1:])):
+        raise _fail(path, "scaling.lengths", "needs at least two lengths >= 1, in ascending order")
+    if table["repeats"] < 1:
+        raise _fail(path, "scaling.repeats", "must be >= 1")
+    if table["max_ratio"] <= 1:
+        raise _fail(path, "scaling.max_ratio", "must be > 1")
+    return ScalingSpec(lengths=tuple(lengths), repeats=table["repeats"], max_ratio=float(table["max_ratio"]))
+
+
+def _parse_cases(path: Path, data: dict, inputs: tuple[str, ...], scaling: ScalingSpec | None) -> tuple[CaseSpec, ...]:
+    if scaling is None:
+        return tuple(_parse_case(path, i, raw, inputs) for i, raw in enumerate(data["case"]))
+    # A scaling stage's n_new comes from its lengths; a case gives only the prompt.
+    given = tuple(k for k in inputs if k != "n_new")
+    cases = (_parse_case(path, i, raw, given) for i, raw in enumerate(data["case"]))
+    return tuple(CaseSpec(c.name, {**c.inputs, "n_new": scaling.lengths[-1]}, c.texts) for c in cases)
+
+
 def _hints(path: Path, table: dict) -> dict:
     for key, text in table.items():
         if key not in SHAPES:
@@ -263,7 +322,8 @@ def load_stage(path: Path) -> StageSpec:
     _check_values(path, data)
     atol, rtol = _tolerance(path, data["tolerance"])
     inputs = _oracle_inputs(path, data)
-    cases = tuple(_parse_case(path, i, raw, inputs) for i, raw in enumerate(data["case"]))
+    scaling = _scaling(path, data)
+    cases = _parse_cases(path, data, inputs, scaling)
     names = [c.name for c in cases]
     for i, name in enumerate(names):
         if name in names[:i]:
@@ -286,6 +346,7 @@ def load_stage(path: Path) -> StageSpec:
         hints=_hints(path, data.get("hints", {})),
         cases=cases,
         source=path.resolve(),
+        scaling=scaling,
     )
 
 

@@ -4,7 +4,7 @@ import dataclasses
 import json
 import math
 
-from theinference.results import CaseResult, RunResult, StageResult
+from theinference.results import CaseResult, RunResult, ScalingResult, StageResult
 
 SCHEMA = "theinference.results"
 SCHEMA_VERSION = 1
@@ -25,6 +25,17 @@ def _clean(obj):
     return _number(obj)
 
 
+def scaling_document(scaling: ScalingResult | None) -> dict | None:
+    """The cache-scaling numbers, derived ones included, so readers need not recompute them."""
+    if scaling is None:
+        return None
+    return {
+        "lengths": scaling.lengths, "cpu_seconds": scaling.seconds, "ms_per_token": scaling.ms_per_token,
+        "marginal_ms_per_token": scaling.marginal_ms, "ratio": scaling.ratio, "max_ratio": scaling.max_ratio,
+        "blas_threads": scaling.blas_threads, "oracle_cpu_seconds": scaling.oracle_seconds, "speedup": scaling.speedup,
+    }
+
+
 def case_document(case: CaseResult) -> dict:
     doc = {
         "name": case.name, "status": case.status, "message": case.message, "detail": case.detail,
@@ -35,6 +46,7 @@ def case_document(case: CaseResult) -> dict:
         "expected_tokens": case.expected_tokens, "got_tokens": case.got_tokens,
         "diagnosis": dataclasses.asdict(case.diagnosis) if case.diagnosis else None,
         "traceback": case.traceback, "stdout": case.stdout, "stderr": case.stderr,
+        "scaling": scaling_document(case.scaling),
     }
     return doc
 

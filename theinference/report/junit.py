@@ -2,10 +2,19 @@
 
 import xml.etree.ElementTree as ET
 
-from theinference.report.text import case_summary
+from theinference.report.text import case_summary, scaling_summary
 from theinference.results import RunResult
 
 _ERROR_STATUSES = ("error", "timeout", "crash")
+
+
+def _scaling_properties(scaling) -> list[ET.Element]:
+    values = [("cpu_ms_per_token", " ".join(f"{n}:{ms:.4g}" for n, ms in zip(scaling.lengths, scaling.ms_per_token))),
+              ("ratio", f"{scaling.ratio:.4g}"), ("max_ratio", f"{scaling.max_ratio:g}"),
+              ("blas_threads", str(scaling.blas_threads))]
+    if scaling.speedup is not None:
+        values.append(("speedup", f"{scaling.speedup:.4g}"))
+    return [ET.Element("property", name=name, value=value) for name, value in values]
 
 
 def render_junit(run: RunResult, version: str) -> str:
@@ -25,7 +34,11 @@ def render_junit(run: RunResult, version: str) -> str:
         for case in stage.cases:
             element = ET.SubElement(suite, "testcase", classname=f"theinference.{stage.id}", name=case.name,
                                     time=f"{case.seconds:.3f}", file=stage.adapters_file)
+            if case.scaling:
+                ET.SubElement(element, "properties").extend(_scaling_properties(case.scaling))
             if case.status == "pass":
+                if case.scaling:  # a failure's text carries these numbers; a pass shows them here
+                    ET.SubElement(element, "system-out").text = scaling_summary(case)
                 continue
             tag = "error" if case.status in _ERROR_STATUSES else "failure"
             message = case.diagnosis.summary if case.diagnosis else (case.message or case.status)

@@ -143,6 +143,30 @@ def tokens_table(case: CaseResult, plain: bool = False) -> Table:
     return table
 
 
+def scaling_table(case: CaseResult, plain: bool = False) -> Table:
+    """cache-scaling: CPU ms per token at each length, and what each extra token cost."""
+    table = Table(box=_box(plain), show_edge=False, pad_edge=False)
+    for title in ("tokens", "CPU ms/token", "marginal ms/token"):
+        table.add_column(title, justify="right", no_wrap=True)
+    t = case.scaling
+    for n, per, marginal in zip(t.lengths, t.ms_per_token, t.marginal_ms):
+        table.add_row(str(n), f"{per:.2f}", "" if marginal is None else f"{marginal:.2f}")
+    return table
+
+
+def scaling_lines(case: CaseResult) -> list[Text]:
+    """How the timing was taken, the ratio, and (on a pass) the speed-up over the oracle's recompute."""
+    t = case.scaling
+    threads = "one BLAS thread" if t.blas_threads == 1 else f"{t.blas_threads} BLAS threads (could not limit to one)"
+    lines = [Text(f"  timed in your process: CPU time, {threads}, fastest of repeated calls · "
+                  f"per-token cost ×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
+                  f"(at most ×{t.max_ratio:g} passes)", style="dim")]
+    if case.status == "pass" and t.speedup is not None:
+        lines.append(Text(f"  your cache: {t.lengths[-1]} tokens in {t.seconds[-1]:.2f} s; "
+                          f"recompute: {t.oracle_seconds:.2f} s; {t.speedup:.1f}× faster", style="green"))
+    return lines
+
+
 def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
     parts = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
                            (f" — {case.message}" if case.message else "", ""))]
@@ -152,6 +176,9 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
     if case.steps and case.status == "fail":
         parts.append(tokens_table(case, plain))
         parts.extend(_greedy_text(case))
+    if case.scaling:
+        parts.append(scaling_table(case, plain))
+        parts.extend(scaling_lines(case))
     if case.diagnosis:
         parts.append(Text.assemble(("  shape: ", "bold"), (case.diagnosis.shape, "magenta"),
                                    (f" — {case.diagnosis.summary}", "")))
@@ -206,6 +233,8 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
             shown.append(case)
         elif _near_ties(case):
             console.print(f"  case {case.name}: passed with {_near_ties(case)} near-tie(s) accepted", style="dim")
+        if case.status == "pass" and case.scaling:
+            console.print(Group(scaling_table(case, is_plain(console)), *scaling_lines(case)))
     if stage.cross_case:
         _print_cross_case(console, stage)
     console.print()
@@ -228,6 +257,11 @@ def render_run(console: Console, run: RunResult, version: str) -> None:
     for stage in run.stages:
         render_stage(console, stage, run.config.get("n_vocab", 0))
     passed = sum(s.status == "pass" for s in run.stages)
+    if any(s.status == "pass" and s.compare != "scaling" for s in run.stages) and not any(
+            s.status == "pass" and s.compare == "scaling" for s in run.stages):
+        console.print("Matching outputs prove the cached path equals a recompute, not that a cache exists "
+                      "(a recompute gives the same numbers): the cache-scaling stage proves the cache by its cost.",
+                      style="dim")
     earned, possible = run.points
     style = "bold green" if run.passed else "bold red"
     console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)

@@ -3,9 +3,20 @@
 from theinference.results import CaseResult, StageResult
 
 
+def scaling_summary(case: CaseResult) -> str:
+    """cache-scaling's numbers in one line: ms per token at each length, the ratio, the speed-up."""
+    t = case.scaling
+    per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
+    faster = f"; {t.speedup:.1f}× faster than the oracle's recompute" if t.speedup is not None else ""
+    return (f"CPU time per token ({t.blas_threads} BLAS thread(s)): {per}; ratio {t.ratio:.2f} "
+            f"(at most {t.max_ratio:g}){faster}")
+
+
 def case_summary(case: CaseResult) -> str:
-    """One paragraph: status and message, the diagnosed shape and the hint."""
+    """One paragraph: status and message, the timings if any, the diagnosed shape and the hint."""
     lines = [f"{case.name}: {case.status}" + (f" — {case.message}" if case.message else "")]
+    if case.scaling:
+        lines.append(scaling_summary(case))
     if case.diagnosis:
         lines.append(f"shape: {case.diagnosis.shape} — {case.diagnosis.summary}")
         if case.diagnosis.hint:
@@ -19,4 +30,5 @@ def stage_summary(stage: StageResult) -> str:
     """The stage's line and a paragraph per case that did not pass."""
     head = (f"{stage.id}: {stage.status} · {stage.passed_cases}/{len(stage.cases)} cases · "
             f"{stage.points:g}/{stage.max_points:g} points")
-    return "\n\n".join([head, *(case_summary(c) for c in stage.cases if c.status != "pass")])
+    shown = [c for c in stage.cases if c.status != "pass" or c.scaling]
+    return "\n\n".join([head, *(case_summary(c) for c in shown)])

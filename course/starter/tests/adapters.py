@@ -11,13 +11,23 @@ import functools
 import numpy as np
 
 import theinference
-from src.gpt2 import load_weights
+from src.gpt2 import forward, load_weights
 from src.kvcache import decode_step, generate_cached, layer_attn_incremental, prefill, single_step_attention
 
 
 @functools.cache
 def _model():
     return load_weights(theinference.weights_path())
+
+
+def run_forward(seq_ids):
+    """Stage forward. seq_ids: [n] -> [n, n_vocab].
+
+    The slow path: one causal forward pass over the whole sequence (src/gpt2.py's forward),
+    the logits at every position.
+    """
+    params, n_head = _model()
+    return forward(params, seq_ids, n_head)
 
 
 def run_single_step(seq_ids):
