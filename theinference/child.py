@@ -16,7 +16,12 @@ import time
 import traceback
 from pathlib import Path
 
-from theinference import timing
+if __name__ == "__main__":
+    # Run as a script (the sandbox's copy), the package beside this file is the one students import,
+    # and the one this file's own import below must find.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from theinference import timing  # noqa: E402 - after the path is set, for the sandbox's copy
 
 _GRADER_DIR = str(Path(__file__).resolve().parent)
 
@@ -184,6 +189,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # Run as a script (the sandbox's copy), the package beside this file is the one students import.
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     main()
