@@ -1,0 +1,109 @@
+"""Bug oracles: GPT-2 computed with one named, classic student bug, for fingerprinting failing outputs.
+
+Each built-in bug is a `Defects` of theinference.oracle (or, for a bug no defect expresses, a
+small function over the oracle's pure functions) plus the words a finding quotes. A stage file
+lists the bugs that can show in that stage (`bugs = [...]`); an instructor adds a bug oracle as
+they add an oracle: `bugs = ["oracles.py:my_bug"]`, where `def my_bug(model, **inputs) -> array`
+returns what the stage's adapter would return with that bug.
+
+Incremental bugs are modelled on the stage's own schedule: the rows a stage computes in one
+block (the prompt's prefill, or the cached earlier positions) form `Defects.prefill`, and every
+later row is one single-query decode step attending to the cache.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from theinference import oracle
+from theinference.oracle import Defects
+from theinference.oracles import OracleSpec, compute_expected, load_file_function
+from theinference.weights import Model
+
+LAYER0 = ("layer0-attn-sublayer", "layer0-attn-last")
+MODEL = ("decode-step-logits", "per-step-logits")
+ALL = LAYER0 + MODEL
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    finding: str  # completes "your output equals GPT-2 with ..."
+    oracles: tuple[str, ...]  # the built-in oracles it can be computed for
+    defects: Defects | None = None
+    compute: Callable | None = None  # (model, oracle name, inputs) -> array, when no Defects express it
+    stamp: tuple = ()  # an instructor's bug: its file's version
+
+
+def _recorded_after(model: Model, oracle_name: str, inputs: dict) -> np.ndarray:
+    # Row k holds the logits after consuming cont[k]: the recompute's rows shifted by one.
+    prompt, cont = list(inputs["prompt"]), list(inputs["cont"])
+    rows = slice(len(prompt), len(prompt) + len(cont))
+    return oracle.logits(model.params, prompt + cont, model.config.n_head, rows=rows)
+
+
+_BUILTIN = (
+    Bug("missing-scale", "no 1/sqrt(head_dim) scale on the attention scores", ALL,
+        Defects(scale_block=False, scale_decode=False)),
+    Bug("missing-scale-decode", "no 1/sqrt(head_dim) scale in the single-query decode steps (prefill has it)", MODEL,
+        Defects(scale_decode=False)),
+    Bug("wpe-off-by-one", "wpe[pos + 1] for every token computed incrementally (the position base is off by one)", ALL,
+        Defects(decode_position="plus-one")),
+    Bug("position-zero", "every incremental token embedded at position 0 (wpe[0])", ALL,
+        Defects(decode_position="zero")),
+    Bug("position-stuck", "every decode step embedded at position len(prompt): the counter does not advance", MODEL,
+        Defects(decode_position="stuck")),
+    Bug("position-reset", "decode step k embedded at position k: the counter restarts at 0 and forgets the prompt", MODEL,
+        Defects(decode_position="reset")),
+    Bug("mask-on-decode", "a causal mask re-applied to the single decode query, so it sees only key 0", ALL,
+        Defects(decode_keys="first")),
+    Bug("no-self-attention", "each new token not attending to itself (its k/v reach the cache after attention)", ALL,
+        Defects(decode_keys="earlier")),
+    Bug("empty-cache", "each decode step attending only to itself: the cache it reads holds nothing earlier", ALL,
+        Defects(decode_keys="self")),
+    Bug("prefill-cache-lost", "decoding from an empty cache after prefill: decode steps see only the decoded tokens",
+        MODEL, Defects(decode_keys="decoded")),
+    Bug("mask-off-by-one", "a causal mask off by one: no position attends to itself", ALL,
+        Defects(mask_sees_self=False)),
+    Bug("c-proj-transposed", "the attention's c_proj weight used transposed", ALL,
+        Defects(c_proj_transposed=True)),
+    Bug("c-attn-transposed", "each square q/k/v block of c_attn used transposed", ALL,
+        Defects(c_attn_transposed=True)),
+    Bug("qkv-order-kqv", "q and k swapped when splitting c_attn's output (k, q, v)", ALL,
+        Defects(qkv_order=(1, 0, 2))),
+    Bug("qkv-order-qvk", "k and v swapped when splitting c_attn's output (q, v, k)", ALL,
+        Defects(qkv_order=(0, 2, 1))),
+    Bug("ln-eps-missing", "layer norm without its epsilon (eps 0 instead of 1e-5)", ALL,
+        Defects(ln_eps=0.0)),
+    Bug("gelu-erf", "the exact (erf) GELU instead of GPT-2's tanh approximation", MODEL,
+        Defects(gelu="erf")),
+    Bug("no-ln-f", "no final layer norm (ln_f) before the tied LM head", MODEL,
+        Defects(ln_f=False)),
+    Bug("record-after-consume", "each row recorded after consuming cont_ids[k] instead of before", ("per-step-logits",),
+        compute=_recorded_after),
+)
+BUILTIN_BUGS = {bug.name: bug for bug in _BUILTIN}
+
+
+class BugError(Exception):
+    """A stage names a bug that does not exist or cannot be computed for its oracle."""
+
+
+def resolve_bug(name: str, stage_source: Path) -> Bug:
+    """The built-in bug of that name, or an instructor's `file.py:function` beside the stage file."""
+    if name in BUILTIN_BUGS:
+        return BUILTIN_BUGS[name]
+    spec = load_file_function(stage_source, name)
+    return Bug(name=name, finding=name, oracles=(), compute=lambda model, _, inputs: compute_expected(spec, model, inputs),
+               stamp=spec.stamp)
+
+
+def bug_output(bug: Bug, spec: OracleSpec, oracle_name: str, model: Model, inputs: dict) -> np.ndarray:
+    """What the stage's adapter returns for these inputs with this bug (one forward)."""
+    if bug.compute is not None:
+        return np.asarray(bug.compute(model, oracle_name, inputs))
+    defects = dataclasses.replace(bug.defects, prefill=spec.prefill(inputs))
+    return np.asarray(spec.compute(model, **inputs, defects=defects))
