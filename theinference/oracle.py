@@ -94,10 +94,8 @@ def softmax(x):  # [..., n] -> [..., n], in place
 
 
 def attention_keys(n_seq, defects):  # -> [n_seq, n_seq] bool: which keys each row's query sees
-    """Keys each row attends to: causal, unless a defect changes it (a fully masked row sees every
-    key its step had, as a large negative additive mask gives: uniform weights)."""
+    """Keys each row attends to: causal, unless a defect changes it."""
     rows, cols = np.arange(n_seq)[:, None], np.arange(n_seq)[None, :]
-    in_step = np.where(rows < defects.prefill, cols < defects.prefill, cols <= rows)  # keys present at that step
     keys = cols <= rows if defects.mask_sees_self else cols < rows
     decode = (rows >= defects.prefill) & (rows > 0)
     if defects.decode_keys == "first":
@@ -108,7 +106,21 @@ def attention_keys(n_seq, defects):  # -> [n_seq, n_seq] bool: which keys each r
         keys = np.where(decode, cols == rows, keys)
     elif defects.decode_keys == "decoded":
         keys = np.where(decode, (cols >= defects.prefill) & (cols <= rows), keys)
-    return np.where(keys.any(axis=1, keepdims=True), keys, in_step)
+    return keys
+
+
+def _mask_defective(scores, defects):  # [n_head, n_seq, n_seq] scores, masked in place
+    # A fully masked row under a large negative additive mask (-1e10 swamps every score in
+    # float32) gets uniform weights over the keys present at its step: model exactly that.
+    n_seq = scores.shape[-1]
+    keys = attention_keys(n_seq, defects)
+    empty = ~keys.any(axis=1)
+    if empty.any():
+        rows, cols = np.arange(n_seq)[:, None], np.arange(n_seq)[None, :]
+        present = np.where(rows < defects.prefill, cols < defects.prefill, cols <= rows)
+        scores[:, empty, :] = 0.0
+        keys = np.where(empty[:, None], present, keys)
+    scores[:, ~keys] = -np.inf
 
 
 def _attn_weights(c_attn, c_proj, defects):
@@ -138,8 +150,10 @@ def mha(x, c_attn, c_proj, n_head, defects=EXACT):  # [n_seq, n_embd] -> [n_seq,
     q, k, v = (qkv[i] for i in defects.qkv_order)  # [n_head, n_seq, head_dim]
     scores = q @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_seq]
     scores *= _scale(n_seq, head_dim, defects)
-    keys = np.tri(n_seq, dtype=bool) if defects is EXACT else attention_keys(n_seq, defects)
-    scores[:, ~keys] = -np.inf
+    if defects is EXACT:
+        scores[:, ~np.tri(n_seq, dtype=bool)] = -np.inf
+    else:
+        _mask_defective(scores, defects)
     heads = softmax(scores) @ v  # [n_head, n_seq, head_dim]
     return linear(heads.transpose(1, 0, 2).reshape(n_seq, n_embd), **c_proj)
 
