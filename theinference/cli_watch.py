@@ -23,6 +23,8 @@ def render_regrade(report: Regrade, root) -> None:
         console.print(f"[bold red]error:[/bold red] {escape(report.error)}", soft_wrap=True)
     else:
         render_run(console, report.result, __version__)
+    if report.fingerprinting:
+        console.print("[dim]matching the failure against known bugs…[/dim]")
     keys = "Enter re-runs, q+Enter quits, " if sys.stdin.isatty() else ""
     console.print(f"\n[dim]watching {escape(str(root))} for changes — {keys}Ctrl-C exits[/dim]", soft_wrap=True)
 

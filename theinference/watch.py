@@ -6,6 +6,7 @@ coalesced by a short quiet window into one re-grade; events that arrive while a 
 are queued and give exactly one more re-grade when it ends.
 """
 
+import dataclasses
 import fnmatch
 import queue
 import sys
@@ -65,6 +66,7 @@ class Regrade:
     result: RunResult | None = None
     error: str = ""
     seconds: float = 0.0
+    fingerprinting: bool = False  # the verdict is shown; the failure is being matched against known bugs
 
 
 @dataclass
@@ -77,6 +79,8 @@ class Watch:
     poll: bool = False
     debounce: float = DEBOUNCE
     events: queue.Queue = field(default_factory=queue.Queue)
+    # Called again once a failing re-grade is fingerprinted (the verdict was shown before); None: not fingerprinted.
+    on_fingerprint: Callable[[Regrade], None] | None = None
 
     def start_observer(self):
         """Start watchdog on the course directory (PollingObserver with poll=True)."""
@@ -125,13 +129,25 @@ class Watch:
         started = time.perf_counter()
         try:
             self._reload(changed)
-            report.result = self.session.run(choose_stages(self.session, self.stage_ids), self.options)
+            stages = choose_stages(self.session, self.stage_ids)
+            report.result = self.session.run(stages, dataclasses.replace(self.options, fingerprint=False))
             record_progress(self.session.course.root, report.result)
         except (*CONFIG_ERRORS, UsageError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started
+        report.fingerprinting = bool(report.result and not report.result.passed and self.on_fingerprint)
         self.on_regrade(report)
+        if report.fingerprinting:  # the verdict is on screen; the finding follows
+            self._fingerprint(stages, report)
         return report
+
+    def _fingerprint(self, stages, report: Regrade) -> None:
+        try:
+            self.session.fingerprint_run(stages, report.result, self.options)
+        except CONFIG_ERRORS as e:
+            report.error = str(e)
+        report.fingerprinting = False
+        self.on_fingerprint(report)
 
     def loop(self, stop: threading.Event) -> None:
         """Grade once, then re-grade on every burst of changes until `q` or stop is set."""
