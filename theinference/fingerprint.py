@@ -105,3 +105,5 @@ def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache
     for case in failing:
         if case.diagnosis is not None:
             case.diagnosis = _apply(case.diagnosis, found, len(stage.bugs))
+        elif found is not None and result.cross_case is None:  # a one-row case has no shape, but the bug explains it too
+            case.diagnosis = found

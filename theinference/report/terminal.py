@@ -158,7 +158,7 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
 
 def diagnosis_lines(d: Diagnosis) -> list[Text]:
     """Shape, then the fingerprint's finding (or that no known bug matched), then the hint."""
-    lines = [Text.assemble(("  shape: ", "bold"), (d.shape, "magenta"), (f" — {d.summary}", ""))]
+    lines = [Text.assemble(("  shape: ", "bold"), (d.shape, "magenta"), (f" — {d.summary}", ""))] if d.shape else []
     if d.bug:
         lines.append(Text.assemble(("  finding: ", "bold green"), (d.bug, "bold"), f" — {d.evidence}"))
     elif d.evidence:

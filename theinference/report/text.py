@@ -7,7 +7,8 @@ def case_summary(case: CaseResult) -> str:
     """One paragraph: status and message, the diagnosed shape and the hint."""
     lines = [f"{case.name}: {case.status}" + (f" — {case.message}" if case.message else "")]
     if case.diagnosis:
-        lines.append(f"shape: {case.diagnosis.shape} — {case.diagnosis.summary}")
+        if case.diagnosis.shape:
+            lines.append(f"shape: {case.diagnosis.shape} — {case.diagnosis.summary}")
         if case.diagnosis.bug:
             lines.append(f"finding: {case.diagnosis.bug}: {case.diagnosis.evidence}")
         elif case.diagnosis.evidence:
