@@ -20,8 +20,20 @@ def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path):
     for mutant in mutants:
         row = lines[mutant.name]
         for shapes in mutant.expect.values():
-            assert any(f"✔ {shape}" in row for shape in shapes)
+            assert "fail" in shapes or any(f"✔ {shape}" in row for shape in shapes)
         assert "✘" not in row
+    assert "✘" not in out
+
+
+def test_a_wrong_fingerprint_is_a_mismatch(cli, tiny_path, tmp_path):
+    source = tmp_path / "course"
+    shutil.copytree(data_dir("course") / "solution", source / "solution")
+    shutil.copytree(data_dir("course") / "mutants" / "position-stuck", source / "mutants" / "position-stuck")
+    manifest = source / "mutants" / "position-stuck" / "manifest.toml"
+    manifest.write_text(manifest.read_text().replace('prove-one-layer = "position-zero"', 'prove-one-layer = "wpe-off-by-one"'))
+    result = cli("stages", "check", "--source", source, "--weights", tiny_path, "--stage", "prove-one-layer")
+    assert result.exit_code == 1
+    assert "mismatch: position-stuck × prove-one-layer: expected fingerprint wpe-off-by-one, got position-zero" in result.stdout
 
 
 def test_the_gallery_covers_the_classic_bugs():
