@@ -101,6 +101,18 @@ def resolve_bug(name: str, stage_source: Path) -> Bug:
                stamp=spec.stamp)
 
 
+_DECODE_FIELDS = {"scale_decode", "decode_position", "decode_keys"}
+
+
+def is_inert(bug: Bug, spec: OracleSpec, inputs: dict) -> bool:
+    """True when the bug cannot change this case's output: a decode-step bug, and every output row
+    comes before the first decode step (attention is causal), so no forward is needed."""
+    if bug.defects is None:
+        return False
+    changed = {f.name for f in dataclasses.fields(Defects) if getattr(bug.defects, f.name) != getattr(oracle.EXACT, f.name)}
+    return changed <= _DECODE_FIELDS and max(spec.positions(inputs), default=0) < spec.prefill(inputs)
+
+
 def bug_output(bug: Bug, spec: OracleSpec, oracle_name: str, model: Model, inputs: dict) -> np.ndarray:
     """What the stage's adapter returns for these inputs with this bug (one forward)."""
     if bug.compute is not None:
