@@ -9,7 +9,7 @@ import pytest
 
 from theinference.mutants import build_mutant, load_mutant
 from theinference.resources import data_dir
-from tests.conftest import write_adapters
+from conftest import write_adapters
 
 MUTANTS = data_dir("course") / "mutants"
 
