@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
+from conftest import write_adapters
 from theinference.mutants import build_mutant, load_mutant
 from theinference.resources import data_dir
-from conftest import write_adapters
 
 MUTANTS = data_dir("course") / "mutants"
 
