@@ -34,15 +34,42 @@ class Bug:
     finding: str  # completes "your output equals GPT-2 with ..."
     oracles: tuple[str, ...]  # the built-in oracles it can be computed for
     defects: Defects | None = None
-    compute: Callable | None = None  # (model, oracle name, inputs) -> array, when no Defects express it
+    compute: Callable | None = None  # (model, oracle name, inputs, history) -> array, when no Defects express it
     stamp: tuple = ()  # an instructor's bug: its file's version
+    uses_history: bool = False  # its output depends on the stage's earlier cases (run before, in the same process)
 
 
-def _recorded_after(model: Model, oracle_name: str, inputs: dict) -> np.ndarray:
+def _recorded_after(model: Model, oracle_name: str, inputs: dict, history: list) -> np.ndarray:
     # Row k holds the logits after consuming cont[k]: the recompute's rows shifted by one.
     prompt, cont = list(inputs["prompt"]), list(inputs["cont"])
     rows = slice(len(prompt), len(prompt) + len(cont))
     return oracle.logits(model.params, prompt + cont, model.config.n_head, rows=rows)
+
+
+# What one call feeds the cache, and which of those rows (relative to the call's first) it returns.
+_CONSUMED = {
+    "layer0-attn-sublayer": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"]))),
+    "layer0-attn-last": (lambda i: list(i["seq"]), lambda i: len(i["seq"]) - 1),
+    "decode-step-logits": (lambda i: [*i["prompt"], i["next_id"]], lambda i: len(i["prompt"])),
+    "per-step-logits": (lambda i: [*i["prompt"], *i["cont"][:-1]],
+                        lambda i: slice(len(i["prompt"]) - 1, len(i["prompt"]) - 1 + len(i["cont"]))),
+}
+
+
+def _cache_kept(model: Model, oracle_name: str, inputs: dict, history: list) -> np.ndarray:
+    # The earlier cases of the stage ran first in the same process and left their rows in the cache.
+    consumed, rows = _CONSUMED[oracle_name]
+    calls = [consumed(h) for h in history] + [consumed(inputs)]
+    defects = Defects(segments=tuple(map(len, calls)))
+    ids, start = [t for call in calls for t in call], sum(map(len, calls[:-1]))
+    own = rows(inputs)
+    own = slice(start + own.start, start + own.stop) if isinstance(own, slice) else start + own
+    if oracle_name in LAYER0:
+        return oracle.layer0_attn_sublayer(model.params, ids, model.config.n_head, defects)[own]
+    h = oracle.hidden_states(model.params, ids, model.config.n_head, defects)
+    if isinstance(own, slice):
+        return oracle.lm_head(model.params, h[own])
+    return oracle.lm_head(model.params, h[own : own + 1])[0]
 
 
 _BUILTIN = (
@@ -84,6 +111,8 @@ _BUILTIN = (
         Defects(ln_f=False)),
     Bug("record-after-consume", "each row recorded after consuming cont_ids[k] instead of before", ("per-step-logits",),
         compute=_recorded_after),
+    Bug("cache-not-cleared", "a cache never cleared between calls: each case also attends to the earlier cases' rows", ALL,
+        compute=_cache_kept, uses_history=True),
 )
 BUILTIN_BUGS = {bug.name: bug for bug in _BUILTIN}
 
@@ -97,7 +126,7 @@ def resolve_bug(name: str, stage_source: Path) -> Bug:
     if name in BUILTIN_BUGS:
         return BUILTIN_BUGS[name]
     spec = load_file_function(stage_source, name)
-    return Bug(name=name, finding=name, oracles=(), compute=lambda model, _, inputs: compute_expected(spec, model, inputs),
+    return Bug(name=name, finding=name, oracles=(), compute=lambda model, _, inputs, __: compute_expected(spec, model, inputs),
                stamp=spec.stamp)
 
 
@@ -113,9 +142,10 @@ def is_inert(bug: Bug, spec: OracleSpec, inputs: dict) -> bool:
     return changed <= _DECODE_FIELDS and max(spec.positions(inputs), default=0) < spec.prefill(inputs)
 
 
-def bug_output(bug: Bug, spec: OracleSpec, oracle_name: str, model: Model, inputs: dict) -> np.ndarray:
-    """What the stage's adapter returns for these inputs with this bug (one forward)."""
+def bug_output(bug: Bug, spec: OracleSpec, oracle_name: str, model: Model, inputs: dict,
+               history: list = ()) -> np.ndarray:
+    """What the stage's adapter returns for these inputs (after the earlier cases' calls) with this bug: one forward."""
     if bug.compute is not None:
-        return np.asarray(bug.compute(model, oracle_name, inputs))
+        return np.asarray(bug.compute(model, oracle_name, inputs, list(history)))
     defects = dataclasses.replace(bug.defects, prefill=spec.prefill(inputs))
     return np.asarray(spec.compute(model, **inputs, defects=defects))

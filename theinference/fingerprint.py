@@ -29,9 +29,13 @@ class Match:
     max_abs: float  # largest |your output - this bug's output| over the cases read
 
 
-def _key(model: Model, stage: StageSpec, bug: Bug, inputs: dict) -> tuple:
-    return (str(model.path), model.stamp, "bug", stage.oracle, bug.name, bug.stamp,
-            tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in inputs.items()))
+def _frozen(inputs: dict) -> tuple:
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in inputs.items())
+
+
+def _key(model: Model, stage: StageSpec, bug: Bug, inputs: dict, history: list) -> tuple:
+    before = tuple(map(_frozen, history)) if bug.uses_history else ()
+    return (str(model.path), model.stamp, "bug", stage.oracle, bug.name, bug.stamp, _frozen(inputs), before)
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
@@ -49,13 +53,16 @@ def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
     return sorted(cases, key=lambda c: (c.status == "pass", np.asarray(c.output).size))
 
 
-def _match(bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec, model: Model, cache) -> Match | None:
+def _match(bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec, model: Model, cache,
+           histories: dict) -> Match | None:
     worst, visible = 0.0, False
     for case in cases:
         got = np.asarray(case.output, dtype=np.float32)
         expected = cache.get(model, stage, spec, case)
+        history = histories[case.name]
         out = expected if is_inert(bug, spec, case.inputs) else cache.memo(
-            _key(model, stage, bug, case.inputs), lambda: bug_output(bug, spec, stage.oracle, model, case.inputs))
+            _key(model, stage, bug, case.inputs, history),
+            lambda: bug_output(bug, spec, stage.oracle, model, case.inputs, history))
         if not _close(got, out, stage):
             return None
         visible = visible or not _close(out, expected, stage)
@@ -63,11 +70,12 @@ def _match(bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec
     return Match(bug, worst) if visible else None
 
 
-def find_matches(stage: StageSpec, cases: list[CaseResult], model: Model, cache) -> list[Match]:
+def find_matches(stage: StageSpec, cases: list[CaseResult], model: Model, cache, histories: dict) -> list[Match]:
     """The stage's known bugs whose output the student's output equals in every one of these cases."""
     spec = resolve_oracle(stage.oracle, stage.source)
     ordered = _read_order(cases)
-    matches = (_match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache) for name in stage.bugs)
+    matches = (_match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories)
+               for name in stage.bugs)
     return [m for m in matches if m is not None]
 
 
@@ -99,7 +107,9 @@ def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache
         return
     # Read across cases, every case with numbers must match; otherwise the failing ones.
     cases = numeric if result.cross_case is not None else failing
-    matches = find_matches(stage, cases, model, cache)
+    # Each case's calls ran after the earlier cases', in one student process.
+    histories = {c.name: [e.inputs for e in result.cases[:i]] for i, c in enumerate(result.cases)}
+    matches = find_matches(stage, cases, model, cache, histories)
     found = _finding(matches, cases, stage) if matches else None
     if result.cross_case is not None:
         result.cross_case = _apply(result.cross_case, found, len(stage.bugs))

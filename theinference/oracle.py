@@ -37,6 +37,9 @@ class Defects:
     ln_eps: float = 1e-5
     gelu: str = "tanh"  # tanh | erf
     ln_f: bool = True
+    # Lengths of consecutive calls that share one cache never cleared: every row attends to every
+    # earlier row, and positions restart at 0 with each call.
+    segments: tuple = ()
 
 
 EXACT = Defects()
@@ -171,6 +174,8 @@ def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, defects=EXACT):  # [n_se
 
 def positions(n_seq, defects=EXACT):  # [n_seq] -> the wpe row each position is embedded with
     """0..n_seq-1; a decode position defect changes the rows after the prefill block."""
+    if defects.segments:
+        return np.concatenate([np.arange(n) for n in defects.segments])
     pos = np.arange(n_seq)
     position_of = DECODE_POSITIONS[defects.decode_position]
     for row in range(defects.prefill, n_seq):
@@ -180,7 +185,7 @@ def positions(n_seq, defects=EXACT):  # [n_seq] -> the wpe row each position is 
 
 def embed(params, ids, defects=EXACT):  # [n_seq] -> [n_seq, n_embd]
     ids = np.asarray(ids, dtype=np.int64)
-    if defects.decode_position == "advance":
+    if defects.decode_position == "advance" and not defects.segments:
         return params["wte"]["weight"][ids] + params["wpe"]["weight"][: len(ids)]
     return params["wte"]["weight"][ids] + params["wpe"]["weight"][positions(len(ids), defects)]
 
