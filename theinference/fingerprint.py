@@ -99,6 +99,16 @@ def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: int) -> Diagn
     return dataclasses.replace(diagnosis, hint=found.hint or diagnosis.hint, bug=found.bug, evidence=found.evidence)
 
 
+def _histories(cases: list[CaseResult]) -> dict:
+    """The earlier cases whose calls ran in the same student process before each case's (the
+    runner starts a fresh process after a crash or a timeout)."""
+    histories, earlier = {}, []
+    for case in cases:
+        histories[case.name] = list(earlier)
+        earlier = [] if case.status in ("crash", "timeout") else [*earlier, case.inputs]
+    return histories
+
+
 def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
     """Turn the failing diagnoses of a graded stage into findings where a known bug's output matches."""
     numeric = [c for c in result.cases if c.rows and c.output is not None]
@@ -107,8 +117,7 @@ def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache
         return
     # Read across cases, every case with numbers must match; otherwise the failing ones.
     cases = numeric if result.cross_case is not None else failing
-    # Each case's calls ran after the earlier cases', in one student process.
-    histories = {c.name: [e.inputs for e in result.cases[:i]] for i, c in enumerate(result.cases)}
+    histories = _histories(result.cases)
     matches = find_matches(stage, cases, model, cache, histories)
     found = _finding(matches, cases, stage) if matches else None
     if result.cross_case is not None:
