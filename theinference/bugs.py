@@ -66,10 +66,39 @@ def _cache_kept(model: Model, oracle_name: str, inputs: dict, history: list) -> 
     own = slice(start + own.start, start + own.stop) if isinstance(own, slice) else start + own
     if oracle_name in LAYER0:
         return oracle.layer0_attn_sublayer(model.params, ids, model.config.n_head, defects)[own]
-    h = oracle.hidden_states(model.params, ids, model.config.n_head, defects)
-    if isinstance(own, slice):
-        return oracle.lm_head(model.params, h[own])
-    return oracle.lm_head(model.params, h[own : own + 1])[0]
+    return _logits_at(model.params, oracle.hidden_states(model.params, ids, model.config.n_head, defects), own)
+
+
+def _logits_at(params, h, own):  # the LM head on the rows a call returns (one row: a vector)
+    return oracle.lm_head(params, h[own]) if isinstance(own, slice) else oracle.lm_head(params, h[own : own + 1])[0]
+
+
+def _attend_shared(x, c_attn, c_proj, n_head, shared):  # [n_new, n_embd] -> same; shared = [keys, values]
+    n_q, n_embd = x.shape
+    qkv = oracle.linear(x, **c_attn).reshape(n_q, 3, n_head, n_embd // n_head).transpose(1, 2, 0, 3)
+    for i in (0, 1):  # every layer appends to the same keys and values
+        shared[i] = qkv[i + 1] if shared[i] is None else np.concatenate([shared[i], qkv[i + 1]], axis=1)
+    keys, values = shared
+    n_k = keys.shape[1]
+    scores = qkv[0] @ keys.transpose(0, 2, 1) * np.float32(1.0 / np.sqrt(n_embd // n_head))
+    scores[:, np.arange(n_k)[None, :] > np.arange(n_q)[:, None] + n_k - n_q] = -np.inf
+    heads = oracle.softmax(scores) @ values
+    return oracle.linear(heads.transpose(1, 0, 2).reshape(n_q, n_embd), **c_proj)
+
+
+def _shared_cache(model: Model, oracle_name: str, inputs: dict, history: list) -> np.ndarray:
+    # Stateful, so computed step by step: the prompt as one block, then one row per decode step.
+    consumed, rows = _CONSUMED[oracle_name]
+    ids, prefill, params = np.asarray(consumed(inputs)), len(inputs["prompt"]), model.params
+    shared, hidden = [None, None], []
+    for block in [np.arange(prefill)] + [np.arange(i, i + 1) for i in range(prefill, len(ids))]:
+        x = params["wte"]["weight"][ids[block]] + params["wpe"]["weight"][block]
+        for layer in params["h"]:
+            x = x + _attend_shared(oracle.layer_norm(x, **layer["ln_1"]), **layer["attn"], n_head=model.config.n_head,
+                                   shared=shared)
+            x = x + oracle.ffn(oracle.layer_norm(x, **layer["ln_2"]), **layer["mlp"])
+        hidden.append(x)
+    return _logits_at(params, oracle.layer_norm(np.concatenate(hidden), **params["ln_f"]), rows(inputs))
 
 
 _BUILTIN = (
@@ -111,6 +140,8 @@ _BUILTIN = (
         Defects(ln_f=False)),
     Bug("record-after-consume", "each row recorded after consuming cont_ids[k] instead of before", ("per-step-logits",),
         compute=_recorded_after),
+    Bug("shared-cache", "one cache shared by every layer: each layer also attends to the keys and values of the "
+        "layers before it", MODEL, compute=_shared_cache),
     Bug("cache-not-cleared", "a cache never cleared between calls: each case also attends to the earlier cases' rows", ALL,
         compute=_cache_kept, uses_history=True),
 )

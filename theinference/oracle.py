@@ -4,8 +4,8 @@ Conv1D weights are stored [in, out]; GELU is the tanh approximation; layer-norm 
 the LM head is tied to wte. picoGPT-style pure functions over params named like the checkpoint.
 
 Every function takes an optional `Defects`: named departures from GPT-2 that students make
-(theinference.bugs names and documents them). The default, EXACT, is GPT-2 itself and takes the
-same code path as if the parameter did not exist. Some defects only exist in an incremental
+(theinference.bugs names and documents them). The default, EXACT, is GPT-2 itself: bit-identical
+results at the same speed as without the parameter. Some defects only exist in an incremental
 computation (a prefill block, then one row per decode step): `Defects.prefill` says how many
 leading rows form the block; every later row is modelled as a single-query decode step.
 """
