@@ -3,6 +3,8 @@ mutant in the gallery fails exactly its manifest's stages with its manifest's di
 
 import shutil
 
+import pytest
+
 from conftest import write_quick_scaling_stage
 from theinference.mutants import load_mutants
 from theinference.resources import data_dir
@@ -28,8 +30,9 @@ def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path):
         row = lines[mutant.name]
         for stage, shapes in mutant.expect.items():
             if stage in OUTPUT_STAGES:
-                assert any(f"✔ {shape}" in row for shape in shapes)
+                assert "fail" in shapes or any(f"✔ {shape}" in row for shape in shapes)
         assert "✘" not in row
+    assert "✘" not in out
 
 
 def test_no_cache_mutants_pass_every_output_stage_and_fail_only_on_cost(cli, tiny_path, tmp_path):
@@ -60,15 +63,20 @@ def test_the_gallery_covers_the_classic_bugs():
     assert expected["record-after-consume"] == {"per-step-identity": ("shifted-by-one",)}
 
 
-def test_a_wrong_manifest_is_a_mismatch_and_exit_1(cli, tiny_path, tmp_path):
+@pytest.mark.parametrize("find, replace, mismatch", [
+    ('prove-one-layer = "error-grows"', 'prove-one-layer = "all-rows-off"', "expected all-rows-off, got error-grows"),
+    ('prove-one-layer = "position-zero"', 'prove-one-layer = "wpe-off-by-one"',
+     "expected fingerprint wpe-off-by-one, got position-zero"),
+])
+def test_a_wrong_manifest_is_a_mismatch_and_exit_1(cli, tiny_path, tmp_path, find, replace, mismatch):
     source = tmp_path / "course"
     shutil.copytree(data_dir("course") / "solution", source / "solution")
     shutil.copytree(data_dir("course") / "mutants" / "position-stuck", source / "mutants" / "position-stuck")
     manifest = source / "mutants" / "position-stuck" / "manifest.toml"
-    manifest.write_text(manifest.read_text().replace('prove-one-layer = "error-grows"', 'prove-one-layer = "all-rows-off"'))
+    manifest.write_text(manifest.read_text().replace(find, replace))
     result = cli("stages", "check", "--source", source, "--weights", tiny_path, "--stage", "prove-one-layer")
     assert result.exit_code == 1
-    assert "mismatch: position-stuck × prove-one-layer: expected all-rows-off, got error-grows" in result.stdout
+    assert f"mismatch: position-stuck × prove-one-layer: {mismatch}" in result.stdout
 
 
 def test_a_stale_edit_is_reported(cli, tiny_path, tmp_path):

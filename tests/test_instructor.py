@@ -142,3 +142,24 @@ def test_editing_the_oracle_file_invalidates_cached_outputs(instructor_course, t
     oracle_file.write_text(oracle_file.read_text().replace("return h + oracle.ffn(", "return 2 * h + oracle.ffn("))
     second = cache.get(tiny_model, stage, resolve_oracle(stage.oracle, stage.source), stage.cases[0])
     assert not np.allclose(first, second)
+
+
+def test_an_instructors_bug_oracle_names_the_bug(cli, instructor_course, tiny_path):
+    stages = instructor_course / "stages"
+    (stages / "mlp.toml").write_text(MLP_STAGE.replace('[tolerance]', 'bugs = ["oracles.py:no_ln2_bias"]\n\n[tolerance]')
+                                     + '\n[bug_hints]\n"oracles.py:no_ln2_bias" = "ln_2 has a bias: add it."\n')
+    (stages / "oracles.py").write_text(MLP_ORACLE + textwrap.dedent("""
+
+        def no_ln2_bias(model, seq):
+            block = model.params["h"][0]
+            h = oracle.layer0_attn_sublayer(model.params, seq, model.config.n_head)
+            return h + oracle.ffn(oracle.layer_norm(h, block["ln_2"]["weight"], 0.0), **block["mlp"])
+    """))
+    adapters = instructor_course / "solution" / "tests" / "adapters.py"
+    adapters.write_text(adapters.read_text().replace('layer_norm(h, **params["h"][0]["ln_2"])',
+                                                     'layer_norm(h, params["h"][0]["ln_2"]["weight"], 0.0)'))
+    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", stages,
+                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    assert result.exit_code == 1
+    assert "finding: oracles.py:no_ln2_bias — your output equals GPT-2 with oracles.py:no_ln2_bias" in result.stdout
+    assert "hint: ln_2 has a bias: add it." in result.stdout

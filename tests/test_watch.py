@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_adapters
+from theinference.resources import data_dir
 from theinference.session import open_session
 from theinference.watch import Watch, is_relevant
 
@@ -256,3 +257,20 @@ def test_the_waiting_screen_says_what_happened(capsys, tmp_path):
                            "waiting for it to come back"), tmp_path)
     out = capsys.readouterr().out
     assert f"{tmp_path} is gone (renamed or deleted): waiting for it to come back" in out and "graded in" not in out
+
+
+def test_the_verdict_shows_before_the_fingerprint(tmp_path, tiny_path):
+    from theinference.mutants import build_mutant, load_mutant
+    mutant = load_mutant(data_dir("course") / "mutants" / "wpe-base-off-by-one" / "manifest.toml")
+    course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / "course")
+    session = open_session(course, str(tiny_path), [])
+    seen = []
+
+    def snapshot(report):
+        seen.append((report.fingerprinting, report.result.stages[0].status, report.result.stages[0].diagnosis.bug))
+
+    try:
+        Watch(session, ["prove-one-layer"], snapshot, on_fingerprint=snapshot).regrade([])
+    finally:
+        session.close()
+    assert seen == [(True, "fail", ""), (False, "fail", "wpe-off-by-one")]

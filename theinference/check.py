@@ -11,7 +11,7 @@ from theinference.grade import GradeContext, OracleCache, grade
 from theinference.launch import SubprocessLauncher
 from theinference.mutants import Mutant, MutantError, build_mutant, load_mutants
 from theinference.results import StageResult
-from theinference.stages import StageSpec
+from theinference.stages import SHAPES, StageSpec
 from theinference.weights import Model
 
 
@@ -22,10 +22,14 @@ class CheckCell:
     expected: tuple[str, ...]  # acceptable outcomes: pass | not-started | failure shapes
     got: str  # what the grader reported: a status, or the failing stage's shape
     message: str = ""
+    expected_bugs: frozenset | None = None  # the bugs the fingerprint must name (None: not checked)
+    got_bugs: frozenset = frozenset()  # the bugs it named
 
     @property
     def ok(self) -> bool:
-        return self.got in self.expected
+        bugs_ok = self.expected_bugs is None or self.got == "pass" or self.got_bugs == self.expected_bugs
+        shape_ok = self.got in self.expected or ("fail" in self.expected and self.got in SHAPES)
+        return shape_ok and bugs_ok
 
 
 @dataclass
@@ -47,18 +51,26 @@ def observed(result: StageResult) -> str:
     return result.status
 
 
+def named_bugs(result: StageResult) -> frozenset:
+    """The known bugs the stage's fingerprint named (none if it named none)."""
+    d = result.diagnosis
+    return frozenset(d.bug.split(", ")) if d is not None and d.bug else frozenset()
+
+
 def _first_message(result: StageResult) -> str:
     case = next((c for c in result.cases if c.status != "pass"), None)
     return f"{case.name}: {case.message}" if case else ""
 
 
-def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list[StageSpec], ctx_args: dict) -> list[CheckCell]:
+def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list[StageSpec], ctx_args: dict,
+                   fingerprints: dict) -> list[CheckCell]:
     ctx = GradeContext(course=load_course(course_dir), **ctx_args)
     cells = []
     for stage in stages:
         result = grade(stage, ctx)
         cells.append(CheckCell(subject=name, stage=stage.id, expected=expectations.get(stage.id, ("pass",)),
-                               got=observed(result), message=_first_message(result)))
+                               got=observed(result), message=_first_message(result),
+                               expected_bugs=fingerprints.get(stage.id), got_bugs=named_bugs(result)))
     return cells
 
 
@@ -80,22 +92,23 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
     if not (solution / "tests" / "adapters.py").is_file():
         result.problems.append(f"{solution}: no reference solution (tests/adapters.py) to check against")
         return result
-    subjects = [("solution", solution, {})]
+    subjects = [("solution", solution, {}, {})]
     if (source / "starter").is_dir():
-        subjects.append(("starter", source / "starter", {s.id: ("not-started",) for s in stages}))
+        subjects.append(("starter", source / "starter", {s.id: ("not-started",) for s in stages}, {}))
     with tempfile.TemporaryDirectory(prefix="theinference-check-") as tmp:
         try:
             mutants = load_mutants(source / "mutants")
             for mutant in mutants:
                 expect, unknown = _mutant_expectations(mutant, {s.id for s in all_stages}, {s.id for s in stages})
                 result.problems.extend(unknown)
-                subjects.append((mutant.name, build_mutant(mutant, solution, Path(tmp) / mutant.name), expect))
+                subjects.append((mutant.name, build_mutant(mutant, solution, Path(tmp) / mutant.name), expect,
+                                 mutant.fingerprint))
         except MutantError as e:
             result.problems.append(str(e))
-        result.subjects = [name for name, _, _ in subjects]
+        result.subjects = [name for name, *_ in subjects]
         # The solution first and alone: it fills the oracle cache every other subject reuses.
-        result.cells.extend(_grade_subject(*subjects[0], stages, ctx_args))
+        result.cells.extend(_grade_subject(*subjects[0][:3], stages, ctx_args, subjects[0][3]))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for cells in pool.map(lambda s: _grade_subject(*s, stages, ctx_args), subjects[1:]):
+            for cells in pool.map(lambda s: _grade_subject(*s[:3], stages, ctx_args, s[3]), subjects[1:]):
                 result.cells.extend(cells)
     return result

@@ -119,8 +119,9 @@ def test(
                 session.launcher.hide(output)
             _weights_notice(session)
             if watch:
-                raise typer.Exit(run_watch(Watch(session, wanted, lambda r: render_regrade(r, session.course.root),
-                                                 extra_stage_dirs=stages_dir or [], options=options, poll=poll)))
+                show = lambda r: render_regrade(r, session.course.root)  # noqa: E731
+                raise typer.Exit(run_watch(Watch(session, wanted, show, extra_stage_dirs=stages_dir or [],
+                                                 options=options, poll=poll, on_fingerprint=show)))
             selected = choose_stages(session, wanted)
             if wanted is None and len(selected) == 1:
                 err_console().print(f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "

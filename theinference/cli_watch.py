@@ -28,6 +28,8 @@ def render_regrade(report: Regrade, root) -> None:
         render_run(console, report.result, __version__)
     if report.notice:
         console.print(report.notice, markup=False, soft_wrap=True)
+    if report.fingerprinting:
+        console.print("[dim]matching the failure against known bugs…[/dim]")
     keys = "Enter re-runs, q+Enter quits, " if sys.stdin.isatty() else ""
     console.print(f"\n[dim]watching {escape(str(root))} for changes — {keys}Ctrl-C exits[/dim]", soft_wrap=True)
 

@@ -12,6 +12,7 @@ from theinference import oracle, scaling, timing, tokenizer
 from theinference.compare import compare_rows, shape_problem, walk_tokens
 from theinference.course import Course
 from theinference.diagnose import diagnose_rows, diagnose_tokens
+from theinference.fingerprint import fingerprint_stage
 from theinference.launch import SubprocessLauncher
 from theinference.oracles import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.results import CaseResult, Diagnosis, StageResult
@@ -45,6 +46,12 @@ class OracleCache:
                 self.entries[key] = compute()
         return self.entries[key]
 
+    def memo(self, key: tuple, compute) -> np.ndarray:
+        """Any output computed from these weights (the oracle's, a bug oracle's), once per key."""
+        if key not in self.entries:
+            self.entries[key] = compute()
+        return self.entries[key]
+
     def seconds(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> float | None:
         """The CPU seconds the oracle took for this case (None if not computed here)."""
         return self.cpu_seconds.get(self._key(model, stage, spec, case))
@@ -60,6 +67,7 @@ class GradeContext:
     launcher: object = field(default_factory=SubprocessLauncher)  # how student processes start
     memory_mb: int | None = DEFAULT_MEMORY_MB  # address-space cap per student process
     untrusted: bool = False  # only the allow-listed environment for the student's process
+    fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -85,6 +93,7 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
     if problem:
         result.status, result.detail, result.message = "fail", "wrong-shape", problem
         return
+    result.output = got
     positions = spec.positions(result.inputs) or list(range(len(expected)))
     result.rows = compare_rows(expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions))
     if all(r.ok for r in result.rows):
@@ -158,14 +167,16 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
 
 def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis | None:
     """For a stage whose cases each give one row: the shape of those rows ordered by position."""
-    compared = [c for c in cases if c.rows]
+    compared = [c for c in cases if c.rows]  # cases that errored or returned no numbers say nothing
     if stage.compare != "rows" or len(compared) < 3 or any(len(c.rows) != 1 for c in compared):
         return None
     if all(c.status == "pass" for c in compared):
         return None
     rows = sorted((c.rows[0] for c in compared), key=lambda r: r.position)
     rows = [dataclasses.replace(r, row=i) for i, r in enumerate(rows)]
-    return diagnose_rows(rows, stage.hints)
+    diagnosis = diagnose_rows(rows, stage.hints)
+    read = f" (read across the {len(compared)} of {len(cases)} cases that returned numbers)"
+    return dataclasses.replace(diagnosis, summary=diagnosis.summary + read)
 
 
 def _stage_status(cases: list[CaseResult]) -> str:
@@ -207,7 +218,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     )
     outcomes = run_adapter(job)
     cases = [_case_result(stage, case, outcome, ctx, spec) for case, outcome in zip(stage.cases, outcomes)]
-    return StageResult(
+    result = StageResult(
         id=stage.id, title=stage.title, status=_stage_status(cases), cases=cases,
         points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
         adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
@@ -215,3 +226,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         adapter_line=adapter_line(ctx.course.adapters, stage.adapter_names),
         cross_case=cross_case_diagnosis(stage, cases),
     )
+    if ctx.fingerprint:
+        fingerprint_stage(stage, result, ctx.model, ctx.cache)
+        result.seconds = time.perf_counter() - started
+    return result

@@ -6,13 +6,17 @@ course/mutants/<name>/manifest.toml:
   [[edit]]     file (relative to the solution), find (text occurring exactly once), replace
   [expect]     stage id -> the diagnosis shape that stage must show when it fails, or a list
                of shapes when the bug's shape is genuinely ambiguous for that stage (e.g. an
-               error that grows, then saturates); every stage not named here must pass.
+               error that grows, then saturates); "fail" accepts any failing shape (where the
+               fingerprint is the assertion), "pass" a bug that may not show at that stage's
+               tolerance on some weights; every stage not named here must pass.
                `no-cache` is cache-scaling's shape: right outputs whose cost grows with position
+  [fingerprint] stage id -> the known bug the stage's fingerprint must name when it fails, or
+               a list of bugs when several give the same output there (all must be named)
 """
 
 import shutil
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.stages import SHAPES
@@ -36,6 +40,7 @@ class Mutant:
     edits: tuple[Edit, ...]
     expect: dict  # stage id -> tuple of acceptable shapes
     source: Path
+    fingerprint: dict = field(default_factory=dict)  # stage id -> the set of bug names it must name
 
 
 def _check_table(path: Path, where: str, table: dict, fields: dict) -> None:
@@ -53,6 +58,7 @@ def load_mutant(path: Path) -> Mutant:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise MutantError(f"{path}: cannot read: {e}") from e
+    fingerprint = _fingerprint(path, data.pop("fingerprint", {}))
     _check_table(path, "", data, {"description": str, "edit": list, "expect": dict})
     edits = []
     for i, raw in enumerate(data["edit"]):
@@ -64,10 +70,23 @@ def load_mutant(path: Path) -> Mutant:
     for stage_id, shapes in data["expect"].items():
         shapes = (shapes,) if isinstance(shapes, str) else tuple(shapes) if isinstance(shapes, list) else (None,)
         for shape in shapes:
-            if shape not in SHAPES:
+            if shape not in SHAPES and shape not in ("pass", "fail"):
                 raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape {shape!r} (known: {', '.join(SHAPES)})")
         expect[stage_id] = shapes
-    return Mutant(name=path.parent.name, description=data["description"], edits=tuple(edits), expect=expect, source=path)
+    return Mutant(name=path.parent.name, description=data["description"], edits=tuple(edits), expect=expect, source=path,
+                  fingerprint=fingerprint)
+
+
+def _fingerprint(path: Path, table) -> dict:
+    if not isinstance(table, dict):
+        raise MutantError(f"{path}: field 'fingerprint': must be a table of stage id -> bug name(s)")
+    names = {}
+    for stage_id, bugs in table.items():
+        bugs = [bugs] if isinstance(bugs, str) else bugs
+        if not isinstance(bugs, list) or not bugs or not all(isinstance(b, str) for b in bugs):
+            raise MutantError(f"{path}: field 'fingerprint.{stage_id}': expected a bug name or a list of them")
+        names[stage_id] = frozenset(bugs)
+    return names
 
 
 def load_mutants(directory: Path) -> list[Mutant]:

@@ -32,6 +32,9 @@ class OracleSpec:
     compute: Callable[..., np.ndarray]
     positions: Callable[[dict], list[int]]  # position of each output row, for tables
     stamp: tuple = ()  # an instructor's oracle: (file, mtime_ns, size), so an edit invalidates cached outputs
+    # How many leading rows the stage's incremental path computes as one block (bug oracles model
+    # every later row as a single-query decode step); built-in oracles only.
+    prefill: Callable[[dict], int] = lambda inputs: 0
 
 
 def _seq_positions(inputs: dict) -> list[int]:
@@ -47,17 +50,21 @@ def _step_positions(inputs: dict) -> list[int]:
     return list(range(start, start + len(inputs.get("cont") or range(inputs.get("n_new", 0)))))
 
 
+# Each built-in oracle also takes `defects` (theinference.oracle.Defects): the bug oracles.
 BUILTIN_ORACLES = {
     "layer0-attn-last": OracleSpec(
         inputs=("seq",),
-        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head)[-1],
+        compute=lambda m, seq, defects=oracle.EXACT: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head,
+                                                                                 defects)[-1],
         positions=_last_position,
+        prefill=lambda inputs: len(inputs["seq"]) - 1,
     ),
     "decode-step-logits": OracleSpec(
         inputs=("prompt", "next_id"),
-        compute=lambda m, prompt, next_id: oracle.logits(m.params, [*prompt, next_id], m.config.n_head,
-                                                         rows=slice(len(prompt), len(prompt) + 1))[0],
+        compute=lambda m, prompt, next_id, defects=oracle.EXACT: oracle.logits(
+            m.params, [*prompt, next_id], m.config.n_head, rows=slice(len(prompt), len(prompt) + 1), defects=defects)[0],
         positions=_last_position,
+        prefill=lambda inputs: len(inputs["prompt"]),
     ),
     "logits": OracleSpec(
         inputs=("seq",),
@@ -66,13 +73,15 @@ BUILTIN_ORACLES = {
     ),
     "layer0-attn-sublayer": OracleSpec(
         inputs=("seq",),
-        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head),
+        compute=lambda m, seq, defects=oracle.EXACT: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects),
         positions=_seq_positions,
     ),
     "per-step-logits": OracleSpec(
         inputs=("prompt", "cont"),
-        compute=lambda m, prompt, cont: oracle.per_step_logits(m.params, prompt, cont, m.config.n_head),
+        compute=lambda m, prompt, cont, defects=oracle.EXACT: oracle.per_step_logits(m.params, prompt, cont,
+                                                                                     m.config.n_head, defects),
         positions=_step_positions,
+        prefill=lambda inputs: len(inputs["prompt"]),
     ),
     "greedy": OracleSpec(
         inputs=("prompt", "n_new"),
@@ -95,7 +104,8 @@ def positions_needed(inputs: dict) -> int:
 _FILE_ORACLES: dict[tuple, OracleSpec] = {}  # loaded instructor oracles, by file stamp and function
 
 
-def _load_file_oracle(stage_source: Path, name: str) -> OracleSpec:
+def load_file_function(stage_source: Path, name: str) -> OracleSpec:
+    """Load `file.py:function` beside the stage file, once per version of the file."""
     file_name, _, func_name = name.partition(":")
     path = (stage_source.parent / file_name).resolve()
     try:
@@ -125,7 +135,7 @@ def _import_file_oracle(path: Path, func_name: str, stage_source: Path, stamp: t
 
 def resolve_oracle(name: str, stage_source: Path) -> OracleSpec:
     """Return the built-in oracle of that name, or load `file.py:function` beside the stage file."""
-    return BUILTIN_ORACLES.get(name) or _load_file_oracle(stage_source, name)
+    return BUILTIN_ORACLES.get(name) or load_file_function(stage_source, name)
 
 
 def compute_expected(spec: OracleSpec, model: Model, inputs: dict) -> np.ndarray:

@@ -40,6 +40,8 @@ class Diagnosis:
     shape: str
     summary: str  # what the shape is, in words
     hint: str  # the stage's hint for it ("" if the stage has none)
+    bug: str = ""  # the known bug(s) the output was fingerprinted as, comma-separated; "" if none
+    evidence: str = ""  # the numbers behind the finding, or that the bug is not one of the known ones
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class CaseResult:
     stderr: str = ""
     seconds: float = 0.0  # the adapter's own compute time
     scaling: ScalingResult | None = None  # cache-scaling: the timings, when they were measured
+    # The student's array, kept for fingerprinting a failing case; never rendered.
+    output: object = field(default=None, repr=False, compare=False)
 
     @property
     def first_bad_row(self) -> int | None:

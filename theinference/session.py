@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.course import Course, CourseError, find_course_root, load_course
+from theinference.fingerprint import fingerprint_stage
 from theinference.grade import GradeContext, GradeError, OracleCache, grade
 from theinference.launch import ConfinementError, default_launcher
 from theinference.oracles import OracleError
@@ -73,6 +74,7 @@ class RunOptions:
     untrusted: bool = False  # student processes get only the allow-listed environment (theinference.trust)
     seed: int | None = None
     env: dict = field(default_factory=dict)  # extra environment for student processes
+    fingerprint: bool = True  # False: leave it to fingerprint_run (watch shows the verdict first)
 
 
 @dataclass
@@ -96,9 +98,9 @@ class Session:
         """Grade the selected stages in order (with the seed's random cases added, if any)."""
         options = options or RunOptions()
         ctx = GradeContext(course=self.course, model=self.model, cache=self.cache, timeout=options.timeout, env=options.env,
-                           launcher=self.launcher, memory_mb=options.memory_mb, untrusted=options.untrusted)
-        if options.seed is not None:
-            selected = [with_random_cases(s, options.seed, self.model.config) for s in selected]
+                           launcher=self.launcher, memory_mb=options.memory_mb, untrusted=options.untrusted,
+                           fingerprint=options.fingerprint)
+        selected = self._with_seed(selected, options)
         stages = [dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
                   for stage in selected]
         return RunResult(
@@ -120,6 +122,17 @@ class Session:
         if self.course.timeout and options.timeout is None:
             lines.append(f"timeout from the course's theinference.toml: {self.course.timeout:g} s per call")
         return lines
+
+
+    def _with_seed(self, selected: list[StageSpec], options: RunOptions) -> list[StageSpec]:
+        if options.seed is None:
+            return selected
+        return [with_random_cases(s, options.seed, self.model.config) for s in selected]
+
+    def fingerprint_run(self, selected: list[StageSpec], run: RunResult, options: "RunOptions | None" = None) -> None:
+        """Fingerprint the failing stages of a run graded with fingerprint=False (same stages and options)."""
+        for stage, result in zip(self._with_seed(selected, options or RunOptions()), run.stages):
+            fingerprint_stage(stage, result, self.model, self.cache)
 
 
 def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs: list[Path],

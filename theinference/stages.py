@@ -19,7 +19,14 @@ A stage file (format_version 1) holds, at the top level:
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
   [tolerance]     atol, rtol: finite numbers >= 0; for "tokens" the near-tie tolerance on logits
-  [hints]         failure shape -> hint text shown when a failing case has that shape
+  [hints]         failure shape -> hint text shown when a failing case has that shape and no
+                  known bug matches; it lists the suspects for that shape in this stage,
+                  never one cause stated as fact
+  bugs            list of bug oracles a failing output is fingerprinted against: built-in
+                  names (see theinference.bugs; each must support the stage's oracle) or
+                  "file.py:function" beside the stage file, `function(model, **inputs)`
+                  returning the adapter's output with that bug
+  [bug_hints]     bug name (one of `bugs`) -> hint text shown when the output matches it
   [scaling]       required with compare = "scaling" (oracle "greedy"), forbidden otherwise:
                     lengths    list of >= 2 ints >= 1, ascending: the n_new values timed; the
                                tokens of the longest are checked as the greedy stage checks them.
@@ -42,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference import tokenizer
+from theinference.bugs import BUILTIN_BUGS
 from theinference.oracles import BUILTIN_ORACLES, COUNT_INPUTS, ID_INPUTS, TOKEN_INPUTS
 from theinference.resources import data_dir
 
@@ -73,7 +81,8 @@ _REQUIRED = {
     "tolerance": dict,
     "case": list,
 }
-_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list, "scaling": dict}
+_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list, "scaling": dict, "bugs": list,
+             "bug_hints": dict}
 
 
 class StageError(Exception):
@@ -114,6 +123,8 @@ class StageSpec:
     cases: tuple[CaseSpec, ...]
     source: Path
     scaling: ScalingSpec | None = None  # compare = "scaling" only
+    bugs: tuple[str, ...] = ()  # bug oracles to fingerprint failing outputs against
+    bug_hints: dict = field(default_factory=dict)  # bug name -> hint text
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
@@ -310,6 +321,26 @@ def _hints(path: Path, table: dict) -> dict:
     return dict(table)
 
 
+def _bugs(path: Path, data: dict) -> tuple[tuple[str, ...], dict]:
+    names = data.get("bugs", [])
+    for i, name in enumerate(names):
+        _check_type(path, f"bugs[{i}]", name, str)
+        if ":" in name:
+            file_name, _, func = name.partition(":")
+            if not (path.parent / file_name).is_file() or not func.isidentifier():
+                raise _fail(path, f"bugs[{i}]", f"'{name}': no file '{file_name}' beside the stage file, or not a function name")
+        elif name not in BUILTIN_BUGS:
+            raise _fail(path, f"bugs[{i}]", f"unknown bug '{name}' (built-in: {', '.join(BUILTIN_BUGS)}; or 'file.py:function')")
+        elif data["oracle"] not in BUILTIN_BUGS[name].oracles:
+            raise _fail(path, f"bugs[{i}]", f"bug '{name}' cannot be computed for oracle '{data['oracle']}'")
+    hints = data.get("bug_hints", {})
+    for key, text in hints.items():
+        if key not in names:
+            raise _fail(path, f"bug_hints.{key}", "not one of this stage's `bugs`")
+        _check_type(path, f"bug_hints.{key}", text, str)
+    return tuple(names), dict(hints)
+
+
 def load_stage(path: Path) -> StageSpec:
     """Parse and validate one stage file; raise StageError naming the file and field."""
     try:
@@ -324,6 +355,7 @@ def load_stage(path: Path) -> StageSpec:
     inputs = _oracle_inputs(path, data)
     scaling = _scaling(path, data)
     cases = _parse_cases(path, data, inputs, scaling)
+    bugs, bug_hints = _bugs(path, data)
     names = [c.name for c in cases]
     for i, name in enumerate(names):
         if name in names[:i]:
@@ -347,6 +379,8 @@ def load_stage(path: Path) -> StageSpec:
         cases=cases,
         source=path.resolve(),
         scaling=scaling,
+        bugs=bugs,
+        bug_hints=bug_hints,
     )
 
 

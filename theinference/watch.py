@@ -8,6 +8,7 @@ renamed away or deleted, watch mode says it is waiting, grades nothing, and when
 is back at the path it watches that one afresh and re-grades.
 """
 
+import dataclasses
 import fnmatch
 import os
 import queue
@@ -96,6 +97,7 @@ class Regrade:
     seconds: float = 0.0
     waiting: bool = False  # not a grade: the course directory is gone and watch mode waits for it
     notice: str = ""
+    fingerprinting: bool = False  # the verdict is shown; the failure is being matched against known bugs
 
 
 @dataclass
@@ -110,6 +112,8 @@ class Watch:
     events: queue.Queue = field(default_factory=queue.Queue)
     observer: object = None
     watched_id: tuple[int, int] | None = None  # the directory the observer watches, to notice it being replaced
+    # Called again once a failing re-grade is fingerprinted (the verdict was shown before); None: not fingerprinted.
+    on_fingerprint: Callable[[Regrade], None] | None = None
 
     def start_observer(self):
         """Start watchdog on the course directory (PollingObserver with poll=True)."""
@@ -196,13 +200,25 @@ class Watch:
         started = time.perf_counter()
         try:
             self._reload(changed)
-            report.result = self.session.run(choose_stages(self.session, self.stage_ids), self.options)
+            stages = choose_stages(self.session, self.stage_ids)
+            report.result = self.session.run(stages, dataclasses.replace(self.options, fingerprint=False))
             report.notice = record_progress(self.session.course.root, report.result)
         except (*CONFIG_ERRORS, UsageError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started
+        report.fingerprinting = bool(report.result and not report.result.passed and self.on_fingerprint)
         self.on_regrade(report)
+        if report.fingerprinting:  # the verdict is on screen; the finding follows
+            self._fingerprint(stages, report)
         return report
+
+    def _fingerprint(self, stages, report: Regrade) -> None:
+        try:
+            self.session.fingerprint_run(stages, report.result, self.options)
+        except CONFIG_ERRORS as e:
+            report.error = str(e)
+        report.fingerprinting = False
+        self.on_fingerprint(report)
 
     def loop(self, stop: threading.Event) -> None:
         """Grade once, then re-grade on every burst of changes until `q` or stop is set."""

@@ -5,14 +5,27 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from theinference.check import CheckResult
+from theinference.check import CheckCell, CheckResult
 from theinference.report.terminal import is_plain
 
 
-def _cell(expected: tuple[str, ...], got: str) -> str:
-    if got in expected:
-        return f"[green]✔ {got}[/green]"
-    return f"[red]✘ {got}[/red] [dim](want {' or '.join(expected)})[/dim]"
+def _bugs(bugs) -> str:
+    return " + ".join(sorted(bugs)) or "no known bug"
+
+
+def _cell(cell: CheckCell) -> str:
+    named = f" [dim]· {_bugs(cell.got_bugs)}[/dim]" if cell.got_bugs or cell.expected_bugs else ""
+    if cell.ok:
+        return f"[green]✔ {cell.got}[/green]{named}"
+    if cell.got in cell.expected:
+        return f"[red]✘ {cell.got} · {_bugs(cell.got_bugs)}[/red] [dim](want {_bugs(cell.expected_bugs)})[/dim]"
+    return f"[red]✘ {cell.got}[/red] [dim](want {' or '.join(cell.expected)})[/dim]"
+
+
+def _mismatch(cell: CheckCell) -> str:
+    if cell.got in cell.expected:
+        return f"fingerprint {_bugs(cell.expected_bugs)}, got {_bugs(cell.got_bugs)}"
+    return f"{' or '.join(cell.expected)}, got {cell.got}"
 
 
 def render_check(console: Console, result: CheckResult) -> None:
@@ -23,12 +36,12 @@ def render_check(console: Console, result: CheckResult) -> None:
     by_key = {(c.subject, c.stage): c for c in result.cells}
     for subject in result.subjects:
         row = [by_key.get((subject, s)) for s in result.stages]
-        table.add_row(subject, *[_cell(c.expected, c.got) if c else "" for c in row])
+        table.add_row(subject, *[_cell(c) if c else "" for c in row])
     console.print(table)
     for cell in result.cells:
         if not cell.ok:
-            console.print(f"[red]mismatch:[/red] {cell.subject} × {cell.stage}: expected {' or '.join(cell.expected)}, "
-                          f"got {cell.got}{' — ' + escape(cell.message) if cell.message else ''}", soft_wrap=True)
+            console.print(f"[red]mismatch:[/red] {cell.subject} × {cell.stage}: expected {escape(_mismatch(cell))}"
+                          f"{' — ' + escape(cell.message) if cell.message else ''}", soft_wrap=True)
     for problem in result.problems:
         console.print(f"[red]problem:[/red] {escape(problem)}", soft_wrap=True)
     verdict = "[bold green]stages check passed[/bold green]" if result.ok else "[bold red]stages check failed[/bold red]"

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from theinference import tokenizer
-from theinference.results import CaseResult, RowStats, RunResult, StageResult
+from theinference.results import CaseResult, Diagnosis, RowStats, RunResult, StageResult
 
 FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
 FOLD_LIMIT = 16  # cases with more rows than this are folded
@@ -180,16 +180,25 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
         parts.append(scaling_table(case, plain))
         parts.extend(scaling_lines(case))
     if case.diagnosis:
-        parts.append(Text.assemble(("  shape: ", "bold"), (case.diagnosis.shape, "magenta"),
-                                   (f" — {case.diagnosis.summary}", "")))
-        if case.diagnosis.hint:
-            parts.append(Text.assemble(("  hint: ", "bold yellow"), case.diagnosis.hint))
+        parts.extend(diagnosis_lines(case.diagnosis))
     if case.traceback:
         parts.append(Text(case.traceback.rstrip(), style="dim"))
     output = (case.stdout + case.stderr).strip()
     if output and case.status in ("error", "crash", "timeout"):
         parts.append(Text("  output of your code:\n" + output[-2000:], style="dim"))
     return parts
+
+
+def diagnosis_lines(d: Diagnosis) -> list[Text]:
+    """Shape, then the fingerprint's finding (or that no known bug matched), then the hint."""
+    lines = [Text.assemble(("  shape: ", "bold"), (d.shape, "magenta"), (f" — {d.summary}", ""))] if d.shape else []
+    if d.bug:
+        lines.append(Text.assemble(("  finding: ", "bold green"), (d.bug, "bold"), f" — {d.evidence}"))
+    elif d.evidence:
+        lines.append(Text.assemble(("  known bugs: ", "bold"), d.evidence))
+    if d.hint:
+        lines.append(Text.assemble(("  hint: ", "bold yellow"), d.hint))
+    return lines
 
 
 def _greedy_text(case: CaseResult) -> list[Text]:
@@ -245,10 +254,8 @@ def _print_cross_case(console: Console, stage: StageResult) -> None:
     plain = is_plain(console)
     console.print(Text(f"  across cases (one row each, by position {rows[0].position}..{rows[-1].position}): "
                        f"{sparkline([r.max_abs for r in rows], plain)}"))
-    d = stage.cross_case
-    console.print(Text.assemble(("  shape: ", "bold"), (d.shape, "magenta"), (f" — {d.summary}", "")))
-    if d.hint:
-        console.print(Text.assemble(("  hint: ", "bold yellow"), d.hint))
+    for line in diagnosis_lines(stage.cross_case):
+        console.print(line)
 
 
 def render_run(console: Console, run: RunResult, version: str) -> None:

@@ -18,7 +18,12 @@ def case_summary(case: CaseResult) -> str:
     if case.scaling:
         lines.append(scaling_summary(case))
     if case.diagnosis:
-        lines.append(f"shape: {case.diagnosis.shape} — {case.diagnosis.summary}")
+        if case.diagnosis.shape:
+            lines.append(f"shape: {case.diagnosis.shape} — {case.diagnosis.summary}")
+        if case.diagnosis.bug:
+            lines.append(f"finding: {case.diagnosis.bug}: {case.diagnosis.evidence}")
+        elif case.diagnosis.evidence:
+            lines.append(f"known bugs: {case.diagnosis.evidence}")
         if case.diagnosis.hint:
             lines.append(f"hint: {case.diagnosis.hint}")
     if case.traceback:
