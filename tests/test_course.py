@@ -75,7 +75,7 @@ def test_corrupt_progress_file_is_ignored_with_a_notice_and_rewritten(cli, solut
     progress.write_text(content)
     result = cli("test", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 0, result.output
-    assert "✔ single-step-attention" in result.stdout
+    assert f"✔ {ALL_STAGES[0]}" in result.stdout
     [notice] = [line for line in result.stderr.splitlines() if "progress.json" in line]
     assert notice.startswith("notice: ignored") and why in notice and "wrote it anew" in notice
     assert json.loads(progress.read_text())["stages"]["single-step-attention"]["status"] == "pass"
