@@ -78,7 +78,7 @@ def test_corrupt_progress_file_is_ignored_with_a_notice_and_rewritten(cli, solut
     assert f"✔ {ALL_STAGES[0]}" in result.stdout
     [notice] = [line for line in result.stderr.splitlines() if "progress.json" in line]
     assert notice.startswith("notice: ignored") and why in notice and "wrote it anew" in notice
-    assert json.loads(progress.read_text())["stages"]["single-step-attention"]["status"] == "pass"
+    assert json.loads(progress.read_text())["stages"][ALL_STAGES[0]]["status"] == "pass"
 
 
 def test_demo_shows_a_pass_and_a_named_diagnosis(cli, tiny_path):
