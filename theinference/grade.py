@@ -7,15 +7,15 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference import oracle, tokenizer
-from theinference.compare import compare_rows, shape_problem, walk_tokens
+from theinference.compare import compare_rows, shape_problem
 from theinference.course import Course
-from theinference.diagnose import diagnose_rows, diagnose_tokens
+from theinference.diagnose import diagnose_rows
 from theinference.launch import SubprocessLauncher
 from theinference.oracles import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.results import CaseResult, Diagnosis, StageResult
 from theinference.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
 from theinference.stages import CaseSpec, StageSpec
+from theinference.verification import verify_tokens
 from theinference.weights import Model
 
 
@@ -83,40 +83,6 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
         result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
 
 
-def _token_problem(got: np.ndarray, n_new: int, n_vocab: int) -> str | None:
-    if got.shape != (n_new,):
-        return f"expected {n_new} token ids (shape [{n_new}]), got shape {list(got.shape)}"
-    if got.dtype.kind == "f" and not np.all(np.isfinite(got) & (got == np.round(got))):
-        return "expected integer token ids, got non-integer values"
-    if np.any((got < 0) | (got >= n_vocab)):
-        return f"token ids must be in [0, {n_vocab}); got {got[(got < 0) | (got >= n_vocab)][0]}"
-    return None
-
-
-def _tokens_result(result: CaseResult, stage: StageSpec, model: Model, expected: np.ndarray, got: np.ndarray) -> None:
-    prompt, n_new = result.inputs["prompt"], result.inputs["n_new"]
-    problem = _token_problem(got, n_new, model.config.n_vocab)
-    if problem:
-        result.status, result.detail, result.message = "fail", "wrong-shape", problem
-        return
-    result.got_tokens = [int(t) for t in got]
-    if result.got_tokens == [int(t) for t in expected]:
-        result.status, result.expected_tokens = "pass", list(result.got_tokens)
-        return
-    # The student's path differs from the oracle's: check it step by step, allowing near-ties.
-    path_logits = oracle.per_step_logits(model.params, prompt, result.got_tokens, model.config.n_head)
-    result.steps = walk_tokens(result.got_tokens, path_logits, stage.atol, stage.rtol, len(prompt) - 1)
-    result.expected_tokens = [s.expected if s.verdict == "mismatch" else s.got for s in result.steps]
-    if result.steps[-1].verdict != "mismatch":
-        result.status = "pass"
-        return
-    k = len(result.steps)
-    result.expected_tokens += oracle.greedy(model.params, prompt + result.expected_tokens, n_new - k, model.config.n_head)
-    result.status = "fail"
-    result.message = f"token {k - 1} of {n_new} differs from the oracle's greedy choice"
-    result.diagnosis = diagnose_tokens(result.steps, stage.hints, lambda t: f"{t} {tokenizer.token_text(t)!r}")
-
-
 _FAILED_OUTCOMES = {"not-started", "error", "timeout", "crash"}
 
 
@@ -129,11 +95,10 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
     if outcome.status == "bad-output":
         result.status, result.detail = "fail", "non-numeric"
         return result
-    expected = ctx.cache.get(ctx.model, stage, spec, case)
-    if stage.compare == "tokens":
-        _tokens_result(result, stage, ctx.model, expected, outcome.value)
+    if stage.compare == "tokens":  # verified on the student's own path: no oracle continuation needed
+        verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints)
     else:
-        _rows_result(result, stage, spec, expected, outcome.value)
+        _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
     return result
 
 
@@ -191,7 +156,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         id=stage.id, title=stage.title, status=_stage_status(cases), cases=cases,
         points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
         adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
-        compare=stage.compare, seconds=time.perf_counter() - started,
+        compare=stage.compare, tie_rtol=stage.tie_rtol, seconds=time.perf_counter() - started,
         adapter_line=adapter_line(ctx.course.adapters, stage.adapter_names),
         cross_case=cross_case_diagnosis(stage, cases),
     )

@@ -33,6 +33,7 @@ class TokenStep:
     expected: int  # the oracle's argmax at this step (on the student's path so far)
     gap: float  # oracle logit of its argmax minus oracle logit of the student's token
     verdict: str  # match | near-tie | mismatch
+    allowed: float = 0.0  # the largest gap accepted as a near-tie at this step (tie rtol * max|logit|)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class StageResult:
     rtol: float
     compare: str
     seconds: float = 0.0
+    tie_rtol: float | None = None  # "tokens" stages: the near-tie tolerance, relative to max|logit|
     adapter_line: int | None = None  # where the adapter is defined in adapters_file, for annotations
     # For stages whose cases return one row each: the shape read across cases, ordered by position.
     cross_case: Diagnosis | None = None

@@ -17,7 +17,11 @@ A stage file (format_version 1) holds, at the top level:
   timeout         number > 0, seconds each case may take in the student's process
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
-  [tolerance]     atol, rtol: numbers >= 0; for "tokens" the near-tie tolerance on logits
+  [tolerance]     atol, rtol: numbers >= 0 (required, except for "tokens" stages, which reject it)
+  [tie]           "tokens" stages only, and required there: rtol, a number >= 0. A generated
+                  token that is not the oracle's argmax is accepted as a near-tie when its logit
+                  is within rtol * max|logit| of that step's argmax (max|logit| sets float32's
+                  rounding error of the logits, so rtol ~1e-4 accepts genuine float ties only)
   [hints]         failure shape -> hint text shown when a failing case has that shape
   [[case]]        name (str, unique in the stage) plus the oracle's inputs: token inputs
                   (seq, prompt, cont) as text or a list of ids, counts (n_new) as ints,
@@ -56,10 +60,9 @@ _REQUIRED = {
     "compare": str,
     "timeout": (int, float),
     "points": (int, float),
-    "tolerance": dict,
     "case": list,
 }
-_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list}
+_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list, "tolerance": dict, "tie": dict}
 
 
 class StageError(Exception):
@@ -92,6 +95,7 @@ class StageSpec:
     hints: dict
     cases: tuple[CaseSpec, ...]
     source: Path
+    tie_rtol: float | None = None  # "tokens" stages: the near-tie tolerance, relative to max|logit|
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
@@ -242,6 +246,33 @@ def _tolerance(path: Path, table: dict) -> tuple[float, float]:
     return float(table["atol"]), float(table["rtol"])
 
 
+def _tie(path: Path, table: dict) -> float:
+    for key in table:
+        if key != "rtol":
+            raise _fail(path, f"tie.{key}", "unknown field (known fields: rtol)")
+    if "rtol" not in table:
+        raise _fail(path, "tie.rtol", "missing required field")
+    _check_type(path, "tie.rtol", table["rtol"], (int, float))
+    if table["rtol"] < 0:
+        raise _fail(path, "tie.rtol", "must be >= 0")
+    return float(table["rtol"])
+
+
+def _tolerances(path: Path, data: dict) -> tuple[float, float, float | None]:
+    """(atol, rtol, tie_rtol): a "tokens" stage has [tie] and no [tolerance], any other the reverse."""
+    if data["compare"] == "tokens":
+        if "tolerance" in data:
+            raise _fail(path, "tolerance", "a \"tokens\" stage takes [tie] (near-tie tolerance), not [tolerance]")
+        if "tie" not in data:
+            raise _fail(path, "tie", "missing required field (a \"tokens\" stage needs [tie] rtol)")
+        return 0.0, 0.0, _tie(path, data["tie"])
+    if "tie" in data:
+        raise _fail(path, "tie", "only a \"tokens\" stage takes [tie]")
+    if "tolerance" not in data:
+        raise _fail(path, "tolerance", "missing required field")
+    return (*_tolerance(path, data["tolerance"]), None)
+
+
 def _hints(path: Path, table: dict) -> dict:
     for key, text in table.items():
         if key not in SHAPES:
@@ -260,7 +291,7 @@ def load_stage(path: Path) -> StageSpec:
         raise StageError(f"{path}: not valid TOML: {e}") from e
     _check_keys(path, data)
     _check_values(path, data)
-    atol, rtol = _tolerance(path, data["tolerance"])
+    atol, rtol, tie_rtol = _tolerances(path, data)
     inputs = _oracle_inputs(path, data)
     cases = tuple(_parse_case(path, i, raw, inputs) for i, raw in enumerate(data["case"]))
     names = [c.name for c in cases]
@@ -285,6 +316,7 @@ def load_stage(path: Path) -> StageSpec:
         hints=_hints(path, data.get("hints", {})),
         cases=cases,
         source=path.resolve(),
+        tie_rtol=tie_rtol,
     )
 
 

@@ -130,7 +130,7 @@ def tokens_table(case: CaseResult, plain: bool = False) -> Table:
         if step and step.verdict == "mismatch":
             note, style = f"◀ first mismatch (logit gap {step.gap:.3g})", "bold red"
         elif step and step.verdict == "near-tie":
-            note = f"near-tie accepted (gap {step.gap:.3g})"
+            note = _tie_note(step)
         elif case.steps and k >= len(case.steps):
             style = "dim"
         table.add_row(str(k), token_label(exp, 18), token_label(got, 18), note, style=style)
@@ -172,8 +172,12 @@ def _same_failure(a: CaseResult, b: CaseResult) -> bool:
         b.status, b.message, b.traceback)
 
 
-def _near_ties(case: CaseResult) -> int:
-    return sum(s.verdict == "near-tie" for s in case.steps)
+def _tie_note(step) -> str:
+    return f"near-tie accepted (gap {step.gap:.3g} ≤ {step.allowed:.3g})"
+
+
+def _near_ties(case: CaseResult) -> list:
+    return [s for s in case.steps if s.verdict == "near-tie"]
 
 
 def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
@@ -198,7 +202,8 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
             console.print(Group(*_case_body(case, vocab, is_plain(console))))
             shown.append(case)
         elif _near_ties(case):
-            console.print(f"  case {case.name}: passed with {_near_ties(case)} near-tie(s) accepted", style="dim")
+            notes = "; ".join(f"step {s.step}: {_tie_note(s)}" for s in _near_ties(case))
+            console.print(f"  case {case.name}: passed, {notes}", style="dim")
     if stage.cross_case:
         _print_cross_case(console, stage)
     console.print()
