@@ -41,9 +41,11 @@ class CheckResult:
 
 
 def observed(result: StageResult) -> str:
-    """What a stage showed: 'pass', the failing stage's diagnosis shape, or its status."""
+    """What a stage showed: 'pass', the failing stage's diagnosis shape, 'wrong-shape', or its status."""
     if result.status == "fail" and result.diagnosis is not None:
         return result.diagnosis.shape
+    if result.status == "fail" and any(c.detail == "wrong-shape" for c in result.cases):
+        return "wrong-shape"
     return result.status
 
 

@@ -6,7 +6,9 @@ course/mutants/<name>/manifest.toml:
   [[edit]]     file (relative to the solution), find (text occurring exactly once), replace
   [expect]     stage id -> the diagnosis shape that stage must show when it fails, or a list
                of shapes when the bug's shape is genuinely ambiguous for that stage (e.g. an
-               error that grows, then saturates); every stage not named here must pass
+               error that grows, then saturates); every stage not named here must pass.
+               Besides the diagnosis shapes, "wrong-shape" names a failure whose output has
+               the wrong shape or length (e.g. a greedy loop that stops early)
 """
 
 import shutil
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theinference.stages import SHAPES
+
+OBSERVABLES = (*SHAPES, "wrong-shape")  # what a manifest may expect of a failing stage
 
 
 class MutantError(Exception):
@@ -63,8 +67,8 @@ def load_mutant(path: Path) -> Mutant:
     for stage_id, shapes in data["expect"].items():
         shapes = (shapes,) if isinstance(shapes, str) else tuple(shapes) if isinstance(shapes, list) else (None,)
         for shape in shapes:
-            if shape not in SHAPES:
-                raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+            if shape not in OBSERVABLES:
+                raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape {shape!r} (known: {', '.join(OBSERVABLES)})")
         expect[stage_id] = shapes
     return Mutant(name=path.parent.name, description=data["description"], edits=tuple(edits), expect=expect, source=path)
 
