@@ -6,7 +6,10 @@ Prints (1) the median time of one full forward (logits at every position) on gpt
 the median time of just its matrix multiplications done bare in the same run, and their ratio
 (target <= 1.3); (2) the grading process's peak RSS while grading per-step-identity on those
 weights, as a multiple of the weights file's size (target <= 1.3; the student's process is
-separate and not counted).
+separate and not counted); (3) the grader's time verifying the greedy stage's tokens (one
+teacher-forced forward per case) against one forward over prompt + n_new tokens per case, and
+the recompute the grader used to do (the oracle's own greedy continuation, token by token), all
+in the same run (target <= 1.5x one forward).
 """
 
 import argparse
@@ -22,7 +25,10 @@ import numpy as np
 
 from theinference import oracle
 from theinference.resources import data_dir
+from theinference.results import CaseResult
+from theinference.stages import load_stages
 from theinference.synth import write_synthetic
+from theinference.verification import verify_tokens
 from theinference.weights import load_model
 
 
@@ -82,6 +88,23 @@ def time_forward(path: Path, tokens: int, repeat: int) -> tuple[float, float]:
     return forward, matmuls
 
 
+def time_greedy(path: Path) -> tuple[float, float, float]:
+    """Seconds, summed over the greedy stage's cases: verifying the tokens, one forward, the recompute."""
+    model = load_model(path)
+    stage = next(s for s in load_stages([data_dir("stages")]) if s.id == "greedy")
+    n_head, totals = model.config.n_head, [0.0, 0.0, 0.0]
+    for case in stage.cases:
+        prompt, n_new = case.inputs["prompt"], case.inputs["n_new"]
+        start = time.perf_counter()
+        tokens = oracle.greedy(model.params, prompt, n_new, n_head)
+        totals[2] += time.perf_counter() - start
+        result = CaseResult(name=case.name, status="", inputs=case.inputs)
+        totals[0] += median_seconds(lambda: verify_tokens(result, np.asarray(tokens), model, stage.tie_rtol, {}), 3)
+        assert result.status == "pass"
+        totals[1] += median_seconds(lambda: oracle.logits(model.params, prompt + tokens, n_head), 3)
+    return totals[0], totals[1], totals[2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--weights", type=Path, help="a gpt2-shape checkpoint directory (default: made in a temp dir)")
@@ -103,6 +126,12 @@ def main() -> None:
         peak = memory["maxrss_kb"] * 1024
         print(f"grader peak RSS grading per-step-identity ({memory['status']}): {peak / 1e6:.0f} MB; "
               f"weights file {size / 1e6:.0f} MB; ratio {peak / size:.2f}   (target <= 1.3)")
+        verify, forward, recompute = time_greedy(path)
+        print(f"greedy stage, grader time verifying the tokens: {verify * 1e3:8.1f} ms (all cases)")
+        print(f"one forward over prompt + n_new per case:       {forward * 1e3:8.1f} ms")
+        print(f"the oracle's own continuation, recomputed:      {recompute * 1e3:8.1f} ms")
+        print(f"ratio verify / forward:                         {verify / forward:8.2f}   (target <= 1.5)")
+        print(f"ratio recompute / forward (the old way):        {recompute / forward:8.2f}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """`stages check` through the real CLI: the solution passes, the starter is not started, every
 mutant in the gallery fails exactly its manifest's stages with its manifest's diagnosis."""
 
+import json
 import shutil
 
 import pytest
 
 from conftest import write_quick_scaling_stage
-from theinference.mutants import load_mutants
+from theinference.mutants import build_mutant, load_mutants
 from theinference.resources import data_dir
 from theinference.stages import load_stages
 
@@ -59,8 +60,29 @@ def test_the_gallery_covers_the_classic_bugs():
     expected = {m.name: m.expect for m in load_mutants(data_dir("course") / "mutants")}
     shapes = {shape for expect in expected.values() for options in expect.values() for shape in options}
     assert {"error-grows", "all-rows-off", "first-ok-then-flat", "first-decode-row-off", "shifted-by-one"} <= shapes
-    assert expected["missing-attn-scale"]["per-step-identity"] == ("all-rows-off",)
+    assert expected["missing-attn-scale"]["per-step-identity"] == ("all-rows-off", "no-pattern")
     assert expected["record-after-consume"] == {"per-step-identity": ("shifted-by-one",)}
+
+
+GREEDY_LOOP_BUGS = ("greedy-position-off-by-one", "greedy-feeds-first-token", "greedy-feeds-prompt-token",
+                    "greedy-one-short", "greedy-runner-up-once", "greedy-stops-at-eot")
+
+
+def test_the_greedy_loop_bugs_fail_greedy_only():
+    expected = {m.name: m.expect for m in load_mutants(data_dir("course") / "mutants")}
+    for name in GREEDY_LOOP_BUGS:
+        # cache-scaling runs the same run_greedy and checks its tokens first
+        assert set(expected[name]) == {"greedy", "cache-scaling"}, name
+    assert expected["greedy-stops-at-eot"]["greedy"] == ("wrong-shape",)
+
+
+def test_the_runner_up_once_fails_every_greedy_case(cli, tiny_path, tmp_path):
+    mutant = next(m for m in load_mutants(data_dir("course") / "mutants") if m.name == "greedy-runner-up-once")
+    course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / mutant.name)
+    result = cli("test", "--course", course, "--weights", tiny_path, "--stage", "greedy", "--format", "json")
+    assert result.exit_code == 1
+    cases = json.loads(result.stdout)["stages"][0]["cases"]
+    assert [(c["status"], c["steps"][-1]["step"]) for c in cases] == [("fail", 1)] * len(cases)
 
 
 @pytest.mark.parametrize("find, replace, mismatch", [

@@ -8,6 +8,7 @@ from safetensors.numpy import load_file
 from theinference import sources
 from theinference.resources import data_dir
 from theinference.stages import load_stages
+from theinference.synth import SYNTH_VERSION
 
 
 def test_reference_solution_passes_every_stage(cli, solution_course, tiny_path):
@@ -106,7 +107,7 @@ def test_default_synthetic_weights_are_made_on_first_use(cli, solution_course, m
     monkeypatch.setattr(sources, "DEFAULT_SYNTH", ("tiny", 0))  # the gpt2 shape is 500 MB; the flow is the same
     result = cli("test", "--stage", "prove-one-layer", "--course", solution_course)
     assert result.exit_code == 0
-    made = tmp_path / "user-cache" / "synthetic-tiny-seed0-v1" / "model.safetensors"
+    made = tmp_path / "user-cache" / f"synthetic-tiny-seed0-v{SYNTH_VERSION}" / "model.safetensors"
     assert made.is_file()
     assert "made synthetic GPT-2-shape weights" in result.stderr and "hf download openai-community/gpt2" in result.stderr
     assert "no weights configured: synthetic GPT-2-shape weights" in result.stdout

@@ -55,12 +55,20 @@ def test_shape_problem():
 
 def test_walk_accepts_near_ties_and_stops_at_the_first_mismatch():
     logits = np.array([
-        [5.0, 1.0, 0.0],   # argmax 0; student 0: match
-        [2.0, 2.01, 0.0],  # argmax 1; student 0: gap 0.01 <= 1e-3 + 1e-2*2.01: near-tie
-        [0.0, 3.0, 1.0],   # argmax 1; student 2: gap 2: mismatch
-        [9.0, 0.0, 0.0],   # never reached
+        [5.0, 1.0, 0.0],        # argmax 0; student 0: match
+        [-100.0, -99.995, 0.0],  # argmax 2, student 2: match
+        [-100.0, -99.995, -200.0],  # argmax 1; student 0: gap 0.005 <= 1e-4 * 200: near-tie
+        [0.0, 3.0, 1.0],        # argmax 1; student 2: gap 2: mismatch
+        [9.0, 0.0, 0.0],        # never reached
     ])
-    steps = walk_tokens([0, 0, 2, 0], logits, 1e-3, 1e-2, start_position=7)
-    assert [s.verdict for s in steps] == ["match", "near-tie", "mismatch"]
-    assert [s.position for s in steps] == [7, 8, 9]
-    assert steps[2].expected == 1 and steps[2].gap == 2.0
+    steps = walk_tokens([0, 2, 0, 2, 0], logits, 1e-4, start_position=7)
+    assert [s.verdict for s in steps] == ["match", "match", "near-tie", "mismatch"]
+    assert steps[2].allowed == 1e-4 * 200
+    assert [s.position for s in steps] == [7, 8, 9, 10]
+    assert steps[3].expected == 1 and steps[3].gap == 2.0
+
+
+def test_a_gap_beyond_float_noise_is_no_near_tie():
+    # The old allowance (atol 1e-3 + rtol 1e-2 of the logit) accepted a runner-up 0.05 below on logits near 5.
+    steps = walk_tokens([1], np.array([[5.0, 4.95, 0.0]]), 1e-4, start_position=0)
+    assert steps[0].verdict == "mismatch"

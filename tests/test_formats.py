@@ -45,7 +45,7 @@ def test_junit_counts(cli, courses, tiny_path):
     code, text = run(cli, courses["passing"], tiny_path, "junit")
     root = ET.fromstring(text)
     assert code == 0
-    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("points")) == ("11", "0", "0", "40/40")
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("points")) == ("12", "0", "0", "40/40")
     assert [s.get("name") for s in root.iter("testsuite")] == ["prove-one-layer", "per-step-identity", "greedy"]
 
     code, text = run(cli, courses["failing"], tiny_path, "junit")
@@ -53,7 +53,7 @@ def test_junit_counts(cli, courses, tiny_path):
     suites = {s.get("name"): s for s in root.iter("testsuite")}
     assert code == 1
     assert (suites["prove-one-layer"].get("failures"), suites["prove-one-layer"].get("errors")) == ("4", "0")
-    assert (suites["per-step-identity"].get("failures"), suites["greedy"].get("errors")) == ("4", "3")
+    assert (suites["per-step-identity"].get("failures"), suites["greedy"].get("errors")) == ("4", "4")
     failure = suites["prove-one-layer"].find("testcase[@name='sentence']/failure")
     assert failure.get("type") == "fail" and "every row is off" in failure.get("message")
     assert "rows outside atol=0.0001 rtol=0.001" in failure.text
@@ -108,7 +108,7 @@ def test_github_annotations_point_at_the_adapter(cli, courses, tiny_path, tmp_pa
     assert "line=13" in errors[2]  # def run_greedy
     assert "::notice title=theinference::0 of 3 stages passed, 0/40 points" in text
     md = summary.read_text()
-    assert "## theinference: 0/40 points" in md and "| `greedy` | ❌ error | 0/3 | 0/10 |" in md
+    assert "## theinference: 0/40 points" in md and "| `greedy` | ❌ error | 0/4 | 0/10 |" in md
 
 
 def test_json_records_the_seed_and_random_cases(cli, courses, tiny_path):

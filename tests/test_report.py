@@ -30,7 +30,7 @@ def sample_run() -> RunResult:
     rows_case = CaseResult(name="long-generation", status="fail", message="23 of 24 rows outside atol=0.001 rtol=0.01",
                            rows=[_row(i, e) for i, e in enumerate(growing)], seconds=1.0)
     rows_case.diagnosis = diagnose_rows(rows_case.rows, HINTS)
-    steps = [TokenStep(0, 1, 15496, 15496, 0.0, "match"), TokenStep(1, 2, 995, 11, 0.004, "near-tie"),
+    steps = [TokenStep(0, 1, 15496, 15496, 0.0, "match"), TokenStep(1, 2, 995, 11, 0.004, "near-tie", 0.005),
              TokenStep(2, 3, 0, 13, 2.5, "mismatch")]
     greedy_case = CaseResult(name="sentence", status="fail", message="token 2 of 4 differs from the oracle's greedy choice",
                              steps=steps, got_tokens=[15496, 995, 0, 13], expected_tokens=[15496, 995, 13, 198],
@@ -91,7 +91,7 @@ def test_long_case_is_folded_around_the_first_divergence():
 def test_greedy_table_marks_mismatch_and_near_tie():
     text = render(colour=False)
     assert "◀ first mismatch (logit gap 2.5)" in text
-    assert "near-tie accepted (gap 0.004)" in text
+    assert "near-tie accepted (gap 0.004 ≤ 0.005)" in text
 
 
 def test_greedy_shows_prompt_and_both_continuations_as_text():

@@ -227,9 +227,8 @@ compare = "tokens"
 timeout = 30
 points = 1
 
-[tolerance]
-atol = 1e-3
-rtol = 1e-2
+[tie]
+rtol = 1e-4
 
 [[case]]
 name = "four"

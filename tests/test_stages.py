@@ -29,6 +29,16 @@ seq = [1, 2, 3]
 """
 
 
+
+def tokens_stage(tie: str | None = "[tie]\nrtol = 1e-4\n", tolerance: bool = False) -> str:
+    """VALID made a greedy-tokens stage, with the given [tie] table (or none) and optionally [tolerance]."""
+    text = VALID.replace('oracle = "layer0-attn-sublayer"', 'oracle = "greedy"').replace('"rows"', '"tokens"')
+    text = text.replace("seq = [1, 2, 3]", "prompt = [1, 2]\nn_new = 3")
+    if not tolerance:
+        text = text.replace("[tolerance]\natol = 1e-4\nrtol = 1e-3\n", "")
+    return text + ("\n" + tie if tie else "")
+
+
 def write_stage(directory: Path, text: str, name: str = "stage.toml") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
@@ -43,7 +53,7 @@ def test_builtin_stages_follow_the_course():
     assert (stages["decode-step"].atol, stages["decode-step"].rtol) == (1e-3, 1e-2)
     assert (stages["prove-one-layer"].atol, stages["prove-one-layer"].rtol) == (1e-4, 1e-3)
     assert (stages["per-step-identity"].atol, stages["per-step-identity"].rtol) == (1e-3, 1e-2)
-    assert (stages["greedy"].atol, stages["greedy"].rtol) == (1e-3, 1e-2)
+    assert stages["greedy"].tie_rtol == 1e-4
     assert stages["per-step-identity"].adapter_names == ("run_per_step_logits", "runPerStepLogits")
     assert stages["cache-scaling"].adapter == stages["greedy"].adapter  # nothing new for students to write
     for stage in stages.values():
@@ -61,6 +71,11 @@ def test_text_inputs_are_tokenized_and_kept_for_display(tmp_path):
     stage = load_stage(write_stage(tmp_path, VALID.replace("seq = [1, 2, 3]", 'seq = "Hello world"')))
     assert stage.cases[0].inputs["seq"] == [15496, 995]
     assert stage.cases[0].texts["seq"] == "Hello world"
+
+
+def test_a_tokens_stage_has_a_tie_tolerance(tmp_path):
+    stage = load_stage(write_stage(tmp_path, tokens_stage()))
+    assert (stage.compare, stage.tie_rtol) == ("tokens", 1e-4)
 
 
 def test_default_alias_is_camel_case(tmp_path):
@@ -89,6 +104,12 @@ def test_default_alias_is_camel_case(tmp_path):
         (lambda t: t + '\n[[case]]\nname = "a"\nseq = [4]\n', "case[1].name", "duplicate case name 'a'"),
         (lambda t: t + '\n[hints]\nwobbly = "x"\n', "hints.wobbly", "unknown failure shape"),
         (lambda t: t.replace("format_version = 1", "format_version = 2"), "format_version", "reads format_version 1"),
+        (lambda t: t + "\n[tie]\nrtol = 1e-4\n", "tie", 'only a "tokens" stage takes [tie]'),
+        (lambda t: tokens_stage(tie=None), "tie", "missing required field"),
+        (lambda t: tokens_stage(tolerance=True), "tolerance", "takes [tie]"),
+        (lambda t: tokens_stage("[tie]\nrtol = 1e-4\natol = 1e-3\n"), "tie.atol", "unknown field"),
+        (lambda t: tokens_stage("[tie]\nrtol = -1.0\n"), "tie.rtol", "must be >= 0"),
+        (lambda t: tokens_stage("[tie]\nrtol = \"small\"\n"), "tie.rtol", "expected int or float"),
     ],
 )
 def test_invalid_stage_names_file_and_field(tmp_path, edit, field, words):

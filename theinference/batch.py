@@ -21,7 +21,7 @@ from theinference.oracles import resolve_oracle
 from theinference.randomcases import with_random_cases
 from theinference.results import RunResult
 from theinference.session import RunOptions, Session
-from theinference.stages import StageSpec
+from theinference.stages import TOKEN_COMPARES, StageSpec
 from theinference.trust import untrusted_course
 from theinference.weights import Model
 
@@ -83,7 +83,8 @@ def warm_oracle(model: Model, cache: OracleCache, stages: list[StageSpec]) -> No
         spec = resolve_oracle(stage.oracle, stage.source)
         for case in stage.cases:
             check_case_fits(stage, case, model)
-            cache.get(model, stage, spec, case)
+            if stage.compare not in TOKEN_COMPARES:  # greedy tokens are verified on each student's own path
+                cache.get(model, stage, spec, case)
 
 
 def _grade_one(sub: Submission, base: Session, stages: list[StageSpec], options: RunOptions) -> SubmissionResult:

@@ -28,7 +28,7 @@ class CheckCell:
     @property
     def ok(self) -> bool:
         bugs_ok = self.expected_bugs is None or self.got == "pass" or self.got_bugs == self.expected_bugs
-        shape_ok = self.got in self.expected or ("fail" in self.expected and self.got in SHAPES)
+        shape_ok = self.got in self.expected or ("fail" in self.expected and self.got in (*SHAPES, "wrong-shape"))
         return shape_ok and bugs_ok
 
 
@@ -45,9 +45,11 @@ class CheckResult:
 
 
 def observed(result: StageResult) -> str:
-    """What a stage showed: 'pass', the failing stage's diagnosis shape, or its status."""
+    """What a stage showed: 'pass', the failing stage's diagnosis shape, 'wrong-shape', or its status."""
     if result.status == "fail" and result.diagnosis is not None:
         return result.diagnosis.shape
+    if result.status == "fail" and any(c.detail == "wrong-shape" for c in result.cases):
+        return "wrong-shape"
     return result.status
 
 

@@ -63,7 +63,8 @@ def show(
         raise config_error(StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}"))
     console = console_for(sys.stdout)
     console.print(Markdown(lesson))
-    console.print(f"\nadapter {stage.adapter}() · atol {stage.atol:g} rtol {stage.rtol:g} · "
+    tolerance = f"tie rtol {stage.tie_rtol:g}" if stage.tie_rtol is not None else f"atol {stage.atol:g} rtol {stage.rtol:g}"
+    console.print(f"\nadapter {stage.adapter}() · {tolerance} · "
                   f"{len(stage.cases)} cases · {stage.points:g} points · timeout {stage.timeout:g} s", style="dim")
 
 

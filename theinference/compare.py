@@ -49,24 +49,21 @@ def compare_rows(
     return rows
 
 
-def walk_tokens(got: list[int], path_logits: np.ndarray, atol: float, rtol: float, start_position: int) -> list[TokenStep]:
+def walk_tokens(got: list[int], path_logits: np.ndarray, tie_rtol: float, start_position: int) -> list[TokenStep]:
     """Check each student token against the oracle's logits on the student's own path.
 
-    A token equal to the oracle's argmax matches; one whose logit is within tolerance of the
-    argmax's is a near-tie and accepted; the first other token is a mismatch and ends the walk.
+    A token equal to the oracle's argmax matches; one whose logit is within tie_rtol * max|logit|
+    of the argmax's is a near-tie and accepted; the first other token is a mismatch and ends the walk.
     """
     steps = []
     for k, token in enumerate(got):
         row = path_logits[k]
         best = int(np.argmax(row))
         gap = float(row[best]) - float(row[token])
-        if token == best:
-            verdict = "match"
-        elif gap <= atol + rtol * abs(float(row[best])):
-            verdict = "near-tie"
-        else:
-            verdict = "mismatch"
-        steps.append(TokenStep(step=k, position=start_position + k, got=token, expected=best, gap=gap, verdict=verdict))
+        allowed = tie_rtol * float(np.abs(row).max())
+        verdict = "match" if token == best else "near-tie" if gap <= allowed else "mismatch"
+        steps.append(TokenStep(step=k, position=start_position + k, got=token, expected=best, gap=gap,
+                               verdict=verdict, allowed=allowed))
         if verdict == "mismatch":
             break
     return steps

@@ -1,23 +1,23 @@
 """grade(stage, context): oracle + runner + compare + diagnose -> StageResult."""
 
 import dataclasses
-import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from theinference import oracle, scaling, timing, tokenizer
-from theinference.compare import compare_rows, shape_problem, walk_tokens
+from theinference import scaling
+from theinference.compare import compare_rows, shape_problem
 from theinference.course import Course
-from theinference.diagnose import diagnose_rows, diagnose_tokens
+from theinference.diagnose import diagnose_rows
 from theinference.fingerprint import fingerprint_stage
 from theinference.launch import SubprocessLauncher
 from theinference.oracles import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.results import CaseResult, Diagnosis, StageResult
 from theinference.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
 from theinference.stages import CaseSpec, StageSpec
+from theinference.verification import verify_tokens
 from theinference.weights import Model
 
 
@@ -30,31 +30,17 @@ class OracleCache:
     """Oracle outputs per (weights file, oracle, case inputs); lives as long as a watch or batch session."""
 
     entries: dict = field(default_factory=dict)
-    cpu_seconds: dict = field(default_factory=dict)  # same keys: the oracle's CPU time, on one BLAS thread
-
-    def _key(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> tuple:
-        return (str(model.path), model.stamp, stage.oracle, spec.stamp,
-                tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items()))
 
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
-        key = self._key(model, stage, spec, case)
-        if key not in self.entries:
-            compute = functools.partial(compute_expected, spec, model, case.inputs)
-            if stage.compare == "scaling":  # its recompute time is shown beside the student's, timed alike
-                self.entries[key], self.cpu_seconds[key] = timing.single_thread_cpu(compute)
-            else:
-                self.entries[key] = compute()
-        return self.entries[key]
+        key = (str(model.path), model.stamp, stage.oracle, spec.stamp,
+               tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items()))
+        return self.memo(key, lambda: compute_expected(spec, model, case.inputs))
 
     def memo(self, key: tuple, compute) -> np.ndarray:
         """Any output computed from these weights (the oracle's, a bug oracle's), once per key."""
         if key not in self.entries:
             self.entries[key] = compute()
         return self.entries[key]
-
-    def seconds(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> float | None:
-        """The CPU seconds the oracle took for this case (None if not computed here)."""
-        return self.cpu_seconds.get(self._key(model, stage, spec, case))
 
 
 @dataclass
@@ -105,40 +91,6 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
         result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
 
 
-def _token_problem(got: np.ndarray, n_new: int, n_vocab: int) -> str | None:
-    if got.shape != (n_new,):
-        return f"expected {n_new} token ids (shape [{n_new}]), got shape {list(got.shape)}"
-    if got.dtype.kind == "f" and not np.all(np.isfinite(got) & (got == np.round(got))):
-        return "expected integer token ids, got non-integer values"
-    if np.any((got < 0) | (got >= n_vocab)):
-        return f"token ids must be in [0, {n_vocab}); got {got[(got < 0) | (got >= n_vocab)][0]}"
-    return None
-
-
-def _tokens_result(result: CaseResult, stage: StageSpec, model: Model, expected: np.ndarray, got: np.ndarray) -> None:
-    prompt, n_new = result.inputs["prompt"], result.inputs["n_new"]
-    problem = _token_problem(got, n_new, model.config.n_vocab)
-    if problem:
-        result.status, result.detail, result.message = "fail", "wrong-shape", problem
-        return
-    result.got_tokens = [int(t) for t in got]
-    if result.got_tokens == [int(t) for t in expected]:
-        result.status, result.expected_tokens = "pass", list(result.got_tokens)
-        return
-    # The student's path differs from the oracle's: check it step by step, allowing near-ties.
-    path_logits = oracle.per_step_logits(model.params, prompt, result.got_tokens, model.config.n_head)
-    result.steps = walk_tokens(result.got_tokens, path_logits, stage.atol, stage.rtol, len(prompt) - 1)
-    result.expected_tokens = [s.expected if s.verdict == "mismatch" else s.got for s in result.steps]
-    if result.steps[-1].verdict != "mismatch":
-        result.status = "pass"
-        return
-    k = len(result.steps)
-    result.expected_tokens += oracle.greedy(model.params, prompt + result.expected_tokens, n_new - k, model.config.n_head)
-    result.status = "fail"
-    result.message = f"token {k - 1} of {n_new} differs from the oracle's greedy choice"
-    result.diagnosis = diagnose_tokens(result.steps, stage.hints, lambda t: f"{t} {tokenizer.token_text(t)!r}")
-
-
 _FAILED_OUTCOMES = {"not-started", "error", "timeout", "crash"}
 
 
@@ -154,14 +106,14 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
     if outcome.status == "bad-output":
         result.status, result.detail = "fail", "non-numeric"
         return result
-    expected = ctx.cache.get(ctx.model, stage, spec, case)
-    if stage.compare in ("tokens", "scaling"):
-        _tokens_result(result, stage, ctx.model, expected, outcome.value)
+    if stage.compare in ("tokens", "scaling"):  # verified on the student's own path: no oracle continuation needed
+        verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints)
         # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
         if stage.scaling is not None and result.status == "pass" and outcome.timing:
-            scaling.judge_timing(result, stage, outcome.timing, ctx.cache.seconds(ctx.model, stage, spec, case))
+            recompute = scaling.recompute_seconds(ctx.cache, ctx.model, case.inputs["prompt"], case.inputs["n_new"])
+            scaling.judge_timing(result, stage, outcome.timing, recompute)
     else:
-        _rows_result(result, stage, spec, expected, outcome.value)
+        _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
     return result
 
 
@@ -222,7 +174,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         id=stage.id, title=stage.title, status=_stage_status(cases), cases=cases,
         points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
         adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
-        compare=stage.compare, seconds=time.perf_counter() - started,
+        compare=stage.compare, tie_rtol=stage.tie_rtol, seconds=time.perf_counter() - started,
         adapter_line=adapter_line(ctx.course.adapters, stage.adapter_names),
         cross_case=cross_case_diagnosis(stage, cases),
     )

@@ -12,6 +12,8 @@ course/mutants/<name>/manifest.toml:
                `no-cache` is cache-scaling's shape: right outputs whose cost grows with position
   [fingerprint] stage id -> the known bug the stage's fingerprint must name when it fails, or
                a list of bugs when several give the same output there (all must be named)
+               Besides the diagnosis shapes, "wrong-shape" names a failure whose output has
+               the wrong shape or length (e.g. a greedy loop that stops early)
 """
 
 import shutil
@@ -20,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.stages import SHAPES
+
+OBSERVABLES = (*SHAPES, "wrong-shape", "pass", "fail")  # what a manifest may expect of a stage
 
 
 class MutantError(Exception):
@@ -70,8 +74,8 @@ def load_mutant(path: Path) -> Mutant:
     for stage_id, shapes in data["expect"].items():
         shapes = (shapes,) if isinstance(shapes, str) else tuple(shapes) if isinstance(shapes, list) else (None,)
         for shape in shapes:
-            if shape not in SHAPES and shape not in ("pass", "fail"):
-                raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+            if shape not in OBSERVABLES:
+                raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape {shape!r} (known: {', '.join(OBSERVABLES)})")
         expect[stage_id] = shapes
     return Mutant(name=path.parent.name, description=data["description"], edits=tuple(edits), expect=expect, source=path,
                   fingerprint=fingerprint)

@@ -33,6 +33,7 @@ class TokenStep:
     expected: int  # the oracle's argmax at this step (on the student's path so far)
     gap: float  # oracle logit of its argmax minus oracle logit of the student's token
     verdict: str  # match | near-tie | mismatch
+    allowed: float = 0.0  # the largest gap accepted as a near-tie at this step (tie rtol * max|logit|)
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class ScalingResult:
     seconds: tuple[float, ...]  # fastest CPU seconds of one call at each length
     max_ratio: float  # the stage's threshold on ratio
     blas_threads: int  # BLAS threads in the student's process while timing (the grader asks for 1)
-    oracle_seconds: float | None = None  # CPU seconds of the oracle's full recompute at the longest length
+    oracle_seconds: float | None = None  # estimated CPU seconds of the oracle's full recompute at the longest length
 
     @property
     def ms_per_token(self) -> tuple[float, ...]:
@@ -119,6 +120,7 @@ class StageResult:
     rtol: float
     compare: str
     seconds: float = 0.0
+    tie_rtol: float | None = None  # "tokens" stages: the near-tie tolerance, relative to max|logit|
     adapter_line: int | None = None  # where the adapter is defined in adapters_file, for annotations
     # For stages whose cases return one row each: the shape read across cases, ordered by position.
     cross_case: Diagnosis | None = None

@@ -6,8 +6,10 @@ ScalingResult and a pass, or a "no-cache" failure stated in numbers.
 
 import dataclasses
 
+from theinference import oracle, timing
 from theinference.results import CaseResult, Diagnosis, ScalingResult
 from theinference.stages import StageSpec
+from theinference.weights import Model
 
 _NO_CACHE = ("the cost of a token grows with its position, as it does when every step recomputes the "
              "whole sequence. With a cache, token k costs about the same as token 1.")
@@ -34,6 +36,22 @@ def job_scaling(stage: StageSpec) -> dict | None:
     if stage.scaling is None:
         return None
     return {"lengths": list(stage.scaling.lengths), "repeats": stage.scaling.repeats}
+
+
+def recompute_seconds(cache, model: Model, prompt: list[int], n_new: int) -> float:
+    """Estimated CPU seconds (one BLAS thread) for the oracle to generate n_new tokens by full recompute.
+
+    A recompute's step k runs a forward over prompt + k tokens; its cost grows about linearly
+    with length, so the n steps cost about n forwards of the middle length. One such forward is
+    timed (not all n of them, which takes minutes on the gpt2 shape) and multiplied by n_new.
+    """
+    def estimate() -> float:
+        middle = [*prompt, *([prompt[-1]] * (n_new // 2))]
+        _, seconds = timing.single_thread_cpu(lambda: oracle.logits(model.params, middle, model.config.n_head,
+                                                                    rows=slice(len(middle) - 1, len(middle))))
+        return seconds * n_new
+
+    return cache.memo(("recompute-estimate", str(model.path), model.stamp, tuple(prompt), n_new), estimate)
 
 
 def judge_timing(result: CaseResult, stage: StageSpec, timing: dict, oracle_seconds: float | None) -> None:

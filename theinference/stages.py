@@ -18,7 +18,12 @@ A stage file (format_version 1) holds, at the top level:
   timeout         number > 0, seconds each case may take in the student's process
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
-  [tolerance]     atol, rtol: finite numbers >= 0; for "tokens" the near-tie tolerance on logits
+  [tolerance]     atol, rtol: finite numbers >= 0 (required, except for "tokens" and "scaling"
+                  stages, which reject it)
+  [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number >= 0. A
+                  generated token that is not the oracle's argmax is accepted as a near-tie when
+                  its logit is within rtol * max|logit| of that step's argmax (max|logit| sets
+                  float32's rounding error of the logits, so rtol ~1e-4 accepts genuine float ties only)
   [hints]         failure shape -> hint text shown when a failing case has that shape and no
                   known bug matches; it lists the suspects for that shape in this stage,
                   never one cause stated as fact
@@ -66,6 +71,7 @@ SHAPES = (
     "no-cache",
 )
 COMPARES = ("rows", "tokens", "scaling")
+TOKEN_COMPARES = ("tokens", "scaling")  # stages whose output is greedy token ids, checked with [tie]
 _ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _REQUIRED = {
     "format_version": int,
@@ -78,11 +84,10 @@ _REQUIRED = {
     "compare": str,
     "timeout": (int, float),
     "points": (int, float),
-    "tolerance": dict,
     "case": list,
 }
-_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list, "scaling": dict, "bugs": list,
-             "bug_hints": dict}
+_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list, "tolerance": dict, "tie": dict,
+             "scaling": dict, "bugs": list, "bug_hints": dict}
 
 
 class StageError(Exception):
@@ -125,6 +130,7 @@ class StageSpec:
     scaling: ScalingSpec | None = None  # compare = "scaling" only
     bugs: tuple[str, ...] = ()  # bug oracles to fingerprint failing outputs against
     bug_hints: dict = field(default_factory=dict)  # bug name -> hint text
+    tie_rtol: float | None = None  # "tokens"/"scaling" stages: the near-tie tolerance, relative to max|logit|
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
@@ -313,6 +319,34 @@ def _parse_cases(path: Path, data: dict, inputs: tuple[str, ...], scaling: Scali
     return tuple(CaseSpec(c.name, {**c.inputs, "n_new": scaling.lengths[-1]}, c.texts) for c in cases)
 
 
+def _tie(path: Path, table: dict) -> float:
+    for key in table:
+        if key != "rtol":
+            raise _fail(path, f"tie.{key}", "unknown field (known fields: rtol)")
+    if "rtol" not in table:
+        raise _fail(path, "tie.rtol", "missing required field")
+    _check_type(path, "tie.rtol", table["rtol"], (int, float))
+    if table["rtol"] < 0:
+        raise _fail(path, "tie.rtol", "must be >= 0")
+    return float(table["rtol"])
+
+
+def _tolerances(path: Path, data: dict) -> tuple[float, float, float | None]:
+    """(atol, rtol, tie_rtol): a stage that checks greedy tokens has [tie] and no [tolerance], any other the reverse."""
+    kind = data["compare"]
+    if kind in TOKEN_COMPARES:
+        if "tolerance" in data:
+            raise _fail(path, "tolerance", f"a \"{kind}\" stage takes [tie] (near-tie tolerance), not [tolerance]")
+        if "tie" not in data:
+            raise _fail(path, "tie", f"missing required field (a \"{kind}\" stage needs [tie] rtol)")
+        return 0.0, 0.0, _tie(path, data["tie"])
+    if "tie" in data:
+        raise _fail(path, "tie", "only a stage that checks greedy tokens (compare \"tokens\" or \"scaling\") takes [tie]")
+    if "tolerance" not in data:
+        raise _fail(path, "tolerance", "missing required field")
+    return (*_tolerance(path, data["tolerance"]), None)
+
+
 def _hints(path: Path, table: dict) -> dict:
     for key, text in table.items():
         if key not in SHAPES:
@@ -351,7 +385,7 @@ def load_stage(path: Path) -> StageSpec:
         raise StageError(f"{path}: not valid TOML: {e}") from e
     _check_keys(path, data)
     _check_values(path, data)
-    atol, rtol = _tolerance(path, data["tolerance"])
+    atol, rtol, tie_rtol = _tolerances(path, data)
     inputs = _oracle_inputs(path, data)
     scaling = _scaling(path, data)
     cases = _parse_cases(path, data, inputs, scaling)
@@ -381,6 +415,7 @@ def load_stage(path: Path) -> StageSpec:
         scaling=scaling,
         bugs=bugs,
         bug_hints=bug_hints,
+        tie_rtol=tie_rtol,
     )
 
 

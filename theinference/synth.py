@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from theinference.copycircuit import install_copy_circuit
 from theinference.weights import GPT2Config, expected_shapes
 
 # Bump when the drawing changes: checkpoints made on first use are cached under this version.
-SYNTH_VERSION = 1
+SYNTH_VERSION = 2
 
 PRESETS = {
     "gpt2": GPT2Config(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
@@ -98,6 +99,7 @@ def write_synthetic(
         tensors[name] = synth_tensor(name, shape, seed)
         if progress:
             progress(i + 1, len(shapes))
+    install_copy_circuit(tensors, config, seed)
     # One metadata key only: safetensors writes metadata in hash order, and two keys would make
     # the bytes differ from run to run. The synthetic marker lives in config.json.
     metadata = {"format": "pt"}

@@ -57,7 +57,9 @@ def stage_document(stage: StageResult) -> dict:
         "points": stage.points, "max_points": stage.max_points,
         "passed_cases": stage.passed_cases, "total_cases": len(stage.cases),
         "adapter": stage.adapter, "adapters_file": stage.adapters_file, "lesson": stage.lesson,
-        "compare": stage.compare, "tolerance": {"atol": stage.atol, "rtol": stage.rtol},
+        "compare": stage.compare,
+        **({"tie": {"rtol": stage.tie_rtol}} if stage.tie_rtol is not None else
+           {"tolerance": {"atol": stage.atol, "rtol": stage.rtol}}),
         "seconds": stage.seconds,
         "diagnosis": dataclasses.asdict(stage.diagnosis) if stage.diagnosis else None,
         "cross_case": stage.cross_case is not None,

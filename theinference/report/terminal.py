@@ -136,7 +136,7 @@ def tokens_table(case: CaseResult, plain: bool = False) -> Table:
         if step and step.verdict == "mismatch":
             note, style = f"◀ first mismatch (logit gap {step.gap:.3g})", "bold red"
         elif step and step.verdict == "near-tie":
-            note = f"near-tie accepted (gap {step.gap:.3g})"
+            note = _tie_note(step)
         elif case.steps and k >= len(case.steps):
             style = "dim"
         table.add_row(str(k), token_label(exp, 18), token_label(got, 18), note, style=style)
@@ -163,7 +163,7 @@ def scaling_lines(case: CaseResult) -> list[Text]:
                   f"(at most ×{t.max_ratio:g} passes)", style="dim")]
     if case.status == "pass" and t.speedup is not None:
         lines.append(Text(f"  your cache: {t.lengths[-1]} tokens in {t.seconds[-1]:.2f} s; "
-                          f"recompute: {t.oracle_seconds:.2f} s; {t.speedup:.1f}× faster", style="green"))
+                          f"recompute (estimated): {t.oracle_seconds:.2f} s; {t.speedup:.1f}× faster", style="green"))
     return lines
 
 
@@ -214,8 +214,12 @@ def _same_failure(a: CaseResult, b: CaseResult) -> bool:
         b.status, b.message, b.traceback)
 
 
-def _near_ties(case: CaseResult) -> int:
-    return sum(s.verdict == "near-tie" for s in case.steps)
+def _tie_note(step) -> str:
+    return f"near-tie accepted (gap {step.gap:.3g} ≤ {step.allowed:.3g})"
+
+
+def _near_ties(case: CaseResult) -> list:
+    return [s for s in case.steps if s.verdict == "near-tie"]
 
 
 def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
@@ -241,7 +245,8 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
             console.print(Group(*_case_body(case, vocab, is_plain(console))))
             shown.append(case)
         elif _near_ties(case):
-            console.print(f"  case {case.name}: passed with {_near_ties(case)} near-tie(s) accepted", style="dim")
+            notes = "; ".join(f"step {s.step}: {_tie_note(s)}" for s in _near_ties(case))
+            console.print(f"  case {case.name}: passed, {notes}", style="dim")
         if case.status == "pass" and case.scaling:
             console.print(Group(scaling_table(case, is_plain(console)), *scaling_lines(case)))
     if stage.cross_case:

@@ -7,7 +7,7 @@ def scaling_summary(case: CaseResult) -> str:
     """cache-scaling's numbers in one line: ms per token at each length, the ratio, the speed-up."""
     t = case.scaling
     per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
-    faster = f"; {t.speedup:.1f}× faster than the oracle's recompute" if t.speedup is not None else ""
+    faster = f"; {t.speedup:.1f}× faster than the oracle's recompute (estimated)" if t.speedup is not None else ""
     return (f"CPU time per token ({t.blas_threads} BLAS thread(s)): {per}; ratio {t.ratio:.2f} "
             f"(at most {t.max_ratio:g}){faster}")
 
