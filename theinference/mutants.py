@@ -13,7 +13,8 @@ course/mutants/<name>/manifest.toml:
   [fingerprint] stage id -> the known bug the stage's fingerprint must name when it fails, or
                a list of bugs when several give the same output there (all must be named)
                Besides the diagnosis shapes, "wrong-shape" names a failure whose output has
-               the wrong shape or length (e.g. a greedy loop that stops early)
+               the wrong shape or length (e.g. a greedy loop that stops early), and "error" an
+               exception the bug makes the solution raise (e.g. state left over between calls)
 """
 
 import shutil
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from theinference.stages import SHAPES
 
-OBSERVABLES = (*SHAPES, "wrong-shape", "pass", "fail")  # what a manifest may expect of a stage
+OBSERVABLES = (*SHAPES, "wrong-shape", "error", "pass", "fail")  # what a manifest may expect of a stage
 
 
 class MutantError(Exception):
