@@ -98,6 +98,7 @@ def test(
     watch: Annotated[bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")] = False,
     poll: Annotated[bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")] = False,
     untrusted: Annotated[bool, typer.Option("--untrusted", help="Grade as `grade` does: ignore the course's stages, weights and timeout; allow-listed environment (implied by CI=true and --format gradescope).")] = False,
+    all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
@@ -110,7 +111,7 @@ def test(
         if untrusted and watch:
             raise UsageError("--watch trusts the course directory; it cannot be combined with untrusted grading "
                              "(--untrusted, CI=true or --format gradescope)")
-        options = run_options(timeout, memory_limit, seed, untrusted=untrusted)
+        options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
         session = open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted)
         try:
             # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)

@@ -24,6 +24,9 @@ from theinference.sources import obtain_weights
 from theinference.stages import load_stages, stage_dirs
 
 
+SUBMISSION_TIMEOUT = 600.0  # seconds: a hung submission cannot hold up a batch for longer
+
+
 class BatchFormat(str, Enum):
     csv = "csv"
     json = "json"
@@ -68,6 +71,8 @@ def grade_command(
     timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call.")] = None,
     memory_limit: Annotated[int, typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
     seed: Annotated[Optional[str], typer.Option("--seed", help="Random extra cases (same for every submission).")] = None,
+    all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
+    submission_timeout: Annotated[float, typer.Option("--submission-timeout", min=0, help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).")] = SUBMISSION_TIMEOUT,
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 
@@ -81,7 +86,8 @@ def grade_command(
     try:
         # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
         student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
-        options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True), env=student_env)
+        options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
+                                                  submission_timeout=submission_timeout), env=student_env)
         subs = submissions(submission_dirs)
         if fmt is BatchFormat.gradescope and len(subs) != 1:
             raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")

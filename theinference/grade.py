@@ -47,6 +47,9 @@ class GradeContext:
     launcher: object = field(default_factory=SubprocessLauncher)  # how student processes start
     memory_mb: int | None = DEFAULT_MEMORY_MB  # address-space cap per student process
     untrusted: bool = False  # only the allow-listed environment for the student's process
+    all_cases: bool = False  # keep running a stage's cases after one timed out
+    deadline: float | None = None  # time.monotonic() by which the whole submission must be done
+    budget: float | None = None  # the seconds that deadline allowed, for messages
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -118,6 +121,14 @@ def _tokens_result(result: CaseResult, stage: StageSpec, model: Model, expected:
 
 
 _FAILED_OUTCOMES = {"not-started", "error", "timeout", "crash"}
+# A returned array may hold this many times the expected output's float64 bytes (plus a floor)
+# before the grader refuses to read it: its memory stays bounded whatever the student returns.
+_OUTPUT_SLACK = 4
+_OUTPUT_FLOOR = 1 << 20
+
+
+def _output_cap(expected: np.ndarray) -> int:
+    return _OUTPUT_SLACK * expected.size * 8 + _OUTPUT_FLOOR
 
 
 def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec) -> CaseResult:
@@ -130,6 +141,10 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
         result.status, result.detail = "fail", "non-numeric"
         return result
     expected = ctx.cache.get(ctx.model, stage, spec, case)
+    if outcome.status == "too-large":
+        result.status, result.detail = "fail", "wrong-shape"
+        result.message = f"{outcome.message}; expected {list(expected.shape)}"
+        return result
     if stage.compare == "tokens":
         _tokens_result(result, stage, ctx.model, expected, outcome.value)
     else:
@@ -179,14 +194,23 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     spec = resolve_oracle(stage.oracle, stage.source)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
+    caps = tuple(_output_cap(ctx.cache.get(ctx.model, stage, spec, case)) for case in stage.cases)
+    graded: dict[int, CaseResult] = {}
+
+    def consume(index: int, outcome: CallOutcome) -> None:  # compared as it arrives, then its array is dropped
+        graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
+
     job = AdapterJob(
         course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
         weights=ctx.model.path, timeout=ctx.timeout or ctx.course.timeout or stage.timeout, env=ctx.env,
-        launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted,
+        launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted, output_caps=caps, consume=consume,
+        all_cases=ctx.all_cases, case_names=tuple(c.name for c in stage.cases), deadline=ctx.deadline,
+        deadline_budget=ctx.budget,
     )
     outcomes = run_adapter(job)
-    cases = [_case_result(stage, case, outcome, ctx, spec) for case, outcome in zip(stage.cases, outcomes)]
+    cases = [graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
+             for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))]
     return StageResult(
         id=stage.id, title=stage.title, status=_stage_status(cases), cases=cases,
         points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
