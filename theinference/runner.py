@@ -358,7 +358,8 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
         start = 0
         while start < len(job.calls) and time.monotonic() < stage_deadline:
             start = _run_child(job, start, Path(work), outcomes, stage_deadline)
-            if not job.all_cases and start < len(job.calls) and outcomes[start - 1].status == "timeout":
+            over = time.monotonic() >= stage_deadline  # then the rest are reported as over budget instead
+            if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == "timeout":
                 name = job.case_names[start - 1] if job.case_names else start - 1
                 skipped = CallOutcome(status="timeout", message=f"skipped after a timeout in case {name} "
                                       "(--all-cases runs every case)")
