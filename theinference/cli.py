@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from theinference import __version__
+from theinference import __version__, interrupt
 from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
                                      in_ci, run_options, synth_progress, write_atomic)
 from theinference.runner import DEFAULT_MEMORY_MB
@@ -147,12 +147,17 @@ def version() -> None:
 
 def main() -> None:
     """Entry point: run the CLI; an unexpected exception is reported as a grader bug (exit 3)."""
+    interrupt.install()
     try:
         app()
-    except SystemExit:
+    except SystemExit as e:
+        # click turns an interrupt inside a command into "Aborted!" and exit 1: report the signal instead
+        # (watch mode, which Ctrl-C ends normally, exits 0).
+        if interrupt.exit_code() and e.code != 0:
+            sys.exit(interrupt.exit_code())
         raise
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(interrupt.exit_code() or 130)
     except Exception:  # noqa: BLE001 - the last line of defence: say it is our bug
         err_console().print(
             "[bold red]theinference internal error[/bold red] — this is a bug in the grader, not in your code. "

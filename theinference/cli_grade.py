@@ -11,9 +11,9 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from theinference import __version__
-from theinference.batch import (BatchError, CsvWriter, SubmissionResult, grade_batch, merge_csv, parse_shard, shard,
-                                submissions)
+from theinference import __version__, interrupt
+from theinference.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, grade_batch, merge_csv,
+                                parse_shard, shard, submissions)
 from theinference.cli_common import config_error, err_console, in_ci, run_options, synth_progress, write_atomic
 from theinference.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
@@ -98,15 +98,19 @@ def grade_command(
     except (*CONFIG_ERRORS, UsageError, BatchError) as e:
         raise config_error(e)
     try:
-        results = _run(subs, base, stages, options, jobs, out, fmt)
+        results, stopped = _run(subs, base, stages, options, jobs, out, fmt)
     finally:
         base.close()
+    if stopped:
+        err_console().print(f"{stopped}; the {len(results)} graded are in {out}", soft_wrap=True, markup=False)
+        raise typer.Exit(interrupt.exit_code() or 130)
     graded = sum(r.run is not None for r in results)
     err_console().print(f"graded {graded} of {len(results)} submissions into {out}"
                         + (f" (seed {options.seed})" if options.seed is not None else ""))
 
 
-def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> list[SubmissionResult]:
+def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> tuple[list[SubmissionResult], str]:
+    """Grade and write the results; also how the batch was interrupted ("" if it was not)."""
     stage_ids = [s.id for s in stages]
     writer = CsvWriter(out, stage_ids) if fmt is BatchFormat.csv else None
     plain = in_ci() or not sys.stderr.isatty()
@@ -123,18 +127,25 @@ def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> list
         if plain:
             err_console().print(_progress_line(len(done), len(subs), result), soft_wrap=True, markup=False)
 
+    stopped = ""
     with progress:
-        results = grade_batch(subs, base, stages, options, jobs, on_result)
+        try:
+            results = grade_batch(subs, base, stages, options, jobs, on_result)
+        except BatchInterrupted as e:
+            results, stopped = e.results, str(e)
     if writer:
-        writer.finish(results)
+        writer.finish(results, stopped)
     elif fmt is BatchFormat.gradescope:
-        _write_gradescope(results[0], stages, out, options.seed)
+        if results:
+            _write_gradescope(results[0], stages, out, options.seed)
+        else:
+            write_atomic(out, render_gradescope_ungraded(stages, f"grading was {stopped}", __version__))
     else:
         docs = [{"id": r.id, "path": r.path, "status": r.status, "error": r.error, "seconds": r.seconds,
                  "results": run_document(r.run, __version__) if r.run else None} for r in results]
         write_atomic(out, json.dumps({"schema": "theinference.batch", "schema_version": 1, "seed": options.seed,
-                                      "submissions": docs}, indent=2) + "\n")
-    return results
+                                      "interrupted": stopped or None, "submissions": docs}, indent=2) + "\n")
+    return results, stopped
 
 
 def _write_gradescope(result: SubmissionResult, stages, out: Path, seed: int | None) -> None:

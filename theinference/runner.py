@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from theinference import interrupt
 from theinference.launch import SubprocessLauncher
 from theinference.trust import allowed_env
 
@@ -124,6 +125,11 @@ class _Child:
             os.close(write_fd)
         self.pipe = os.fdopen(read_fd, "rb")
         self.buffer = b""
+        try:
+            interrupt.track(self.proc.pid)  # so that Ctrl-C or SIGTERM kills it from any thread
+        except interrupt.Cancelled:
+            self.finish(graceful=False)
+            raise
 
     def next_message(self, deadline: float) -> dict | None:
         """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed."""
@@ -158,6 +164,7 @@ class _Child:
             pass
         returncode = self.proc.returncode
         _kill_group(self.proc)  # also reaps grandchildren the student left running
+        interrupt.untrack(self.proc.pid)
         return returncode if returncode is not None else -signal.SIGKILL
 
     def attach_output(self, outcome: CallOutcome, start: list[int], end: list[int] | None) -> None:
