@@ -67,19 +67,20 @@ def _wait_for(condition, seconds: float = 60):
     raise AssertionError("the grader never got there")
 
 
-@pytest.mark.parametrize("command", ["test", "grade"])
-def test_sigterm_kills_every_student_process_and_removes_temp_dirs(tmp_path, tiny_path, command):
+@pytest.mark.parametrize(("command", "exit_code"), [("test", 143), ("watch", 0), ("grade", 143)])
+def test_sigterm_kills_every_student_process_and_removes_temp_dirs(tmp_path, tiny_path, command, exit_code):
     marker = f"theinference-test-marker-{os.getpid()}-{command}"
     course = tmp_path / "submissions" / "hangs"
     write_adapters(course, SPAWN_AND_HANG.format(marker=marker))
-    args = ["--course", course] if command == "test" else [course, "--out", tmp_path / "grades.csv"]
-    grader = _grader(tmp_path, command, *args, "--weights", tiny_path, "--stage", "prove-one-layer")
+    args = {"test": ["test", "--course", course], "watch": ["test", "--watch", "--course", course],
+            "grade": ["grade", course, "--out", tmp_path / "grades.csv"]}[command]
+    grader = _grader(tmp_path, *args, "--weights", tiny_path, "--stage", "prove-one-layer")
     sleepers = _wait_for(lambda: _with_marker(marker))
     students = {pid for pid in (_parent(p) for p in sleepers) if pid != 1}
     grader.send_signal(signal.SIGTERM)
     _wait_for(lambda: not any(map(_alive, [*sleepers, *students])), seconds=2)
     grader.wait(timeout=30)
-    assert grader.returncode == 143, grader.stderr.read()
+    assert grader.returncode == exit_code, grader.stderr.read()
     assert not list(tmp_path.glob("theinference-*"))
 
 
