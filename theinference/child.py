@@ -190,7 +190,8 @@ def main() -> None:
     func = _load(job, proto)
     if func is None:
         return
-    _send(proto, event="loaded")
+    code = getattr(func, "__code__", None)  # where the function the module exports was written (for annotations)
+    _send(proto, event="loaded", **({"defined_at": [code.co_filename, code.co_firstlineno]} if code else {}))
     for index in range(job["start"], len(job["calls"])):
         _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto)
 

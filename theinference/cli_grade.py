@@ -18,6 +18,7 @@ from theinference.cli_common import config_error, err_console, in_ci, run_option
 from theinference.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.report.jsonout import run_document
+from theinference.report.untrusted import for_terminal
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.session import CONFIG_ERRORS, Session, UsageError, select_stages
 from theinference.sources import obtain_weights
@@ -36,7 +37,7 @@ class BatchFormat(str, Enum):
 def _progress_line(done: int, total: int, result: SubmissionResult) -> str:
     points = "{:g}/{:g}".format(*result.run.points) if result.run else "-"
     why = f" ({result.error})" if result.error else ""
-    return f"[{done}/{total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}"
+    return for_terminal(f"[{done}/{total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}")
 
 
 def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):

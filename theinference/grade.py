@@ -175,6 +175,20 @@ def _points(stage: StageSpec, cases: list[CaseResult]) -> float:
     return stage.points if passed == len(cases) else 0.0
 
 
+def adapter_definition(course: Course, outcomes: list[CallOutcome], names: tuple[str, ...]) -> tuple[str, int | None]:
+    """The file and line of the function the adapters module exports, as its process reported them (when
+    that file lies in the course directory); else the first `def NAME(` in the adapters file."""
+    root = course.root.resolve()
+    for found in (o.defined_at for o in outcomes if o.defined_at):
+        try:
+            path = Path(found[0]).resolve()
+            if path.is_relative_to(root) and path.is_file():
+                return str(path), found[1]
+        except (OSError, ValueError):  # the child's word only: a NUL byte, a loop of links
+            pass
+    return "", adapter_line(course.adapters, names)
+
+
 def adapter_line(path: Path, names: tuple[str, ...]) -> int | None:
     """The line where the first of names is defined in the adapters file (for CI annotations)."""
     try:
@@ -211,11 +225,12 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     outcomes = run_adapter(job)
     cases = [graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
              for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))]
+    source, line = adapter_definition(ctx.course, outcomes, stage.adapter_names)
     return StageResult(
         id=stage.id, title=stage.title, status=_stage_status(cases), cases=cases,
         points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
         adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
         compare=stage.compare, seconds=time.perf_counter() - started,
-        adapter_line=adapter_line(ctx.course.adapters, stage.adapter_names),
+        adapter_line=line, adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
     )

@@ -80,7 +80,8 @@ class StageResult:
     rtol: float
     compare: str
     seconds: float = 0.0
-    adapter_line: int | None = None  # where the adapter is defined in adapters_file, for annotations
+    adapter_line: int | None = None  # where the adapter function starts in adapter_source, for annotations
+    adapter_source: str = ""  # the file defining the function the adapters module exports ("": adapters_file)
     # For stages whose cases return one row each: the shape read across cases, ordered by position.
     cross_case: Diagnosis | None = None
     origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course

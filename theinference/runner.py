@@ -70,6 +70,7 @@ class CallOutcome:
     seconds: float = 0.0
     stdout: str = ""
     stderr: str = ""
+    defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
 
 
 def _read_capped(path: Path, start: int = 0, end: int | None = None) -> str:
@@ -252,6 +253,17 @@ def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None) -
     return outcome
 
 
+def _defined_at(message: dict) -> tuple[str, int] | None:
+    """The file and line a 'loaded' message says the adapter function starts at, checked for form."""
+    value = message.get("defined_at")
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and len(value[0]) <= 4096
+            and type(value[1]) is int and value[1] >= 0):
+        raise ProtocolError("'defined_at' of the 'loaded' message is not a file and a line")
+    return value[0], value[1]
+
+
 def _is_case(message: dict, index: int) -> bool:
     return type(message.get("case")) is int and message["case"] == index
 
@@ -269,6 +281,7 @@ class _Progress:
     """Where one child stands in the protocol, as the grader has seen it."""
 
     current: int
+    defined_at: tuple[str, int] | None = None
     loaded: bool = False
     started: bool = False
     case_output: list[int] = field(default_factory=lambda: [0, 0])
@@ -281,13 +294,14 @@ def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, w
     if event == "load-error" and not state.loaded:
         return CallOutcome(status="error", message=_text(message, "message"), traceback=_text(message, "traceback"))
     if event == "loaded" and not state.loaded:
-        state.loaded = True
+        state.loaded, state.defined_at = True, _defined_at(message)
     elif event == "start" and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
     elif event == "done" and state.started and _is_case(message, state.current):
         cap = job.output_caps[state.current] if job.output_caps else None
         outcome = _outcome_from_done(message, state.current, work, cap)
         child.attach_output(outcome, state.case_output, _offsets(message))
+        outcome.defined_at = state.defined_at
         outcomes[state.current] = outcome
         if job.consume is not None:
             job.consume(state.current, outcome)
