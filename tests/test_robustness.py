@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import write_adapters
-from test_runner import QUICK_STAGE
+from test_runner import quick_stage_dir
 from theinference.stages import load_stages, stage_dirs
 
 HUGE = "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.ones(600 * 2**20 // 8)\n"
@@ -29,10 +29,7 @@ print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.
 
 @pytest.fixture
 def quick_stages(tmp_path) -> Path:
-    stages = tmp_path / "extra-stages"
-    stages.mkdir()
-    (stages / "quick.toml").write_text(QUICK_STAGE)
-    return stages
+    return quick_stage_dir(tmp_path)
 
 
 def _stage(path: Path) -> dict:

@@ -73,9 +73,14 @@ def cancelled() -> bool:
     return _cancelled.is_set()
 
 
-def cancel() -> None:
-    """Kill every registered student process group; starting another raises Cancelled from now on."""
+def kill_running() -> None:
+    """Kill every registered student process group now (wherever the interrupt found the grader)."""
     with _lock:
-        _cancelled.set()
         for pgid in _running:
             _kill(pgid)
+
+
+def cancel() -> None:
+    """Kill every registered student process group; starting another raises Cancelled from now on."""
+    _cancelled.set()
+    kill_running()

@@ -378,7 +378,11 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     with tempfile.TemporaryDirectory(prefix="theinference-run-") as work:
         start = 0
         while start < len(job.calls) and time.monotonic() < stage_deadline:
-            start = _run_child(job, start, Path(work), outcomes, stage_deadline)
+            try:
+                start = _run_child(job, start, Path(work), outcomes, stage_deadline)
+            except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
+                interrupt.kill_running()
+                raise
             over = time.monotonic() >= stage_deadline  # then the rest are reported as over budget instead
             if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == "timeout":
                 name = job.case_names[start - 1] if job.case_names else start - 1
