@@ -208,8 +208,10 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     spec = resolve_oracle(stage.oracle, stage.source)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
-    caps = tuple(_output_cap(ctx.cache.get(ctx.model, stage, spec, case)) for case in stage.cases)
     graded: dict[int, CaseResult] = {}
+
+    def output_cap(index: int) -> int:  # the oracle runs only for cases that returned something
+        return _output_cap(ctx.cache.get(ctx.model, stage, spec, stage.cases[index]))
 
     def consume(index: int, outcome: CallOutcome) -> None:  # compared as it arrives, then its array is dropped
         graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
@@ -218,7 +220,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
         weights=ctx.model.path, timeout=ctx.timeout or ctx.course.timeout or stage.timeout, env=ctx.env,
-        launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted, output_caps=caps, consume=consume,
+        launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted, output_cap=output_cap, consume=consume,
         all_cases=ctx.all_cases, case_names=tuple(c.name for c in stage.cases), deadline=ctx.deadline,
         deadline_budget=ctx.budget,
     )

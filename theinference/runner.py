@@ -50,7 +50,8 @@ class AdapterJob:
     launcher: object = field(default_factory=SubprocessLauncher)
     memory_mb: int | None = DEFAULT_MEMORY_MB  # None: no cap
     untrusted: bool = False  # the student's process gets only the allow-listed environment
-    output_caps: tuple[int, ...] = ()  # bytes each call's returned array may hold (larger: "too-large", not read)
+    # The bytes call i's returned array may hold (larger: "too-large", not read); asked only once it returned.
+    output_cap: Callable[[int], int] | None = None
     # Called with (index, outcome) as each case's array arrives; the array is dropped afterwards, so a
     # stage's outputs are never all in memory at once.
     consume: Callable | None = None
@@ -298,7 +299,7 @@ def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, w
     elif event == "start" and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
     elif event == "done" and state.started and _is_case(message, state.current):
-        cap = job.output_caps[state.current] if job.output_caps else None
+        cap = job.output_cap(state.current) if job.output_cap else None
         outcome = _outcome_from_done(message, state.current, work, cap)
         child.attach_output(outcome, state.case_output, _offsets(message))
         outcome.defined_at = state.defined_at
