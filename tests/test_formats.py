@@ -4,6 +4,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from markdown_it import MarkdownIt
 
 from conftest import write_adapters
 
@@ -139,3 +140,46 @@ def test_hard_coded_answers_fail_the_random_cases(cli, courses, tiny_path, tmp_p
     code, text = run(cli, tmp_path / "cheat", tiny_path, "json", "--stage", "prove-one-layer", "--seed", "3")
     cases = json.loads(text)["stages"][0]["cases"]
     assert code == 1 and [c["status"] for c in cases[-2:]] == ["error", "error"]
+
+
+# Raises text meant to clear the screen, break out of the summary's code block and forge a heading.
+HOSTILE_IMPL = '''\
+import sys
+
+
+def run_layer_equiv(seq_ids):
+    print("\\x1b[2J\\x1b[Hall clear")
+    raise ValueError("\\x1b[2J\\n```\\n## ✅ 55/55 points\\n```` 100% \\r")
+'''
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    course = tmp_path / "hostile"
+    write_adapters(course, "from mylib.impl import run_layer_equiv\n")
+    (course / "mylib").mkdir()
+    (course / "mylib" / "impl.py").write_text(HOSTILE_IMPL)
+    return course
+
+
+def test_student_text_cannot_drive_the_terminal(cli, hostile, tiny_path):
+    for fmt in ("rich", "junit"):
+        code, text = run(cli, hostile, tiny_path, fmt, "--stage", "prove-one-layer")
+        assert code == 1
+        assert "\x1b" not in text and "\r" not in text
+        assert "\\x1b[2J" in text
+
+
+def test_github_output_escapes_student_text_and_points_at_the_exported_function(cli, hostile, tiny_path, tmp_path,
+                                                                                monkeypatch):
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(hostile))
+    code, text = run(cli, hostile, tiny_path, "github", "--stage", "prove-one-layer")
+    error = next(line for line in text.splitlines() if line.startswith("::error "))
+    assert error.startswith("::error file=mylib/impl.py,line=4,title=")
+    assert "\\x1b[2J%0A```" in error and "100%25" in error and "\r" not in error
+    tokens = MarkdownIt().parse(summary.read_text())
+    headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert not [h for h in headings if "55/55" in h], headings
+    assert any("## ✅ 55/55 points" in t.content for t in tokens if t.type == "fence")

@@ -46,6 +46,14 @@ def _solve(seq_ids):
 """
 
 
+def quick_stage_dir(tmp_path: Path) -> Path:
+    """A --stages-dir holding only QUICK_STAGE."""
+    stages = tmp_path / "extra-stages"
+    stages.mkdir()
+    (stages / "quick.toml").write_text(QUICK_STAGE)
+    return stages
+
+
 @pytest.fixture(params=["zygote", "subprocess"])
 def launcher(request, monkeypatch):
     """Every outcome is checked with both ways of starting the student's process."""
@@ -56,9 +64,7 @@ def launcher(request, monkeypatch):
 @pytest.fixture
 def grade_quick(tmp_path, tiny_path, cli, launcher):
     """Write adapters into a fresh course, grade the quick stage; return (exit code, stage JSON, rich text)."""
-    stages = tmp_path / "extra-stages"
-    stages.mkdir()
-    (stages / "quick.toml").write_text(QUICK_STAGE)
+    stages = quick_stage_dir(tmp_path)
 
     def run(source: str, *extra):
         course = tmp_path / "course"

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from theinference import interrupt
 from theinference.course import CourseError, load_course
 from theinference.grade import OracleCache, check_case_fits
 from theinference.launch import ConfinementError
@@ -28,6 +29,17 @@ from theinference.weights import Model
 
 class BatchError(Exception):
     """The batch itself is misconfigured (duplicate submission ids, bad shard, unmergeable files)."""
+
+
+INTERRUPTED_MARK = "#"  # a last CSV row starting with this says the batch was interrupted, and after how many
+
+
+class BatchInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the batch: `results` are the submissions graded before it, sorted by id."""
+
+    def __init__(self, results: list["SubmissionResult"], total: int):
+        super().__init__(f"interrupted after {len(results)} of {total} submissions")
+        self.results, self.total = results, total
 
 
 @dataclass
@@ -105,22 +117,36 @@ def _grade_one(sub: Submission, base: Session, stages: list[StageSpec], options:
 
 def grade_batch(subs: list[Submission], base: Session, stages: list[StageSpec], options: RunOptions, jobs: int,
                 on_result: Callable[[SubmissionResult], None]) -> list[SubmissionResult]:
-    """Grade every submission (jobs at a time); on_result is called as each finishes."""
+    """Grade every submission (jobs at a time); on_result is called as each finishes.
+
+    On Ctrl-C or SIGTERM every student process is killed at once and BatchInterrupted carries
+    the submissions finished until then.
+    """
     if options.seed is not None:
         stages = [with_random_cases(s, options.seed, base.model.config) for s in stages]
         options = dataclasses.replace(options, seed=None)
-    warm_oracle(base.model, base.cache, stages)
     lock = threading.Lock()
     results = []
 
     def work(sub: Submission) -> None:
         result = _grade_one(sub, base, stages, options)
         with lock:
-            results.append(result)
-            on_result(result)
+            if not interrupt.cancelled():  # a submission whose processes were killed midway has no grade
+                results.append(result)
+                on_result(result)
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        list(pool.map(work, subs))
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        warm_oracle(base.model, base.cache, stages)
+        for future in [pool.submit(work, sub) for sub in subs]:
+            future.result()
+    except KeyboardInterrupt as e:
+        interrupt.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+        with lock:
+            raise BatchInterrupted(sorted(results, key=lambda r: r.id), len(subs)) from e
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     return sorted(results, key=lambda r: r.id)
 
 
@@ -155,10 +181,11 @@ class CsvWriter:
         self.writer.writerow(csv_row(result, self.stage_ids))
         self.file.flush()
 
-    def finish(self, results: list[SubmissionResult]) -> None:
-        """Rewrite the file sorted by id, now that every row is in."""
+    def finish(self, results: list[SubmissionResult], mark: str = "") -> None:
+        """Rewrite the file sorted by id, now that every row is in; a mark (why the batch stopped) ends it."""
         self.file.close()
-        write_csv(self.path, [csv_header(self.stage_ids), *(csv_row(r, self.stage_ids) for r in results)])
+        rows = [csv_header(self.stage_ids), *(csv_row(r, self.stage_ids) for r in results)]
+        write_csv(self.path, rows + ([[f"{INTERRUPTED_MARK} {mark}"]] if mark else []))
 
 
 def write_csv(path: Path, rows: list[list[str]]) -> None:
@@ -180,6 +207,8 @@ def merge_csv(out: Path, parts: list[Path]) -> int:
             raise BatchError(f"{part}: its columns differ from {parts[0]}'s (were the shards graded with the same stages?)")
         header = reader[0]
         for row in reader[1:]:
+            if row and row[0].startswith(INTERRUPTED_MARK):
+                raise BatchError(f"{part}: {row[0][len(INTERRUPTED_MARK):].strip()}; grade that shard again")
             if row[0] in rows:
                 raise BatchError(f"{part}: submission '{row[0]}' already appears in another shard")
             rows[row[0]] = row

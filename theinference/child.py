@@ -6,6 +6,7 @@ returned array to OUT_DIR/case-<i>.npy. Nothing here imports numpy before the st
 except to save results.
 """
 
+import errno
 import importlib.abc
 import importlib.util
 import json
@@ -131,8 +132,25 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict 
         done(status="bad-output", message=problem, seconds=seconds)
         return
     out = out_dir / f"case-{index}.npy"
-    np.save(out, array, allow_pickle=False)
+    try:
+        np.save(out, array, allow_pickle=False)
+    except OSError as e:  # CPython ignores SIGXFSZ: a write over the file cap raises EFBIG here instead
+        out.unlink(missing_ok=True)
+        done(status="error", message=_save_problem(e, array), seconds=seconds)
+        return
     done(status="ok", file=str(out), seconds=seconds, **({"timing": timings} if timings else {}))
+
+
+def _save_problem(error: OSError, array) -> str:
+    """Why the returned array could not be handed over, in the student's terms (no grader frames)."""
+    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    # numpy's writer may report the short write without an errno: the array's size tells.
+    if error.errno == errno.EFBIG or (cap != resource.RLIM_INFINITY and array.nbytes >= cap):
+        limit = "the file size limit" if cap == resource.RLIM_INFINITY else \
+            f"{cap >> 30} GB" if cap % 2**30 == 0 else f"{cap >> 20} MB"
+        return (f"the adapter's output exceeded {limit} (it returned {array.nbytes / 1e9:.1f} GB, "
+                f"shape {list(array.shape)}, {array.dtype})")
+    return f"the adapter's output could not be saved: {error}"
 
 
 class _OracleGuard(importlib.abc.MetaPathFinder):
@@ -183,7 +201,8 @@ def main() -> None:
     func = _load(job, proto)
     if func is None:
         return
-    _send(proto, event="loaded")
+    code = getattr(func, "__code__", None)  # where the function the module exports was written (for annotations)
+    _send(proto, event="loaded", **({"defined_at": [code.co_filename, code.co_firstlineno]} if code else {}))
     for index in range(job["start"], len(job["calls"])):
         _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto, job.get("scaling"))
 

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from theinference import __version__
+from theinference import __version__, interrupt
 from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
                                      in_ci, run_options, synth_progress, write_atomic)
 from theinference.runner import DEFAULT_MEMORY_MB
@@ -98,6 +98,7 @@ def test(
     watch: Annotated[bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")] = False,
     poll: Annotated[bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")] = False,
     untrusted: Annotated[bool, typer.Option("--untrusted", help="Grade as `grade` does: ignore the course's stages, weights and timeout; allow-listed environment (implied by CI=true and --format gradescope).")] = False,
+    all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
@@ -110,7 +111,7 @@ def test(
         if untrusted and watch:
             raise UsageError("--watch trusts the course directory; it cannot be combined with untrusted grading "
                              "(--untrusted, CI=true or --format gradescope)")
-        options = run_options(timeout, memory_limit, seed, untrusted=untrusted)
+        options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
         session = open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted)
         try:
             # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
@@ -147,12 +148,17 @@ def version() -> None:
 
 def main() -> None:
     """Entry point: run the CLI; an unexpected exception is reported as a grader bug (exit 3)."""
+    interrupt.install()
     try:
         app()
-    except SystemExit:
+    except SystemExit as e:
+        # click turns an interrupt inside a command into "Aborted!" and exit 1: report the signal instead
+        # (watch mode, which Ctrl-C ends normally, exits 0).
+        if interrupt.exit_code() and e.code != 0:
+            sys.exit(interrupt.exit_code())
         raise
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(interrupt.exit_code() or 130)
     except Exception:  # noqa: BLE001 - the last line of defence: say it is our bug
         err_console().print(
             "[bold red]theinference internal error[/bold red] — this is a bug in the grader, not in your code. "

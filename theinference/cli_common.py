@@ -71,10 +71,12 @@ def synth_progress() -> _SynthProgress:
     return _SynthProgress()
 
 
-def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False):
+def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False,
+                all_cases: bool = False, submission_timeout: float | None = None):
     """RunOptions from command-line values; untrusted grading (and CI) gives students an allow-listed environment."""
     try:
         resolved = resolve_seed(seed)
     except ValueError:
         raise UsageError(f"--seed takes an integer or 'random', not {seed!r}") from None
-    return RunOptions(timeout=timeout, memory_mb=memory_limit_mb or None, untrusted=untrusted or in_ci(), seed=resolved)
+    return RunOptions(timeout=timeout, memory_mb=memory_limit_mb or None, untrusted=untrusted or in_ci(), seed=resolved,
+                      all_cases=all_cases, submission_timeout=submission_timeout or None)

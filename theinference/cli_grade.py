@@ -11,17 +11,21 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from theinference import __version__
-from theinference.batch import (BatchError, CsvWriter, SubmissionResult, grade_batch, merge_csv, parse_shard, shard,
-                                submissions)
+from theinference import __version__, interrupt
+from theinference.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, grade_batch, merge_csv,
+                                parse_shard, shard, submissions)
 from theinference.cli_common import config_error, err_console, in_ci, run_options, synth_progress, write_atomic
 from theinference.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.report.jsonout import run_document
+from theinference.report.untrusted import for_terminal
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.session import CONFIG_ERRORS, Session, UsageError, select_stages
 from theinference.sources import obtain_weights
 from theinference.stages import load_stages, stage_dirs
+
+
+SUBMISSION_TIMEOUT = 600.0  # seconds: a hung submission cannot hold up a batch for longer
 
 
 class BatchFormat(str, Enum):
@@ -33,7 +37,7 @@ class BatchFormat(str, Enum):
 def _progress_line(done: int, total: int, result: SubmissionResult) -> str:
     points = "{:g}/{:g}".format(*result.run.points) if result.run else "-"
     why = f" ({result.error})" if result.error else ""
-    return f"[{done}/{total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}"
+    return for_terminal(f"[{done}/{total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}")
 
 
 def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
@@ -68,6 +72,8 @@ def grade_command(
     timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call.")] = None,
     memory_limit: Annotated[int, typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
     seed: Annotated[Optional[str], typer.Option("--seed", help="Random extra cases (same for every submission).")] = None,
+    all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
+    submission_timeout: Annotated[float, typer.Option("--submission-timeout", min=0, help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).")] = SUBMISSION_TIMEOUT,
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 
@@ -81,7 +87,8 @@ def grade_command(
     try:
         # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
         student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
-        options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True), env=student_env)
+        options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
+                                                  submission_timeout=submission_timeout), env=student_env)
         subs = submissions(submission_dirs)
         if fmt is BatchFormat.gradescope and len(subs) != 1:
             raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
@@ -92,15 +99,19 @@ def grade_command(
     except (*CONFIG_ERRORS, UsageError, BatchError) as e:
         raise config_error(e)
     try:
-        results = _run(subs, base, stages, options, jobs, out, fmt)
+        results, stopped = _run(subs, base, stages, options, jobs, out, fmt)
     finally:
         base.close()
+    if stopped:
+        err_console().print(f"{stopped}; the {len(results)} graded are in {out}", soft_wrap=True, markup=False)
+        raise typer.Exit(interrupt.exit_code() or 130)
     graded = sum(r.run is not None for r in results)
     err_console().print(f"graded {graded} of {len(results)} submissions into {out}"
                         + (f" (seed {options.seed})" if options.seed is not None else ""))
 
 
-def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> list[SubmissionResult]:
+def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> tuple[list[SubmissionResult], str]:
+    """Grade and write the results; also how the batch was interrupted ("" if it was not)."""
     stage_ids = [s.id for s in stages]
     writer = CsvWriter(out, stage_ids) if fmt is BatchFormat.csv else None
     plain = in_ci() or not sys.stderr.isatty()
@@ -117,18 +128,25 @@ def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> list
         if plain:
             err_console().print(_progress_line(len(done), len(subs), result), soft_wrap=True, markup=False)
 
+    stopped = ""
     with progress:
-        results = grade_batch(subs, base, stages, options, jobs, on_result)
+        try:
+            results = grade_batch(subs, base, stages, options, jobs, on_result)
+        except BatchInterrupted as e:
+            results, stopped = e.results, str(e)
     if writer:
-        writer.finish(results)
+        writer.finish(results, stopped)
     elif fmt is BatchFormat.gradescope:
-        _write_gradescope(results[0], stages, out, options.seed)
+        if results:
+            _write_gradescope(results[0], stages, out, options.seed)
+        else:
+            write_atomic(out, render_gradescope_ungraded(stages, f"grading was {stopped}", __version__))
     else:
         docs = [{"id": r.id, "path": r.path, "status": r.status, "error": r.error, "seconds": r.seconds,
                  "results": run_document(r.run, __version__) if r.run else None} for r in results]
         write_atomic(out, json.dumps({"schema": "theinference.batch", "schema_version": 1, "seed": options.seed,
-                                      "submissions": docs}, indent=2) + "\n")
-    return results
+                                      "interrupted": stopped or None, "submissions": docs}, indent=2) + "\n")
+    return results, stopped
 
 
 def _write_gradescope(result: SubmissionResult, stages, out: Path, seed: int | None) -> None:

@@ -16,7 +16,7 @@ from theinference.launch import SubprocessLauncher
 from theinference.oracles import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.results import CaseResult, Diagnosis, StageResult
 from theinference.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
-from theinference.stages import CaseSpec, StageSpec
+from theinference.stages import TOKEN_COMPARES, CaseSpec, StageSpec
 from theinference.verification import verify_tokens
 from theinference.weights import Model
 
@@ -54,6 +54,9 @@ class GradeContext:
     memory_mb: int | None = DEFAULT_MEMORY_MB  # address-space cap per student process
     untrusted: bool = False  # only the allow-listed environment for the student's process
     fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
+    all_cases: bool = False  # keep running a stage's cases after one timed out
+    deadline: float | None = None  # time.monotonic() by which the whole submission must be done
+    budget: float | None = None  # the seconds that deadline allowed, for messages
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -92,6 +95,21 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
 
 
 _FAILED_OUTCOMES = {"not-started", "error", "timeout", "crash"}
+# A returned array may hold this many times the expected output's float64 bytes (plus a floor)
+# before the grader refuses to read it: its memory stays bounded whatever the student returns.
+_OUTPUT_SLACK = 4
+_OUTPUT_FLOOR = 1 << 20
+
+
+def _expected_shape(stage: StageSpec, spec: OracleSpec, case: CaseSpec, ctx: GradeContext) -> tuple[int, ...]:
+    """The shape of the case's right answer (greedy token ids need no oracle output to know it)."""
+    if stage.compare in TOKEN_COMPARES:
+        return (case.inputs["n_new"],)
+    return ctx.cache.get(ctx.model, stage, spec, case).shape
+
+
+def _output_cap(shape: tuple[int, ...]) -> int:
+    return _OUTPUT_SLACK * int(np.prod(shape)) * 8 + _OUTPUT_FLOOR
 
 
 def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec) -> CaseResult:
@@ -106,7 +124,11 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
     if outcome.status == "bad-output":
         result.status, result.detail = "fail", "non-numeric"
         return result
-    if stage.compare in ("tokens", "scaling"):  # verified on the student's own path: no oracle continuation needed
+    if outcome.status == "too-large":
+        result.status, result.detail = "fail", "wrong-shape"
+        result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
+        return result
+    if stage.compare in TOKEN_COMPARES:  # verified on the student's own path: no oracle continuation needed
         verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints)
         # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
         if stage.scaling is not None and result.status == "pass" and outcome.timing:
@@ -142,6 +164,20 @@ def _points(stage: StageSpec, cases: list[CaseResult]) -> float:
     return stage.points if passed == len(cases) else 0.0
 
 
+def adapter_definition(course: Course, outcomes: list[CallOutcome], names: tuple[str, ...]) -> tuple[str, int | None]:
+    """The file and line of the function the adapters module exports, as its process reported them (when
+    that file lies in the course directory); else the first `def NAME(` in the adapters file."""
+    root = course.root.resolve()
+    for found in (o.defined_at for o in outcomes if o.defined_at):
+        try:
+            path = Path(found[0]).resolve()
+            if path.is_relative_to(root) and path.is_file():
+                return str(path), found[1]
+        except (OSError, ValueError):  # the child's word only: a NUL byte, a loop of links
+            pass
+    return "", adapter_line(course.adapters, names)
+
+
 def adapter_line(path: Path, names: tuple[str, ...]) -> int | None:
     """The line where the first of names is defined in the adapters file (for CI annotations)."""
     try:
@@ -162,20 +198,32 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
+    graded: dict[int, CaseResult] = {}
+
+    def output_cap(index: int) -> int:  # the oracle runs only for cases that returned something
+        return _output_cap(_expected_shape(stage, spec, stage.cases[index], ctx))
+
+    def consume(index: int, outcome: CallOutcome) -> None:  # compared as it arrives, then its array is dropped
+        graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
+
     job = AdapterJob(
         course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
         weights=ctx.model.path, timeout=ctx.timeout or ctx.course.timeout or stage.timeout, env=ctx.env,
         launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted, scaling=scaling.job_scaling(stage),
+        output_cap=output_cap, consume=consume, all_cases=ctx.all_cases, case_names=tuple(c.name for c in stage.cases),
+        deadline=ctx.deadline, deadline_budget=ctx.budget,
     )
     outcomes = run_adapter(job)
-    cases = [_case_result(stage, case, outcome, ctx, spec) for case, outcome in zip(stage.cases, outcomes)]
+    cases = [graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
+             for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))]
+    source, line = adapter_definition(ctx.course, outcomes, stage.adapter_names)
     result = StageResult(
         id=stage.id, title=stage.title, status=_stage_status(cases), cases=cases,
         points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
         adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
         compare=stage.compare, tie_rtol=stage.tie_rtol, seconds=time.perf_counter() - started,
-        adapter_line=adapter_line(ctx.course.adapters, stage.adapter_names),
+        adapter_line=line, adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
     )
     if ctx.fingerprint:

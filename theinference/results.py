@@ -121,7 +121,8 @@ class StageResult:
     compare: str
     seconds: float = 0.0
     tie_rtol: float | None = None  # "tokens" stages: the near-tie tolerance, relative to max|logit|
-    adapter_line: int | None = None  # where the adapter is defined in adapters_file, for annotations
+    adapter_line: int | None = None  # where the adapter function starts in adapter_source, for annotations
+    adapter_source: str = ""  # the file defining the function the adapters module exports ("": adapters_file)
     # For stages whose cases return one row each: the shape read across cases, ordered by position.
     cross_case: Diagnosis | None = None
     origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course

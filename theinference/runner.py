@@ -6,6 +6,7 @@ student's process sends on the result pipe is untrusted input: a message out of 
 that submission's error, and only the grader's own clock sets deadlines.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -15,11 +16,13 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from theinference import interrupt
 from theinference.launch import SubprocessLauncher
 from theinference.trust import allowed_env
 
@@ -48,11 +51,20 @@ class AdapterJob:
     memory_mb: int | None = DEFAULT_MEMORY_MB  # None: no cap
     untrusted: bool = False  # the student's process gets only the allow-listed environment
     scaling: dict | None = None  # cache-scaling: {"lengths", "repeats"} to time each call at (theinference.timing)
+    # The bytes call i's returned array may hold (larger: "too-large", not read); asked only once it returned.
+    output_cap: Callable[[int], int] | None = None
+    # Called with (index, outcome) as each case's array arrives; the array is dropped afterwards, so a
+    # stage's outputs are never all in memory at once.
+    consume: Callable | None = None
+    all_cases: bool = False  # run every case even after one timed out (default: skip the stage's rest)
+    case_names: tuple[str, ...] = ()  # for messages; indices where empty
+    deadline: float | None = None  # time.monotonic() past which nothing more runs (the submission's budget)
+    deadline_budget: float | None = None  # the seconds that deadline allowed, for messages
 
 
 @dataclass
 class CallOutcome:
-    # ok | not-started | error | bad-output | timeout | crash
+    # ok | not-started | error | bad-output | too-large | timeout | crash
     status: str
     value: np.ndarray | None = None
     message: str = ""
@@ -61,6 +73,7 @@ class CallOutcome:
     stdout: str = ""
     stderr: str = ""
     timing: dict | None = None  # cache-scaling: {"seconds": per length, "blas": pools while timing}
+    defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
 
 
 def _read_capped(path: Path, start: int = 0, end: int | None = None) -> str:
@@ -116,6 +129,11 @@ class _Child:
             os.close(write_fd)
         self.pipe = os.fdopen(read_fd, "rb")
         self.buffer = b""
+        try:
+            interrupt.track(self.proc.pid)  # so that Ctrl-C or SIGTERM kills it from any thread
+        except interrupt.Cancelled:
+            self.finish(graceful=False)
+            raise
 
     def next_message(self, deadline: float) -> dict | None:
         """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed."""
@@ -150,6 +168,7 @@ class _Child:
             pass
         returncode = self.proc.returncode
         _kill_group(self.proc)  # also reaps grandchildren the student left running
+        interrupt.untrack(self.proc.pid)
         return returncode if returncode is not None else -signal.SIGKILL
 
     def attach_output(self, outcome: CallOutcome, start: list[int], end: list[int] | None) -> None:
@@ -173,8 +192,27 @@ def _offsets(message: dict) -> list[int]:
     return value
 
 
-def _load_output(file, index: int, work: Path) -> np.ndarray:
-    """The array the child saved for case `index`: only that file in the run's directory, a regular .npy file."""
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+
+
+def _read_header(f, name: str) -> tuple[tuple, np.dtype]:
+    """Shape and dtype from a .npy header, without reading the data."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
+        shape, _, dtype = read(f)
+    except (OSError, ValueError, EOFError, KeyError) as e:
+        raise ProtocolError(f"{name} is not a .npy array ({type(e).__name__}: {e})") from None
+    if dtype.kind not in "biuf":
+        raise ProtocolError(f"{name} does not hold an array of numbers")
+    return shape, dtype
+
+
+def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | CallOutcome:
+    """The array the child saved for case `index` (only that file in the run's directory, a regular .npy
+    file), read only if its header says it fits `cap` bytes: otherwise a "too-large" outcome. The file is
+    removed once read."""
     expected = work / f"case-{index}.npy"
     if file != str(expected):
         raise ProtocolError(f"the output file {str(file)[:200]!r} is not {expected.name} in the run's directory")
@@ -182,28 +220,51 @@ def _load_output(file, index: int, work: Path) -> np.ndarray:
         fd = os.open(expected, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError as e:
         raise ProtocolError(f"cannot open {expected.name}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size > FILE_CAP:
-            raise ProtocolError(f"{expected.name} is not a regular file of at most {FILE_CAP >> 20} MB")
-        try:
-            value = np.load(f, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as e:
-            raise ProtocolError(f"{expected.name} is not a .npy array ({type(e).__name__}: {e})") from None
-    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
-        raise ProtocolError(f"{expected.name} does not hold an array of numbers")
-    return value
+    try:
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > FILE_CAP:
+                raise ProtocolError(f"{expected.name} is not a regular file of at most {FILE_CAP >> 20} MB")
+            shape, dtype = _read_header(f, expected.name)
+            nbytes = math.prod(shape) * dtype.itemsize
+            if cap is not None and nbytes > cap:
+                return CallOutcome(status="too-large", message=f"returned {_size(nbytes)} (shape {list(shape)}, {dtype})")
+            if f.tell() + nbytes > info.st_size:
+                raise ProtocolError(f"{expected.name} is shorter than its header says")
+            f.seek(0)
+            try:
+                return np.load(f, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as e:
+                raise ProtocolError(f"{expected.name} is not a .npy array ({type(e).__name__}: {e})") from None
+    finally:
+        expected.unlink(missing_ok=True)
 
 
-def _outcome_from_done(message: dict, index: int, work: Path) -> CallOutcome:
+def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None) -> CallOutcome:
     status, seconds = message.get("status"), message.get("seconds", 0.0)
     if status not in _DONE_STATUSES:
         raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
     if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
         raise ProtocolError(f"'seconds' of case {index} is not a duration")
-    value = _load_output(message.get("file"), index, work) if status == "ok" else None
-    return CallOutcome(status=status, value=value, message=_text(message, "message"),
-                       traceback=_text(message, "traceback"), seconds=float(seconds), timing=_timing(message, index))
+    outcome = CallOutcome(status=status, message=_text(message, "message"), traceback=_text(message, "traceback"),
+                          seconds=float(seconds), timing=_timing(message, index))
+    if status == "ok":
+        value = _load_output(message.get("file"), index, work, cap)
+        if isinstance(value, CallOutcome):
+            return dataclasses.replace(value, seconds=float(seconds))
+        outcome.value = value
+    return outcome
+
+
+def _defined_at(message: dict) -> tuple[str, int] | None:
+    """The file and line a 'loaded' message says the adapter function starts at, checked for form."""
+    value = message.get("defined_at")
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and len(value[0]) <= 4096
+            and type(value[1]) is int and value[1] >= 0):
+        raise ProtocolError("'defined_at' of the 'loaded' message is not a file and a line")
+    return value[0], value[1]
 
 
 def _timing(message: dict, index: int) -> dict | None:
@@ -238,6 +299,7 @@ class _Progress:
     """Where one child stands in the protocol, as the grader has seen it."""
 
     current: int
+    defined_at: tuple[str, int] | None = None
     loaded: bool = False
     started: bool = False
     case_output: list[int] = field(default_factory=lambda: [0, 0])
@@ -250,13 +312,18 @@ def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, w
     if event == "load-error" and not state.loaded:
         return CallOutcome(status="error", message=_text(message, "message"), traceback=_text(message, "traceback"))
     if event == "loaded" and not state.loaded:
-        state.loaded = True
+        state.loaded, state.defined_at = True, _defined_at(message)
     elif event == "start" and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
     elif event == "done" and state.started and _is_case(message, state.current):
-        outcome = _outcome_from_done(message, state.current, work)
+        cap = job.output_cap(state.current) if job.output_cap else None
+        outcome = _outcome_from_done(message, state.current, work, cap)
         child.attach_output(outcome, state.case_output, _offsets(message))
+        outcome.defined_at = state.defined_at
         outcomes[state.current] = outcome
+        if job.consume is not None:
+            job.consume(state.current, outcome)
+            outcome.value = None
         state.current, state.started = state.current + 1, False
     else:
         raise ProtocolError(_unexpected(message, state.current, len(job.calls)))
@@ -301,9 +368,15 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
     return last
 
 
+def _spent_message(job: AdapterJob) -> str:
+    if job.deadline is not None and time.monotonic() >= job.deadline:
+        return f"timed out: the submission's time budget of {job.deadline_budget or 0:g} s ran out"
+    return f"timed out: the stage's time budget of {_stage_budget(job):g} s ran out"
+
+
 def _timeout_message(job: AdapterJob, loaded: bool, stage_deadline: float) -> str:
     if time.monotonic() >= stage_deadline:
-        return f"timed out: the stage's time budget of {_stage_budget(job):g} s ran out"
+        return _spent_message(job)
     return f"timed out after {job.timeout:g} s while {'running' if loaded else 'importing the adapters'}"
 
 
@@ -313,12 +386,27 @@ def _stage_budget(job: AdapterJob) -> float:
 
 
 def run_adapter(job: AdapterJob) -> list[CallOutcome]:
-    """Call the adapter once per entry of job.calls, each in a child process; never raises for student faults."""
+    """Call the adapter once per entry of job.calls, each in a child process; never raises for student faults.
+
+    After a case times out, the stage's remaining cases are not run (unless job.all_cases): a hung
+    submission costs about one timeout per stage, not one per case.
+    """
     outcomes: dict[int, CallOutcome] = {}
-    stage_deadline = time.monotonic() + _stage_budget(job)
+    stage_deadline = min(time.monotonic() + _stage_budget(job), job.deadline or math.inf)
     with tempfile.TemporaryDirectory(prefix="theinference-run-") as work:
         start = 0
         while start < len(job.calls) and time.monotonic() < stage_deadline:
-            start = _run_child(job, start, Path(work), outcomes, stage_deadline)
-    spent = CallOutcome(status="timeout", message=f"timed out: the stage's time budget of {_stage_budget(job):g} s ran out")
+            try:
+                start = _run_child(job, start, Path(work), outcomes, stage_deadline)
+            except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
+                interrupt.kill_running()
+                raise
+            over = time.monotonic() >= stage_deadline  # then the rest are reported as over budget instead
+            if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == "timeout":
+                name = job.case_names[start - 1] if job.case_names else start - 1
+                skipped = CallOutcome(status="timeout", message=f"skipped after a timeout in case {name} "
+                                      "(--all-cases runs every case)")
+                outcomes.update((i, skipped) for i in range(start, len(job.calls)))
+                start = len(job.calls)
+    spent = CallOutcome(status="timeout", message=_spent_message(job))
     return [outcomes.get(i, spent) for i in range(len(job.calls))]

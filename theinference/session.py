@@ -2,6 +2,7 @@
 
 import dataclasses
 import difflib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,8 @@ class RunOptions:
     seed: int | None = None
     env: dict = field(default_factory=dict)  # extra environment for student processes
     fingerprint: bool = True  # False: leave it to fingerprint_run (watch shows the verdict first)
+    all_cases: bool = False  # keep running a stage's cases after one timed out
+    submission_timeout: float | None = None  # wall seconds for the whole run, after which the rest times out
 
 
 @dataclass
@@ -97,9 +100,11 @@ class Session:
     def run(self, selected: list[StageSpec], options: "RunOptions | None" = None) -> RunResult:
         """Grade the selected stages in order (with the seed's random cases added, if any)."""
         options = options or RunOptions()
+        budget = options.submission_timeout
         ctx = GradeContext(course=self.course, model=self.model, cache=self.cache, timeout=options.timeout, env=options.env,
                            launcher=self.launcher, memory_mb=options.memory_mb, untrusted=options.untrusted,
-                           fingerprint=options.fingerprint)
+                           fingerprint=options.fingerprint, all_cases=options.all_cases, budget=budget,
+                           deadline=time.monotonic() + budget if budget else None)
         selected = self._with_seed(selected, options)
         stages = [dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
                   for stage in selected]

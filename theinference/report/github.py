@@ -3,15 +3,8 @@
 import os
 
 from theinference.report.text import case_summary
+from theinference.report.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
 from theinference.results import RunResult
-
-
-def _escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _escape_property(text: str) -> str:
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
 def _relative(path: str) -> str:
@@ -28,14 +21,14 @@ def render_annotations(run: RunResult) -> str:
     for stage in run.stages:
         if stage.status == "pass":
             continue
-        where = f"file={_escape_property(_relative(stage.adapters_file))}"
+        where = f"file={workflow_property(_relative(stage.adapter_source or stage.adapters_file))}"
         if stage.adapter_line:
             where += f",line={stage.adapter_line}"
-        title = _escape_property(f"theinference {stage.id}: {stage.status}")
+        title = workflow_property(f"theinference {stage.id}: {stage.status}")
         failing = [case_summary(c) for c in stage.cases if c.status != "pass"]
-        lines.append(f"::error {where},title={title}::{_escape_data(chr(10).join(failing))}")
+        lines.append(f"::error {where},title={title}::{workflow_data(chr(10).join(failing))}")
     for line in run.course_supplied:
-        lines.append(f"::warning title={_escape_property('theinference: not the instructor')}::{_escape_data(line)}")
+        lines.append(f"::warning title={workflow_property('theinference: not the instructor')}::{workflow_data(line)}")
     earned, possible = run.points
     lines.append(f"::notice title=theinference::{sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
                  f"stages passed, {earned:g}/{possible:g} points; isolation: {run.isolation}")
@@ -54,9 +47,9 @@ def render_summary(run: RunResult, version: str) -> str:
     for stage in run.stages:
         for case in stage.cases:
             if case.status != "pass":
-                out += ["", f"### `{stage.id}` · {case.name}", "", "```", case_summary(case), "```"]
+                out += ["", f"### `{stage.id}` · {case.name}", "", markdown_code_block(case_summary(case))]
     if run.course_supplied:
-        out += ["", *(f"> **not the instructor's:** {line}  " for line in run.course_supplied)]
+        out += ["", *(f"> **not the instructor's:** {for_terminal(line)}  " for line in run.course_supplied)]
     seed = f" · seed {run.seed}" if run.seed is not None else ""
     out += ["", f"<sub>theinference {version} · weights `{run.weights_path}`{seed} · "
                 f"isolation: {run.isolation} ({run.isolation_summary})</sub>", ""]

@@ -3,6 +3,7 @@
 import xml.etree.ElementTree as ET
 
 from theinference.report.text import case_summary, scaling_summary
+from theinference.report.untrusted import for_terminal
 from theinference.results import RunResult
 
 _ERROR_STATUSES = ("error", "timeout", "crash")
@@ -41,11 +42,11 @@ def render_junit(run: RunResult, version: str) -> str:
                     ET.SubElement(element, "system-out").text = scaling_summary(case)
                 continue
             tag = "error" if case.status in _ERROR_STATUSES else "failure"
-            message = case.diagnosis.summary if case.diagnosis else (case.message or case.status)
+            message = case.diagnosis.summary if case.diagnosis else (for_terminal(case.message) or case.status)
             detail = ET.SubElement(element, tag, type=case.status, message=message)
             detail.text = case_summary(case)
             if case.stdout or case.stderr:
-                ET.SubElement(element, "system-out").text = case.stdout + case.stderr
+                ET.SubElement(element, "system-out").text = for_terminal(case.stdout + case.stderr)
             stage_errors += tag == "error"
             stage_failures += tag == "failure"
         suite.set("failures", str(stage_failures))

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from theinference import tokenizer
+from theinference.report.untrusted import for_terminal
 from theinference.results import CaseResult, Diagnosis, RowStats, RunResult, StageResult
 
 FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
@@ -64,7 +65,7 @@ def sparkline(values: list[float], plain: bool = False) -> str:
 def render_header(console: Console, run: RunResult, version: str) -> None:
     synthetic = f" · synthetic ({run.synthetic})" if run.synthetic else ""
     config = " · ".join(f"{k} {v}" for k, v in run.config.items())
-    console.print(f"[bold]theinference {version}[/bold] grading [cyan]{escape(run.course)}[/cyan]")
+    console.print(f"[bold]theinference {version}[/bold] grading [cyan]{escape(for_terminal(run.course))}[/cyan]")
     console.print(f"weights: {escape(run.weights_path)}{synthetic}")
     console.print(f"         {escape(run.weights_why)} · {config}", style="dim")
     if run.seed is not None:
@@ -74,9 +75,9 @@ def render_header(console: Console, run: RunResult, version: str) -> None:
     if run.untrusted:
         console.print("         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim")
     for line in run.course_supplied:
-        console.print(f"[bold yellow]not the instructor's:[/bold yellow] {escape(line)}", soft_wrap=True)
+        console.print(f"[bold yellow]not the instructor's:[/bold yellow] {escape(for_terminal(line))}", soft_wrap=True)
     for notice in run.notices:
-        console.print(f"[yellow]note:[/yellow] {escape(notice)}", soft_wrap=True)
+        console.print(f"[yellow]note:[/yellow] {escape(for_terminal(notice))}", soft_wrap=True)
     console.print()
 
 
@@ -169,7 +170,7 @@ def scaling_lines(case: CaseResult) -> list[Text]:
 
 def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
     parts = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
-                           (f" — {case.message}" if case.message else "", ""))]
+                           (f" — {for_terminal(case.message)}" if case.message else "", ""))]
     if case.rows and case.status == "fail":
         parts.append(rows_table(case, vocab, plain))
         parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows], plain)}"))
@@ -182,10 +183,10 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
     if case.diagnosis:
         parts.extend(diagnosis_lines(case.diagnosis))
     if case.traceback:
-        parts.append(Text(case.traceback.rstrip(), style="dim"))
+        parts.append(Text(for_terminal(case.traceback.rstrip()), style="dim"))
     output = (case.stdout + case.stderr).strip()
     if output and case.status in ("error", "crash", "timeout"):
-        parts.append(Text("  output of your code:\n" + output[-2000:], style="dim"))
+        parts.append(Text("  output of your code:\n" + for_terminal(output[-2000:]), style="dim"))
     return parts
 
 
@@ -232,7 +233,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
     ))
     if stage.status == "not-started":
         raised = stage.cases[0].message if stage.cases else "NotImplementedError"
-        console.print(f"  not started: {stage.adapter}() in {escape(stage.adapters_file)} raises {escape(raised)}",
+        console.print(f"  not started: {stage.adapter}() in {escape(stage.adapters_file)} raises {escape(for_terminal(raised))}",
                       style="yellow", soft_wrap=True)
         return
     shown: list[CaseResult] = []
@@ -278,5 +279,5 @@ def render_run(console: Console, run: RunResult, version: str) -> None:
     style = "bold green" if run.passed else "bold red"
     console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)
     if run.course_supplied:
-        console.print(f"not the instructor's grading: {'; '.join(run.course_supplied)}", style="bold yellow",
+        console.print(f"not the instructor's grading: {for_terminal('; '.join(run.course_supplied))}", style="bold yellow",
                       soft_wrap=True, markup=False)

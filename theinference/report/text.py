@@ -1,5 +1,6 @@
 """Short plain-text summaries of results, shared by the CI renderers."""
 
+from theinference.report.untrusted import for_terminal
 from theinference.results import CaseResult, StageResult
 
 
@@ -13,8 +14,8 @@ def scaling_summary(case: CaseResult) -> str:
 
 
 def case_summary(case: CaseResult) -> str:
-    """One paragraph: status and message, the timings if any, the diagnosed shape and the hint."""
-    lines = [f"{case.name}: {case.status}" + (f" — {case.message}" if case.message else "")]
+    """One paragraph: status and message, the timings if any, the diagnosed shape and the hint (the student's text escaped)."""
+    lines = [f"{case.name}: {case.status}" + (f" — {for_terminal(case.message)}" if case.message else "")]
     if case.scaling:
         lines.append(scaling_summary(case))
     if case.diagnosis:
@@ -27,7 +28,7 @@ def case_summary(case: CaseResult) -> str:
         if case.diagnosis.hint:
             lines.append(f"hint: {case.diagnosis.hint}")
     if case.traceback:
-        lines.append(case.traceback.rstrip())
+        lines.append(for_terminal(case.traceback.rstrip()))
     return "\n".join(lines)
 
 
