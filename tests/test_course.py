@@ -85,4 +85,4 @@ def test_demo_shows_a_pass_and_a_named_diagnosis(cli, tiny_path):
     result = cli("demo", "--weights", tiny_path)
     assert result.exit_code == 0, result.stdout
     assert f"{len(ALL_STAGES)} of {len(ALL_STAGES)} stage(s) passed" in result.stdout
-    assert "shape: error-grows" in result.stdout and "finding: position-stuck — your output equals GPT-2" in result.stdout
+    assert "shape: error-grows" in result.stdout and "finding: position-zero — your output equals GPT-2" in result.stdout
