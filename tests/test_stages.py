@@ -104,7 +104,7 @@ def test_default_alias_is_camel_case(tmp_path):
         (lambda t: t + '\n[[case]]\nname = "a"\nseq = [4]\n', "case[1].name", "duplicate case name 'a'"),
         (lambda t: t + '\n[hints]\nwobbly = "x"\n', "hints.wobbly", "unknown failure shape"),
         (lambda t: t.replace("format_version = 1", "format_version = 2"), "format_version", "reads format_version 1"),
-        (lambda t: t + "\n[tie]\nrtol = 1e-4\n", "tie", 'only a "tokens" stage takes [tie]'),
+        (lambda t: t + "\n[tie]\nrtol = 1e-4\n", "tie", 'only a stage that checks greedy tokens (compare "tokens" or "scaling") takes [tie]'),
         (lambda t: tokens_stage(tie=None), "tie", "missing required field"),
         (lambda t: tokens_stage(tolerance=True), "tolerance", "takes [tie]"),
         (lambda t: tokens_stage("[tie]\nrtol = 1e-4\natol = 1e-3\n"), "tie.atol", "unknown field"),
@@ -134,9 +134,8 @@ compare = "scaling"
 timeout = 60
 points = 5
 
-[tolerance]
-atol = 1e-3
-rtol = 1e-2
+[tie]
+rtol = 1e-4
 
 [scaling]
 lengths = [8, 64]
@@ -167,6 +166,7 @@ def test_a_scaling_stage_takes_n_new_from_its_lengths(tmp_path):
         (SCALING.replace("max_ratio = 2.0", "max_ratio = 1"), "scaling.max_ratio", "must be > 1"),
         (SCALING.replace("max_ratio = 2.0\n", ""), "scaling.max_ratio", "missing required field"),
         (SCALING.replace('prompt = [464]', 'prompt = [464]\nn_new = 3'), "case[0].n_new", "unknown field"),
+        (SCALING.replace("[tie]\nrtol = 1e-4\n", "[tolerance]\natol = 1e-3\nrtol = 1e-2\n"), "tolerance", "takes [tie]"),
         (SCALING.replace('oracle = "greedy"', 'oracle = "per-step-logits"'), "oracle", "must be \"greedy\""),
         (VALID + "\n[scaling]\nlengths = [1, 2]\n", "scaling", "only a stage with compare"),
     ],
