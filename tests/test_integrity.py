@@ -367,3 +367,34 @@ def test_the_stage_has_a_budget_that_restarts_cannot_stretch(cli, tmp_path, tiny
     budget = 2 * (len(cases) + 1)
     assert len(cases) > 2 and cases[0]["status"] == "crash"
     assert (cases[-1]["status"], cases[-1]["message"]) == ("timeout", f"timed out: the stage's time budget of {budget} s ran out")
+
+
+def test_links_planted_in_the_run_directory_neither_overwrite_nor_leak_files(cli, tmp_path, tiny_path):
+    # Case 0 replaces its own capture file and the names the next process's files will get with links
+    # to files outside, then crashes: the grader must neither write through the links nor read them back.
+    target, secret = tmp_path / "target.txt", tmp_path / "secret.txt"
+    target.write_text("intact")
+    secret.write_text("TOP-SECRET")
+    source = f"""
+import os, sys
+
+def run_layer_equiv(seq_ids):
+    work = os.path.dirname(os.path.abspath(sys.argv[-1]))
+    if len(seq_ids) == 1:
+        print("planting")
+        sys.stdout.flush()
+        os.unlink(os.path.join(work, "stdout-0.txt"))
+        os.symlink({str(secret)!r}, os.path.join(work, "stdout-0.txt"))
+        for name in ("stdout-1.txt", "stderr-1.txt", "job-1.json"):
+            os.symlink({str(target)!r}, os.path.join(work, name))
+        os._exit(1)
+    print("second process")
+    return [[0.0]]
+"""
+    write_adapters(tmp_path / "sub", source)
+    document = json.loads(cli("test", "--course", tmp_path / "sub", "--weights", tiny_path, "--stage", "prove-one-layer",
+                              "--format", "json").stdout)
+    cases = document["stages"][0]["cases"]
+    assert target.read_text() == "intact"
+    assert cases[0]["status"] == "crash" and "TOP-SECRET" not in json.dumps(document)
+    assert "second process" in cases[1]["stdout"]  # the next process ran, with capture files of its own

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -76,9 +77,34 @@ class CallOutcome:
     defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
 
 
-def _read_capped(path: Path, start: int = 0, end: int | None = None) -> str:
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _create(path: Path) -> tuple[int, tuple[int, int]]:
+    """A new file at path -> (fd, its identity), never through a link the student's process left there.
+
+    The run's directory is writable by the student's processes (under the sandbox it is the only
+    writable place), so a name the grader reuses may meanwhile be a symlink to any file.
+    """
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    info = os.fstat(fd)
+    return fd, (info.st_dev, info.st_ino)
+
+
+def _read_capped(path: Path, identity: tuple[int, int], start: int = 0, end: int | None = None) -> str:
     """The student's output between two offsets of a capture file, at most OUTPUT_CAP bytes."""
-    with path.open("rb") as f:
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return "[output unavailable: the capture file was removed]"
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if (info.st_dev, info.st_ino) != identity:  # replaced by the student's process: not ours to read
+            return "[output unavailable: the capture file was replaced]"
         f.seek(start)
         limit = OUTPUT_CAP + 1 if end is None else min(OUTPUT_CAP + 1, end - start)
         data = f.read(max(limit, 0))
@@ -113,17 +139,19 @@ class _Child:
 
     def __init__(self, job: AdapterJob, start: int, work: Path):
         job_file = work / f"job-{start}.json"
-        job_file.write_text(json.dumps({
+        with os.fdopen(_create(job_file)[0], "w") as f:
+            f.write(json.dumps({
             "course_root": str(job.course_root), "adapters": str(job.adapters), "names": list(job.names),
             "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work), "scaling": job.scaling,
             "limits": {"memory_bytes": job.memory_mb * 2**20 if job.memory_mb else None, "file_bytes": FILE_CAP},
-        }))
+            }))
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.untrusted else dict(os.environ)
         env = {**base, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
+        (out_fd, self.stdout_id), (err_fd, self.stderr_id) = _create(self.stdout_path), _create(self.stderr_path)
         try:
-            with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            with os.fdopen(out_fd, "wb") as out, os.fdopen(err_fd, "wb") as err:
                 self.proc = job.launcher.start([str(job_file)], str(job.course_root), env, out, err, write_fd)
         finally:
             os.close(write_fd)
@@ -173,8 +201,8 @@ class _Child:
 
     def attach_output(self, outcome: CallOutcome, start: list[int], end: list[int] | None) -> None:
         """Give the outcome the student's stdout/stderr written between two offset pairs (None: to the end)."""
-        outcome.stdout = _read_capped(self.stdout_path, start[0], end[0] if end else None)
-        outcome.stderr = _read_capped(self.stderr_path, start[1], end[1] if end else None)
+        outcome.stdout = _read_capped(self.stdout_path, self.stdout_id, start[0], end[0] if end else None)
+        outcome.stderr = _read_capped(self.stderr_path, self.stderr_id, start[1], end[1] if end else None)
 
 
 def _text(message: dict, key: str) -> str:
@@ -240,14 +268,14 @@ def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | 
         expected.unlink(missing_ok=True)
 
 
-def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None) -> CallOutcome:
+def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None, scaling: dict | None) -> CallOutcome:
     status, seconds = message.get("status"), message.get("seconds", 0.0)
     if status not in _DONE_STATUSES:
         raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
     if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
         raise ProtocolError(f"'seconds' of case {index} is not a duration")
     outcome = CallOutcome(status=status, message=_text(message, "message"), traceback=_text(message, "traceback"),
-                          seconds=float(seconds), timing=_timing(message, index))
+                          seconds=float(seconds), timing=_timing(message, index, scaling))
     if status == "ok":
         value = _load_output(message.get("file"), index, work, cap)
         if isinstance(value, CallOutcome):
@@ -267,17 +295,20 @@ def _defined_at(message: dict) -> tuple[str, int] | None:
     return value[0], value[1]
 
 
-def _timing(message: dict, index: int) -> dict | None:
+def _timing(message: dict, index: int, scaling: dict | None) -> dict | None:
     """The cache-scaling timings a done message may carry: CPU seconds per length and the BLAS pools seen."""
     timing = message.get("timing")
     if timing is None:
         return None
+    if scaling is None:
+        raise ProtocolError(f"case {index} reports timings the stage did not ask for")
     seconds = timing.get("seconds") if isinstance(timing, dict) else None
     blas = timing.get("blas") if isinstance(timing, dict) else None
-    if not (isinstance(seconds, list) and len(seconds) <= 64
+    if not (isinstance(seconds, list) and len(seconds) == len(scaling["lengths"])
             and all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in seconds)):
         raise ProtocolError(f"'timing' of case {index} does not hold a list of durations")
-    if not (isinstance(blas, list) and len(blas) <= 64 and all(isinstance(b, dict) for b in blas)):
+    if not (isinstance(blas, list) and len(blas) <= 64
+            and all(isinstance(b, dict) and type(b.get("threads")) is int for b in blas)):
         raise ProtocolError(f"'timing' of case {index} does not hold a list of BLAS pools")
     return timing
 
@@ -316,8 +347,9 @@ def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, w
     elif event == "start" and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
     elif event == "done" and state.started and _is_case(message, state.current):
-        cap = job.output_cap(state.current) if job.output_cap else None
-        outcome = _outcome_from_done(message, state.current, work, cap)
+        returned = message.get("status") == "ok"  # the cap asks the oracle: only for a case that returned an array
+        cap = job.output_cap(state.current) if job.output_cap and returned else None
+        outcome = _outcome_from_done(message, state.current, work, cap, job.scaling)
         child.attach_output(outcome, state.case_output, _offsets(message))
         outcome.defined_at = state.defined_at
         outcomes[state.current] = outcome
