@@ -7,6 +7,7 @@ the instructor's weights (a synthetic preset made where grading runs, or a file)
 
 import dataclasses
 import importlib.util
+import math
 import shlex
 import shutil
 import subprocess
@@ -130,7 +131,9 @@ def bundle_env(wheel_name: str, weights: Weights, grading: Grading, stages_dirs:
         f"WHEEL={shlex.quote(wheel_name)}",
         f"WEIGHTS_PRESET={shlex.quote(weights.preset if weights.file is None else '')}",
         f"WEIGHTS_SEED={weights.seed}",
-        f"TIME_BUDGET={time_budget:g}",
+        f"TIME_BUDGET={math.ceil(time_budget)}",
+        # The grader's own per-submission budget ends first, so the rest is reported as timed out.
+        f"SUBMISSION_BUDGET={max(1, int(time_budget * 0.9))}",
         f"GRADE_ARGS=({shlex.join(grading.grade_args(stages_dirs))})",
     ]
     return "\n".join(lines) + "\n"

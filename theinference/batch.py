@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from theinference import interrupt
+from theinference import interrupt, scaling
 from theinference.course import CourseError, load_course
 from theinference.grade import OracleCache, check_case_fits
 from theinference.launch import ConfinementError
@@ -93,6 +93,7 @@ def warm_oracle(model: Model, cache: OracleCache, stages: list[StageSpec]) -> No
     """Compute every case's oracle output once, before student processes compete for the CPU."""
     for stage in stages:
         spec = resolve_oracle(stage.oracle, stage.source)
+        stage = scaling.fit_to_context(stage, model.config.n_ctx)  # as grade() does, before checking the fit
         for case in stage.cases:
             check_case_fits(stage, case, model)
             if stage.compare not in TOKEN_COMPARES:  # greedy tokens are verified on each student's own path

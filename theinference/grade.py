@@ -82,12 +82,12 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
     if problem:
         result.status, result.detail, result.message = "fail", "wrong-shape", problem
         return
-    result.output = got
     positions = spec.positions(result.inputs) or list(range(len(expected)))
     result.rows = compare_rows(expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions))
     if all(r.ok for r in result.rows):
         result.status = "pass"
         return
+    result.output = got  # a failing case's array, kept until it is fingerprinted
     bad = sum(not r.ok for r in result.rows)
     result.status, result.message = "fail", f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}"
     if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
@@ -116,7 +116,9 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
     result = CaseResult(name=case.name, status=outcome.status, message=outcome.message, inputs=case.inputs,
                         texts=case.texts, traceback=outcome.traceback, stdout=outcome.stdout, stderr=outcome.stderr,
                         seconds=outcome.seconds)
-    if outcome.status == "timeout" and stage.scaling is not None:
+    # A timed generation that outlasts its budget has no cache; a hang while importing, or a case
+    # skipped for the stage's or submission's budget, says nothing about the cache.
+    if outcome.status == "timeout" and stage.scaling is not None and outcome.message.endswith("while running"):
         scaling.judge_timeout(result, stage)
         return result
     if outcome.status in _FAILED_OUTCOMES:
@@ -131,12 +133,20 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
     if stage.compare in TOKEN_COMPARES:  # verified on the student's own path: no oracle continuation needed
         verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints)
         # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
-        if stage.scaling is not None and result.status == "pass" and outcome.timing:
+        if stage.scaling is not None and result.status == "pass" and not outcome.timing:
+            result.status, result.message = "fail", "the adapter's process reported no timings"
+        elif stage.scaling is not None and result.status == "pass":
             recompute = scaling.recompute_seconds(ctx.cache, ctx.model, case.inputs["prompt"], case.inputs["n_new"])
             scaling.judge_timing(result, stage, outcome.timing, recompute)
     else:
         _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
     return result
+
+
+def drop_outputs(result: StageResult) -> None:
+    """Forget the students' arrays once fingerprinted: a batch keeps every result until it ends."""
+    for case in result.cases:
+        case.output = None
 
 
 def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis | None:
@@ -228,5 +238,6 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     )
     if ctx.fingerprint:
         fingerprint_stage(stage, result, ctx.model, ctx.cache)
+        drop_outputs(result)
         result.seconds = time.perf_counter() - started
     return result
