@@ -108,7 +108,9 @@ def test_default_alias_is_camel_case(tmp_path):
         (lambda t: tokens_stage(tie=None), "tie", "missing required field"),
         (lambda t: tokens_stage(tolerance=True), "tolerance", "takes [tie]"),
         (lambda t: tokens_stage("[tie]\nrtol = 1e-4\natol = 1e-3\n"), "tie.atol", "unknown field"),
-        (lambda t: tokens_stage("[tie]\nrtol = -1.0\n"), "tie.rtol", "must be >= 0"),
+        (lambda t: tokens_stage("[tie]\nrtol = -1.0\n"), "tie.rtol", "must be a finite number >= 0"),
+        (lambda t: tokens_stage("[tie]\nrtol = inf\n"), "tie.rtol", "must be a finite number >= 0"),
+        (lambda t: tokens_stage("[tie]\nrtol = nan\n"), "tie.rtol", "must be a finite number >= 0"),
         (lambda t: tokens_stage("[tie]\nrtol = \"small\"\n"), "tie.rtol", "expected int or float"),
     ],
 )

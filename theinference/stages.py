@@ -268,17 +268,18 @@ def _check_values(path: Path, data: dict) -> None:
         raise _fail(path, "case", "a stage needs at least one [[case]]")
 
 
-def _tolerance(path: Path, table: dict) -> tuple[float, float]:
+def _tolerance(path: Path, table: dict, name: str = "tolerance", keys: tuple[str, ...] = ("atol", "rtol")) -> tuple[float, ...]:
+    """The finite, non-negative numbers of a tolerance table ([tolerance] atol, rtol; [tie] rtol)."""
     for key in table:
-        if key not in ("atol", "rtol"):
-            raise _fail(path, f"tolerance.{key}", "unknown field (known fields: atol, rtol)")
-    for key in ("atol", "rtol"):
+        if key not in keys:
+            raise _fail(path, f"{name}.{key}", f"unknown field (known fields: {', '.join(keys)})")
+    for key in keys:
         if key not in table:
-            raise _fail(path, f"tolerance.{key}", "missing required field")
-        _check_type(path, f"tolerance.{key}", table[key], (int, float))
+            raise _fail(path, f"{name}.{key}", "missing required field")
+        _check_type(path, f"{name}.{key}", table[key], (int, float))
         if not math.isfinite(table[key]) or table[key] < 0:
-            raise _fail(path, f"tolerance.{key}", f"must be a finite number >= 0, not {table[key]}")
-    return float(table["atol"]), float(table["rtol"])
+            raise _fail(path, f"{name}.{key}", f"must be a finite number >= 0, not {table[key]}")
+    return tuple(float(table[key]) for key in keys)
 
 
 def _scaling(path: Path, data: dict) -> ScalingSpec | None:
@@ -319,18 +320,6 @@ def _parse_cases(path: Path, data: dict, inputs: tuple[str, ...], scaling: Scali
     return tuple(CaseSpec(c.name, {**c.inputs, "n_new": scaling.lengths[-1]}, c.texts) for c in cases)
 
 
-def _tie(path: Path, table: dict) -> float:
-    for key in table:
-        if key != "rtol":
-            raise _fail(path, f"tie.{key}", "unknown field (known fields: rtol)")
-    if "rtol" not in table:
-        raise _fail(path, "tie.rtol", "missing required field")
-    _check_type(path, "tie.rtol", table["rtol"], (int, float))
-    if table["rtol"] < 0:
-        raise _fail(path, "tie.rtol", "must be >= 0")
-    return float(table["rtol"])
-
-
 def _tolerances(path: Path, data: dict) -> tuple[float, float, float | None]:
     """(atol, rtol, tie_rtol): a stage that checks greedy tokens has [tie] and no [tolerance], any other the reverse."""
     kind = data["compare"]
@@ -339,7 +328,7 @@ def _tolerances(path: Path, data: dict) -> tuple[float, float, float | None]:
             raise _fail(path, "tolerance", f"a \"{kind}\" stage takes [tie] (near-tie tolerance), not [tolerance]")
         if "tie" not in data:
             raise _fail(path, "tie", f"missing required field (a \"{kind}\" stage needs [tie] rtol)")
-        return 0.0, 0.0, _tie(path, data["tie"])
+        return 0.0, 0.0, _tolerance(path, data["tie"], "tie", ("rtol",))[0]
     if "tie" in data:
         raise _fail(path, "tie", "only a stage that checks greedy tokens (compare \"tokens\" or \"scaling\") takes [tie]")
     if "tolerance" not in data:
