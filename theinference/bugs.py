@@ -148,10 +148,6 @@ _BUILTIN = (
 BUILTIN_BUGS = {bug.name: bug for bug in _BUILTIN}
 
 
-class BugError(Exception):
-    """A stage names a bug that does not exist or cannot be computed for its oracle."""
-
-
 def resolve_bug(name: str, stage_source: Path) -> Bug:
     """The built-in bug of that name, or an instructor's `file.py:function` beside the stage file."""
     if name in BUILTIN_BUGS:

@@ -57,7 +57,7 @@ def _match(bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec
            histories: dict) -> Match | None:
     worst, visible = 0.0, False
     for case in cases:
-        got = np.asarray(case.output, dtype=np.float32)
+        got = case.output
         expected = cache.get(model, stage, spec, case)
         history = histories[case.name]
         out = expected if is_inert(bug, spec, case.inputs) else cache.memo(
@@ -74,6 +74,8 @@ def find_matches(stage: StageSpec, cases: list[CaseResult], model: Model, cache,
     """The stage's known bugs whose output the student's output equals in every one of these cases."""
     spec = resolve_oracle(stage.oracle, stage.source)
     ordered = _read_order(cases)
+    for case in ordered:  # once, not once per candidate bug
+        case.output = np.asarray(case.output, dtype=np.float32)
     matches = (_match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories)
                for name in stage.bugs)
     return [m for m in matches if m is not None]
@@ -110,7 +112,18 @@ def _histories(cases: list[CaseResult]) -> dict:
 
 
 def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
-    """Turn the failing diagnoses of a graded stage into findings where a known bug's output matches."""
+    """Turn the failing diagnoses of a graded stage into findings where a known bug's output matches.
+
+    The students' arrays are dropped afterwards: a batch keeps every result until it ends.
+    """
+    try:
+        _fingerprint(stage, result, model, cache)
+    finally:
+        for case in result.cases:
+            case.output = None
+
+
+def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
     numeric = [c for c in result.cases if c.rows and c.output is not None]
     failing = [c for c in numeric if c.status == "fail"]
     if not stage.bugs or not failing or stage.compare != "rows":

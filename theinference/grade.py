@@ -82,12 +82,13 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
     if problem:
         result.status, result.detail, result.message = "fail", "wrong-shape", problem
         return
+    if stage.bugs:  # kept until fingerprinted: a match must hold on every case with numbers, passing ones too
+        result.output = got
     positions = spec.positions(result.inputs) or list(range(len(expected)))
     result.rows = compare_rows(expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions))
     if all(r.ok for r in result.rows):
         result.status = "pass"
         return
-    result.output = got  # a failing case's array, kept until it is fingerprinted
     bad = sum(not r.ok for r in result.rows)
     result.status, result.message = "fail", f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}"
     if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
@@ -141,12 +142,6 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
     else:
         _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
     return result
-
-
-def drop_outputs(result: StageResult) -> None:
-    """Forget the students' arrays once fingerprinted: a batch keeps every result until it ends."""
-    for case in result.cases:
-        case.output = None
 
 
 def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis | None:
@@ -238,6 +233,5 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     )
     if ctx.fingerprint:
         fingerprint_stage(stage, result, ctx.model, ctx.cache)
-        drop_outputs(result)
         result.seconds = time.perf_counter() - started
     return result

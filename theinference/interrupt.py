@@ -45,7 +45,8 @@ def install() -> None:
     signal.signal(signal.SIGINT, _on_signal)
 
 
-def _kill(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group; one already gone (or no longer ours) is nothing to do."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -58,7 +59,7 @@ def track(pgid: int) -> None:
         if not _cancelled.is_set():
             _running.add(pgid)
             return
-    _kill(pgid)
+    kill_group(pgid)
     raise Cancelled()
 
 
@@ -77,7 +78,7 @@ def kill_running() -> None:
     """Kill every registered student process group now (wherever the interrupt found the grader)."""
     with _lock:
         for pgid in _running:
-            _kill(pgid)
+            kill_group(pgid)
 
 
 def cancel() -> None:

@@ -21,16 +21,10 @@ import threading
 import time
 from pathlib import Path
 
+from theinference.interrupt import kill_group
 from theinference.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
 
 from theinference.trust import allowed_env
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
 
 class ConfinementError(Exception):
     """Student processes cannot run confined as chosen (files unreadable by their user): a setup error."""
@@ -63,7 +57,7 @@ class ZygoteProcess:
             try:
                 self.returncode = self._read(deadline)["status"]
             except ConnectionResetError:  # student code killed its monitor: its process group goes the same way
-                _kill_group(self.pid)
+                kill_group(self.pid)
                 self.returncode = -signal.SIGKILL
             self.conn.close()
         return self.returncode

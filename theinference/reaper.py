@@ -77,11 +77,6 @@ def kill_descendants() -> None:
                 pass
 
 
-def returncode(status: int) -> int:
-    """A waitpid status as a Popen-style returncode (negative: killed by that signal)."""
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _send(conn: socket.socket, **message) -> None:
     try:
         conn.sendall(json.dumps(message).encode() + b"\n")
@@ -107,7 +102,7 @@ def monitor(status_fd: int, command: list[str]) -> None:
     _send(conn, pid=pid)
     _, status = os.waitpid(pid, 0)
     kill_descendants()
-    _send(conn, status=returncode(status))
+    _send(conn, status=os.waitstatus_to_exitcode(status))
 
 
 if __name__ == "__main__":

@@ -115,10 +115,7 @@ def _read_capped(path: Path, identity: tuple[int, int], start: int = 0, end: int
 
 
 def _kill_group(proc) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    interrupt.kill_group(proc.pid)
     proc.wait()
 
 

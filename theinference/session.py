@@ -9,7 +9,7 @@ from pathlib import Path
 
 from theinference.course import Course, CourseError, find_course_root, load_course
 from theinference.fingerprint import fingerprint_stage
-from theinference.grade import GradeContext, GradeError, OracleCache, drop_outputs, grade
+from theinference.grade import GradeContext, GradeError, OracleCache, grade
 from theinference.launch import ConfinementError, default_launcher
 from theinference.oracles import OracleError
 from theinference.progress import load_progress, next_stage
@@ -138,7 +138,6 @@ class Session:
         """Fingerprint the failing stages of a run graded with fingerprint=False (same stages and options)."""
         for stage, result in zip(self._with_seed(selected, options or RunOptions()), run.stages):
             fingerprint_stage(stage, result, self.model, self.cache)
-            drop_outputs(result)
 
 
 def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs: list[Path],

@@ -12,6 +12,7 @@ import dataclasses
 import fnmatch
 import os
 import queue
+import stat
 import sys
 import threading
 import time
@@ -40,10 +41,10 @@ BACK = "(course directory back)"  # what a re-grade after the course directory r
 def _dir_id(path: Path) -> tuple[int, int] | None:
     """(device, inode) of a directory, or None if there is none at the path."""
     try:
-        stat = os.stat(path)
+        info = os.stat(path)
     except OSError:
         return None
-    return (stat.st_dev, stat.st_ino) if os.path.isdir(path) else None
+    return (info.st_dev, info.st_ino) if stat.S_ISDIR(info.st_mode) else None
 
 
 def is_relevant(path: str, root: Path) -> bool:
@@ -115,14 +116,13 @@ class Watch:
     # Called again once a failing re-grade is fingerprinted (the verdict was shown before); None: not fingerprinted.
     on_fingerprint: Callable[[Regrade], None] | None = None
 
-    def start_observer(self):
+    def start_observer(self) -> None:
         """Start watchdog on the course directory (PollingObserver with poll=True)."""
         root = self.session.course.root
         observer = (PollingObserver(timeout=0.1) if self.poll else Observer())
         observer.schedule(_Handler(root, self.events), str(root), recursive=True)
         observer.start()
         self.observer, self.watched_id = observer, _dir_id(root)
-        return observer
 
     def stop_observer(self) -> None:
         """Stop the file watcher, if one runs."""

@@ -25,7 +25,7 @@ import numpy  # noqa: F401
 import safetensors.numpy  # noqa: F401
 
 import theinference.child
-from theinference.reaper import become_subreaper, kill_descendants, returncode
+from theinference.reaper import become_subreaper, kill_descendants
 
 _MAX_REQUEST = 1 << 20
 
@@ -73,7 +73,7 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status = os.waitpid(pid, 0)
     kill_descendants()
-    conn.sendall(json.dumps({"status": returncode(status)}).encode() + b"\n")
+    conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
     os._exit(0)
 
 
