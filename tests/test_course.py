@@ -86,3 +86,27 @@ def test_demo_shows_a_pass_and_a_named_diagnosis(cli, tiny_path):
     assert result.exit_code == 0, result.stdout
     assert f"{len(ALL_STAGES)} of {len(ALL_STAGES)} stage(s) passed" in result.stdout
     assert "shape: error-grows" in result.stdout and "finding: position-zero — your output equals GPT-2" in result.stdout
+
+
+def test_progress_records_the_weights_and_timeout_of_each_pass_and_stages_list_shows_them(cli, solution_course, tiny_path):
+    first, second = ALL_STAGES[:2]
+    assert cli("test", "--course", solution_course, "--weights", tiny_path).exit_code == 0
+    assert cli("test", "--course", solution_course, "--weights", tiny_path, "--timeout", "30").exit_code == 0
+    entries = json.loads((solution_course / ".theinference" / "progress.json").read_text())["stages"]
+    assert entries[first]["weights"] == "tiny" and entries[first]["timeout"] is None
+    assert entries[second]["weights"] == "tiny" and entries[second]["timeout"] == 30
+    listing = cli("stages", "list", "--course", solution_course).stdout
+    rows = {line.split()[0]: line for line in listing.splitlines() if line.strip() and line.split()[0] in ALL_STAGES}
+    assert "pass (tiny weights)" in rows[first] and "--timeout" not in rows[first]
+    assert "pass (tiny weights, --timeout 30)" in rows[second]
+
+
+def test_progress_written_before_weights_were_recorded_still_reads(cli, solution_course):
+    progress = solution_course / ".theinference" / "progress.json"
+    progress.parent.mkdir()
+    progress.write_text(json.dumps({"format_version": 1, "stages": {ALL_STAGES[0]: {"status": "pass", "at": "2026-01-01T00:00:00"}}}))
+    listing = cli("stages", "list", "--course", solution_course)
+    assert listing.exit_code == 0
+    [row] = [line for line in listing.stdout.splitlines() if line.split() and line.split()[0] == ALL_STAGES[0]]
+    assert "pass" in row and "weights" not in row
+    assert "◀ next" in [line for line in listing.stdout.splitlines() if line.split() and line.split()[0] == ALL_STAGES[1]][0]

@@ -129,7 +129,7 @@ def test(
                                     "(--all grades every stage, --stage ID a given one)", soft_wrap=True)
             run = session.run(selected, options)
             if not untrusted:
-                notice = record_progress(session.course.root, run)
+                notice = record_progress(session.course.root, run, timeout)
                 if notice:
                     err_console().print(notice, markup=False, soft_wrap=True)
         finally:

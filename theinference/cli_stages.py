@@ -13,7 +13,7 @@ from theinference.check import check_course
 from theinference.cli_common import EXIT_FAIL, config_error, console_for, synth_progress
 from theinference.course import CourseError, find_course_root
 from theinference.launch import default_launcher
-from theinference.progress import load_progress, next_stage
+from theinference.progress import describe_entry, load_progress, next_stage
 from theinference.report.check import render_check
 from theinference.resources import data_dir
 from theinference.session import CONFIG_ERRORS, UsageError, select_stages
@@ -38,9 +38,9 @@ def list_stages(
     upcoming = next_stage(stages, progress) if root else None
     table = Table(show_edge=False)
     for column in ("stage", "status", "title", "adapter", "cases", "points", "defined in"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "status")  # "pass (tiny weights, --timeout 5)" reads whole
     for s in stages:
-        status = progress.get(s.id, {}).get("status", "not graded")
+        status = describe_entry(progress[s.id]) if s.id in progress else "not graded"
         marker = " ◀ next" if upcoming is not None and s.id == upcoming.id else ""
         table.add_row(s.id, status + marker, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
     console_for(sys.stdout).print(table)

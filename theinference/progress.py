@@ -1,4 +1,10 @@
-"""The course's progress, like rustlings': which stages have passed, kept in the course directory."""
+"""The course's progress, like rustlings': which stages have passed, kept in the course directory.
+
+`.theinference/progress.json` holds {"format_version": 1, "stages": {stage id: entry}}; an entry is
+{"status", "at"} plus, since weights and timeouts are recorded, "weights" (a short name of the weights
+graded against: a synthetic preset such as "tiny", "gpt2" for the 124M shape, else the shape) and
+"timeout" (the seconds given with --timeout, or null). Older entries without them still read.
+"""
 
 import json
 import time
@@ -6,6 +12,7 @@ from pathlib import Path
 
 from theinference.results import RunResult
 from theinference.stages import StageSpec
+from theinference.synth import PRESETS
 
 PROGRESS_FILE = Path(".theinference") / "progress.json"
 
@@ -32,17 +39,35 @@ def load_progress(root: Path) -> dict[str, dict]:
     return read_progress(root)[0]
 
 
-def record_progress(root: Path, run: RunResult) -> str:
-    """Remember each graded stage's status; return a one-line notice if a corrupt file was replaced, else ""."""
+def weights_name(run: RunResult) -> str:
+    """A short name for the weights a run was graded against: "tiny", "gpt2", or the shape."""
+    if run.synthetic:  # "tiny preset, seed 0"
+        return run.synthetic.split(" preset")[0]
+    if run.config == PRESETS["gpt2"].as_dict():
+        return "gpt2"
+    return f"{run.config.get('n_layer')}-layer, {run.config.get('n_embd')}-wide"
+
+
+def record_progress(root: Path, run: RunResult, timeout: float | None = None) -> str:
+    """Remember each graded stage's status, weights and --timeout; return a notice if a corrupt file was replaced, else ""."""
     stages, problem = read_progress(root)
     for stage in run.stages:
-        stages[stage.id] = {"status": stage.status, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        stages[stage.id] = {"status": stage.status, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                            "weights": weights_name(run), "timeout": timeout}
     try:
         (root / PROGRESS_FILE).parent.mkdir(exist_ok=True)
         (root / PROGRESS_FILE).write_text(json.dumps({"format_version": 1, "stages": stages}, indent=2) + "\n")
     except OSError:
         return ""  # a read-only course just keeps no progress
     return f"notice: ignored {PROGRESS_FILE} ({problem}) and wrote it anew" if problem else ""
+
+
+def describe_entry(entry: dict) -> str:
+    """'pass (tiny weights, --timeout 5)': a stage's recorded status and what it was graded with."""
+    found = [f"{entry['weights']} weights"] if isinstance(entry.get("weights"), str) else []
+    if isinstance(entry.get("timeout"), (int, float)):
+        found.append(f"--timeout {entry['timeout']:g}")
+    return f"{entry['status']} ({', '.join(found)})" if found else entry["status"]
 
 
 def next_stage(stages: list[StageSpec], progress: dict[str, dict]) -> StageSpec | None:

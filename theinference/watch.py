@@ -202,7 +202,7 @@ class Watch:
             self._reload(changed)
             stages = choose_stages(self.session, self.stage_ids)
             report.result = self.session.run(stages, dataclasses.replace(self.options, fingerprint=False))
-            report.notice = record_progress(self.session.course.root, report.result)
+            report.notice = record_progress(self.session.course.root, report.result, self.options.timeout)
         except (*CONFIG_ERRORS, UsageError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started
