@@ -124,7 +124,28 @@ def test_a_broken_instructor_oracle_is_a_configuration_error(cli, instructor_cou
     result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
                  "--weights", tiny_path, "--stage", "mlp-sublayer")
     assert result.exit_code == 2
-    assert "the stage's oracle failed: KeyError" in result.stderr
+    assert "stage 'mlp-sublayer': the oracle mlp_sublayer() failed at" in result.stderr and "KeyError: 'ln_3'" in result.stderr
+
+
+def test_an_oracle_failure_names_the_stage_the_file_the_line_and_shows_the_instructors_traceback(cli, instructor_course, tiny_path):
+    oracle_file = instructor_course / "stages" / "oracles.py"
+    oracle_file.write_text(textwrap.dedent("""\
+        def width(model):
+            return model.config["n_embd"]
+
+
+        def mlp_sublayer(model, seq):
+            return [[0.0] * width(model)] * len(seq)
+        """))
+    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
+                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    assert result.exit_code == 2
+    message = " ".join(result.stderr.split())  # the console wraps long lines
+    assert f"stage 'mlp-sublayer': the oracle mlp_sublayer() failed at {oracle_file.resolve()}, line 2" in message
+    assert "TypeError: 'GPT2Config' object is not subscriptable" in message and "model.config.n_layer" in message
+    # the instructor's frames, outermost first, and none of the grader's
+    assert message.index("line 6, in mlp_sublayer") < message.index("line 2, in width")
+    assert "grade.py" not in result.stderr and "oracles.py\", line" in result.stderr
 
 
 def test_editing_the_oracle_file_invalidates_cached_outputs(instructor_course, tiny_model):

@@ -34,7 +34,7 @@ class OracleCache:
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
         key = (str(model.path), model.stamp, stage.oracle, spec.stamp,
                tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items()))
-        return self.memo(key, lambda: compute_expected(spec, model, case.inputs))
+        return self.memo(key, lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'"))
 
     def memo(self, key: tuple, compute) -> np.ndarray:
         """Any output computed from these weights (the oracle's, a bug oracle's), once per key."""

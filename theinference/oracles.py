@@ -8,6 +8,7 @@ of `theinference.oracle` (layer_norm, mha, ffn, embed, ...) are there to build o
 
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,11 +139,28 @@ def resolve_oracle(name: str, stage_source: Path) -> OracleSpec:
     return BUILTIN_ORACLES.get(name) or load_file_function(stage_source, name)
 
 
-def compute_expected(spec: OracleSpec, model: Model, inputs: dict) -> np.ndarray:
-    """Run an oracle; an instructor's oracle failing is reported as an OracleError."""
+def compute_expected(spec: OracleSpec, model: Model, inputs: dict, owner: str = "") -> np.ndarray:
+    """Run an oracle; an instructor's oracle failing is an OracleError naming owner (e.g. "stage 'x'"), file and line."""
     try:
         return np.asarray(spec.compute(model, **inputs))
     except Exception as e:
         if spec.inputs:  # built-in: a failure here is a grader bug and must surface as one
             raise
-        raise OracleError(f"the stage's oracle failed: {type(e).__name__}: {e}") from e
+        raise OracleError(_failure(spec, owner, e)) from e
+
+
+def _failure(spec: OracleSpec, owner: str, e: Exception) -> str:
+    """What failed where, then the instructor's traceback (the grader's own frames left out)."""
+    frames = traceback.extract_tb(e.__traceback__)[1:]  # [0] is compute_expected's call
+    path = spec.stamp[0] if spec.stamp else ""
+    in_file = [f for f in frames if f.filename == path]
+    where = f"{path}, line {in_file[-1].lineno}" if in_file else path
+    name = getattr(spec.compute, "__name__", "oracle")
+    head = f"{owner}: " if owner else ""
+    hint = _CONFIG_HINT if isinstance(e, TypeError) and "GPT2Config" in str(e) else ""
+    trace = "".join(traceback.format_list(frames)).rstrip()
+    return (f"{head}the oracle {name}() failed at {where}: {type(e).__name__}: {e}{hint}\n"
+            f"the oracle's traceback (most recent call last):\n{trace}")
+
+
+_CONFIG_HINT = " (model.config is an object, not a dict: write model.config.n_layer, not model.config['n_layer'])"
