@@ -184,3 +184,44 @@ def test_an_instructors_bug_oracle_names_the_bug(cli, instructor_course, tiny_pa
     assert result.exit_code == 1
     assert "finding: oracles.py:no_ln2_bias — your output equals GPT-2 with oracles.py:no_ln2_bias" in result.stdout
     assert "hint: ln_2 has a bias: add it." in result.stdout
+
+
+def test_stages_new_scaffolds_a_stage_that_loads_and_refuses_to_overwrite(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    made = cli("stages", "new", "my-stage")
+    assert made.exit_code == 0, made.output
+    for name in ("my-stage.toml", "my_stage_oracle.py", "lessons/my-stage.md"):
+        assert (tmp_path / "stages" / name).is_file()
+    assert "def run_my_stage(seq_ids):" in made.stdout and "NotImplementedError" in made.stdout
+    listing = cli("stages", "list", "--stages-dir", tmp_path / "stages")
+    assert listing.exit_code == 0 and "run_my_stage" in listing.stdout
+    shown = cli("stages", "show", "my-stage", "--stages-dir", tmp_path / "stages")
+    assert shown.exit_code == 0 and "adapter run_my_stage()" in shown.stdout
+
+    lesson = tmp_path / "stages" / "lessons" / "my-stage.md"
+    lesson.write_text("# mine\n")
+    again = cli("stages", "new", "my-stage")
+    assert again.exit_code == 2 and "already exists" in again.stderr
+    assert lesson.read_text() == "# mine\n"
+
+
+@pytest.mark.parametrize("stage_id, why", [("My_Stage", "is not a stage id"), ("forward", "already exists")])
+def test_stages_new_refuses_a_bad_or_taken_id(cli, tmp_path, stage_id, why):
+    result = cli("stages", "new", stage_id, "--stages-dir", tmp_path / "stages")
+    assert result.exit_code == 2 and why in result.stderr
+    assert not (tmp_path / "stages").exists()
+
+
+def test_a_scaffolded_stage_with_the_printed_adapters_passes_stages_check(cli, tmp_path, tiny_path):
+    source = tmp_path / "course-src"
+    for part in ("solution", "starter"):
+        shutil.copytree(data_dir("course") / part, source / part)
+    made = cli("stages", "new", "my-stage", "--stages-dir", source / "stages").stdout
+    solution = made.split("computes):\n\n")[1].split("\nand to the starter")[0]
+    starter = made.split("starter's tests/adapters.py:\n\n")[1].split("\nThen:")[0]
+    for part, snippet in (("solution", solution), ("starter", starter)):
+        with (source / part / "tests" / "adapters.py").open("a") as f:
+            f.write("\n\n" + snippet)
+    result = cli("stages", "check", "--source", source, "--stage", "my-stage", "--weights", tiny_path)
+    assert result.exit_code == 0, result.stdout
+    assert "✔ pass" in result.stdout and "✔ not-started" in result.stdout

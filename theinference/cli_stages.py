@@ -1,4 +1,4 @@
-"""`theinference stages`: list the stages a course has."""
+"""`theinference stages`: list, show, check and scaffold the stages a course has."""
 
 import os
 import sys
@@ -16,11 +16,12 @@ from theinference.launch import default_launcher
 from theinference.progress import describe_entry, load_progress, next_stage
 from theinference.report.check import render_check
 from theinference.resources import data_dir
+from theinference.scaffold import adapter_snippets, scaffold_stage
 from theinference.session import CONFIG_ERRORS, UsageError, select_stages
 from theinference.sources import obtain_weights
 from theinference.stages import StageError, load_stages, stage_dirs
 
-stages_app = typer.Typer(help="List and check stages.", no_args_is_help=True)
+stages_app = typer.Typer(help="List, show, check and scaffold stages.", no_args_is_help=True)
 
 
 @stages_app.command("list")
@@ -96,3 +97,26 @@ def check(
         raise config_error(e)
     render_check(console, result)
     raise typer.Exit(0 if result.ok else EXIT_FAIL)
+
+
+@stages_app.command("new")
+def new(
+    stage_id: Annotated[str, typer.Argument(metavar="ID", help="The new stage's id: lowercase words joined by '-'.")],
+    stages_dir: Annotated[Optional[Path], typer.Option("--stages-dir", help="Directory to write the stage into (default: ./stages).")] = None,
+) -> None:
+    """Scaffold a new stage: stage file, oracle file and lesson stub that load as they are, and
+    print the adapter to add to the solution's and the starter's tests/adapters.py."""
+    directory = stages_dir or Path("stages")
+    try:
+        existing = load_stages(stage_dirs(None, [directory] if directory.is_dir() else []))
+        written = scaffold_stage(directory, stage_id, existing)
+    except (StageError, OSError) as e:
+        raise config_error(e)
+    solution, starter = adapter_snippets(stage_id)
+    console = console_for(sys.stdout)
+    console.print("wrote\n" + "".join(f"  {p}\n" for p in written), markup=False, soft_wrap=True)
+    console.print(f"Add to the solution's tests/adapters.py (what the oracle's template computes):\n\n{solution}\n"
+                  f"and to the starter's tests/adapters.py:\n\n{starter}\n"
+                  f"Then: theinference stages show {stage_id} --stages-dir {directory}\n"
+                  f"      theinference stages check --source COURSE_SOURCE --stages-dir {directory} --stage {stage_id}\n"
+                  "(docs/authoring.md walks through each step)", markup=False, highlight=False, soft_wrap=True)

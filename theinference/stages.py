@@ -137,6 +137,11 @@ class StageSpec:
         return (self.adapter, *self.aliases)
 
 
+def valid_id(stage_id: str) -> bool:
+    """True for a stage id the loader accepts: lowercase words joined by '-'."""
+    return bool(_ID.match(stage_id))
+
+
 def camel_case(name: str) -> str:
     """run_layer_equiv -> runLayerEquiv (the TypeScript edition's adapter names)."""
     head, *rest = name.split("_")
