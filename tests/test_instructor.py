@@ -148,6 +148,20 @@ def test_an_oracle_failure_names_the_stage_the_file_the_line_and_shows_the_instr
     assert "grade.py" not in result.stderr and "oracles.py\", line" in result.stderr
 
 
+def test_a_failing_bug_oracle_names_the_bug_and_its_stage_file(cli, instructor_course, tiny_path):
+    stage_file = instructor_course / "stages" / "mlp.toml"
+    stage_file.write_text(stage_file.read_text().replace('points = 5\n', 'points = 5\nbugs = ["oracles.py:no_bias"]\n'))
+    with (instructor_course / "stages" / "oracles.py").open("a") as f:
+        f.write("\n\ndef no_bias(model, seq):\n    return model.config['n_embd']\n")
+    adapters = instructor_course / "solution" / "tests" / "adapters.py"
+    adapters.write_text(adapters.read_text().replace("return h + ffn(", "return h - ffn("))
+    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
+                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    assert result.exit_code == 2
+    message = " ".join(result.stderr.split())
+    assert "bug 'oracles.py:no_bias' of mlp.toml: the oracle no_bias() failed at" in message and "oracles.py, line" in message
+
+
 def test_editing_the_oracle_file_invalidates_cached_outputs(instructor_course, tiny_model):
     import numpy as np
 

@@ -153,7 +153,8 @@ def resolve_bug(name: str, stage_source: Path) -> Bug:
     if name in BUILTIN_BUGS:
         return BUILTIN_BUGS[name]
     spec = load_file_function(stage_source, name)
-    return Bug(name=name, finding=name, oracles=(), compute=lambda model, _, inputs, __: compute_expected(spec, model, inputs, f"bug '{name}' of {stage_source.name}"),
+    owner = f"bug '{name}' of {stage_source.name}"
+    return Bug(name=name, finding=name, oracles=(), compute=lambda model, _, inputs, __: compute_expected(spec, model, inputs, owner),
                stamp=spec.stamp)
 
 

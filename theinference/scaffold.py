@@ -42,7 +42,7 @@ from theinference import oracle
 
 def {func}(model, seq):
     """seq: [n_seq] token ids -> [n_seq, n_embd]: TODO (this template returns the input embeddings)."""
-    # model.params is nested like the checkpoint keys (model.params["wte"], model.params["h"][0]["ln_1"]["weight"]);
+    # model.params is nested like the checkpoint keys (model.params["wte"]["weight"], model.params["h"][0]["ln_1"]["bias"]);
     # model.config is an object, not a dict: model.config.n_head, .n_embd, .n_layer, .n_ctx, .n_vocab.
     return oracle.embed(model.params, seq)
 '''
