@@ -10,7 +10,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from theinference.check import check_course
-from theinference.cli_common import EXIT_FAIL, config_error, console_for, synth_progress
+from theinference.cli_common import EXIT_FAIL, ItemProgress, config_error, console_for, synth_progress
 from theinference.course import CourseError, find_course_root
 from theinference.launch import default_launcher
 from theinference.progress import load_progress, next_stage
@@ -87,10 +87,12 @@ def check(
         choice, model, _ = obtain_weights(weights, None, synth_progress())
         console = console_for(sys.stdout)
         console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
-        launcher = default_launcher()
+        launcher, progress = default_launcher(), ItemProgress("checking", "cells")
         try:
-            result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher)
+            result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher,
+                                  progress=progress)
         finally:
+            progress.close()
             launcher.close()
     except (*CONFIG_ERRORS, UsageError) as e:
         raise config_error(e)
