@@ -158,7 +158,7 @@ def _print_version(value: bool) -> None:
 
 
 @app.callback()
-def root(
+def handle_root_options(
     show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print theinference's version and exit.")] = False,
 ) -> None:
     """The grader for the course 'Build your own KV cache'."""
