@@ -2,10 +2,10 @@
 
 import io
 import os
-from importlib import metadata
 import sys
 import traceback
 from enum import Enum
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Optional
 

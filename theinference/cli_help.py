@@ -10,6 +10,8 @@ without these methods (older releases already follow click) it changes nothing.
 
 from typer.core import TyperArgument, TyperOption
 
+_TYPER_OPTION_TYPE = getattr(TyperOption, "display_type_rich", None)  # typer's own, kept for options without a metavar
+
 
 def _option_type(self, ctx) -> str | None:
     """What follows an option in --help: nothing for a flag, its metavar, else click's spelling."""
@@ -34,9 +36,6 @@ def _argument_usage(self) -> str:
     if self.nargs != 1 and not name.endswith("..."):
         name += "..."
     return name if self.required else f"[{name}]"
-
-
-_TYPER_OPTION_TYPE = getattr(TyperOption, "display_type_rich", None)
 
 
 def apply() -> None:
