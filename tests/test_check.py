@@ -151,3 +151,20 @@ def test_stages_show_renders_the_lesson(cli, solution_course):
     assert "Stage: per-step-identity" in result.stdout and "shifted-by-one" in result.stdout
     assert "atol 0.001 rtol 0.01" in result.stdout
     assert cli("stages", "show", "nope", "--course", solution_course).exit_code == 2
+
+
+def test_progress_moves_in_a_log_one_line_per_cell(cli, tiny_path, tmp_path):
+    source = tmp_path / "course"
+    shutil.copytree(data_dir("course") / "solution", source / "solution")
+    shutil.copytree(data_dir("course") / "mutants" / "position-stuck", source / "mutants" / "position-stuck")
+    stages = ["forward", "prove-one-layer"]
+    result = cli("stages", "check", "--source", source, "--weights", tiny_path, *(a for s in stages for a in ("--stage", s)))
+    assert result.exit_code == 0, result.stdout
+    # stderr is not a terminal here, as in CI: one plain line per finished subject × stage, none on stdout.
+    lines = [line for line in result.stderr.splitlines() if line.startswith("checking [")]
+    total = 2 * len(stages)
+    assert [line.split("]")[0] for line in lines] == [f"checking [{i}/{total} cells" for i in range(1, total + 1)]
+    assert {line.split(": ", 1)[1].split(":")[0] for line in lines} == {
+        f"{subject} × {stage}" for subject in ("solution", "position-stuck") for stage in stages}
+    assert "position-stuck × prove-one-layer: error-grows" in result.stderr
+    assert "checking [" not in result.stdout

@@ -133,7 +133,7 @@ def test_weights_without_subcommand_says_which_and_why(cli, tiny_path, monkeypat
     monkeypatch.setenv("THEINFERENCE_WEIGHTS", str(tiny_path))
     result = cli("weights")
     assert result.exit_code == 0
-    assert f"weights: {tiny_path}" in result.stdout and "$THEINFERENCE_WEIGHTS is set" in result.stdout
+    assert f"weights:   {tiny_path}" in result.stdout and "$THEINFERENCE_WEIGHTS is set" in result.stdout
 
 
 def test_stages_list(cli, solution_course):

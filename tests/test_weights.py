@@ -1,6 +1,7 @@
 """Weights: loading checks, synthetic determinism, and where grading weights come from."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -9,8 +10,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from theinference.sources import find_hf_gpt2, resolve_weights
-from theinference.synth import write_synthetic
-from theinference.weights import WeightsError, load_model
+from theinference.synth import PRESETS, write_synthetic
+from theinference.weights import WeightsError, expected_shapes, load_model
 
 
 def _rewrite(src_dir: Path, dest_dir: Path, edit) -> Path:
@@ -286,3 +287,22 @@ def test_a_bf16_checkpoint_passes_the_reference_solution(cli, solution_course, t
     result = cli("test", "--stage", "per-step-identity", "--course", solution_course, "--weights", path)
     assert result.exit_code == 0, result.stdout
     assert "weights stored as BF16; converted to float32" in result.output
+
+
+def test_synthesis_progress_moves_in_a_log(cli, tmp_path):
+    result = cli("weights", "synth", "--preset", "tiny", "--out", tmp_path / "w")
+    assert result.exit_code == 0
+    total = len(expected_shapes(PRESETS["tiny"]))
+    done = [int(m) for m in re.findall(r"making synthetic weights \[(\d+)/%d tensors\]" % total, result.stderr)]
+    # stderr is not a terminal here, as in CI: a few plain lines, rising to every tensor made.
+    assert 2 <= len(done) <= 11 and done == sorted(done) and done[-1] == total
+    assert "making synthetic weights" not in result.stdout
+
+
+def test_weights_says_which_and_why_without_the_tensor_table(cli, tiny_dir):
+    result = cli("weights", "--weights", tiny_dir)
+    assert result.exit_code == 0
+    assert "given with --weights" in result.stdout and "--weights > $THEINFERENCE_WEIGHTS" in result.stdout
+    assert "h.0.attn.c_attn.weight" not in result.stdout
+    assert f"theinference weights info {tiny_dir / 'model.safetensors'}" in result.stdout
+    assert "h.0.attn.c_attn.weight" in cli("weights", "info", tiny_dir).stdout

@@ -2,6 +2,8 @@
 and catches every mutant with the diagnosis its manifest names."""
 
 import tempfile
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +67,7 @@ def _first_message(result: StageResult) -> str:
 
 
 def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list[StageSpec], ctx_args: dict,
-                   fingerprints: dict) -> list[CheckCell]:
+                   fingerprints: dict, on_cell: Callable[[CheckCell], None]) -> list[CheckCell]:
     ctx = GradeContext(course=load_course(course_dir), **ctx_args)
     cells = []
     for stage in stages:
@@ -73,7 +75,20 @@ def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list
         cells.append(CheckCell(subject=name, stage=stage.id, expected=expectations.get(stage.id, ("pass",)),
                                got=observed(result), message=_first_message(result),
                                expected_bugs=fingerprints.get(stage.id), got_bugs=named_bugs(result)))
+        on_cell(cells[-1])
     return cells
+
+
+def _counter(total: int, progress: Callable[[int, int, str], None] | None) -> Callable[[CheckCell], None]:
+    """A per-cell callback that reports (done, total, 'subject × stage: got') to progress; cells finish on many threads."""
+    lock, done = threading.Lock(), [0]
+
+    def on_cell(cell: CheckCell) -> None:
+        with lock:
+            done[0] += 1
+            if progress:
+                progress(done[0], total, f"{cell.subject} × {cell.stage}: {cell.got}{'' if cell.ok else ' (mismatch)'}")
+    return on_cell
 
 
 def _lesson_problems(stages: list[StageSpec]) -> list[str]:
@@ -86,8 +101,10 @@ def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) ->
 
 
 def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], model: Model,
-                 timeout: float | None = None, jobs: int = 2, launcher=None) -> CheckResult:
-    """Grade solution, starter and mutants under source/ on the given stages and compare with expectations."""
+                 timeout: float | None = None, jobs: int = 2, launcher=None,
+                 progress: Callable[[int, int, str], None] | None = None) -> CheckResult:
+    """Grade solution, starter and mutants under source/ on the given stages and compare with expectations;
+    progress(done, total, what) is called as each subject × stage cell is finished."""
     ctx_args = {"model": model, "cache": OracleCache(), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
@@ -108,9 +125,10 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
         except MutantError as e:
             result.problems.append(str(e))
         result.subjects = [name for name, *_ in subjects]
+        on_cell = _counter(len(subjects) * len(stages), progress)
         # The solution first and alone: it fills the oracle cache every other subject reuses.
-        result.cells.extend(_grade_subject(*subjects[0][:3], stages, ctx_args, subjects[0][3]))
+        result.cells.extend(_grade_subject(*subjects[0][:3], stages, ctx_args, subjects[0][3], on_cell))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for cells in pool.map(lambda s: _grade_subject(*s[:3], stages, ctx_args, s[3]), subjects[1:]):
+            for cells in pool.map(lambda s: _grade_subject(*s[:3], stages, ctx_args, s[3], on_cell), subjects[1:]):
                 result.cells.extend(cells)
     return result

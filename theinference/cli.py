@@ -5,13 +5,14 @@ import os
 import sys
 import traceback
 from enum import Enum
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from theinference import __version__, interrupt
+from theinference import __version__, cli_help, interrupt
 from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
                                      in_ci, run_options, synth_progress, write_atomic)
 from theinference.runner import DEFAULT_MEMORY_MB
@@ -29,9 +30,10 @@ from theinference.progress import record_progress
 from theinference.session import CONFIG_ERRORS, UsageError, choose_stages, open_session
 from theinference.watch import Watch
 
+cli_help.apply()
 app = typer.Typer(
-    help="The grader for the course 'Build your own KV cache'.",
-    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+    name="theinference", help="The grader for the course 'Build your own KV cache'.",
+    no_args_is_help=True, pretty_exceptions_enable=False,
 )
 app.add_typer(weights_app, name="weights")
 app.add_typer(stages_app, name="stages")
@@ -50,8 +52,8 @@ class Format(str, Enum):
     github = "github"
 
 
-CourseOpt = Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: the nearest ancestor holding theinference.toml or tests/adapters.py).")]
-StagesDirOpt = Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files (repeatable).")]
+CourseOpt = Annotated[Optional[Path], typer.Option("--course", metavar="DIR", help="Course directory (default: the nearest ancestor holding theinference.toml or tests/adapters.py).")]
+StagesDirOpt = Annotated[Optional[list[Path]], typer.Option("--stages-dir", metavar="DIR", help="Another directory of stage files (repeatable).")]
 
 
 def _weights_notice(session) -> None:
@@ -85,16 +87,16 @@ def _emit(run, fmt: Format, output: Optional[Path]) -> None:
 
 @app.command()
 def test(
-    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Stage id to grade (repeatable).")] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Stage id to grade (repeatable).")] = None,
     all_stages: Annotated[bool, typer.Option("--all", help="Grade every stage (default: the first stage not yet passed).")] = False,
     course: CourseOpt = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="model.safetensors (or its directory) to grade against.")] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds each adapter call may take, overriding the stage's.")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", metavar="PATH", help="model.safetensors (or its directory) to grade against.")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS", min=0.001, help="Seconds each adapter call may take, overriding the stage's.")] = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.rich,
-    output: Annotated[Optional[Path], typer.Option("--output", help="Write the report to this file instead of stdout.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", metavar="FILE", help="Write the report to this file instead of stdout.")] = None,
     stages_dir: StagesDirOpt = None,
-    seed: Annotated[Optional[str], typer.Option("--seed", help="Add random cases: an integer seed, or 'random' (recorded in the results).")] = None,
-    memory_limit: Annotated[int, typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
+    seed: Annotated[Optional[str], typer.Option("--seed", metavar="SEED", help="Add random cases: an integer seed, or 'random' (recorded in the results).")] = None,
+    memory_limit: Annotated[int, typer.Option("--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
     watch: Annotated[bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")] = False,
     poll: Annotated[bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")] = False,
     untrusted: Annotated[bool, typer.Option("--untrusted", help="Grade as `grade` does: ignore the course's stages, weights and timeout; allow-listed environment (implied by CI=true and --format gradescope).")] = False,
@@ -103,7 +105,8 @@ def test(
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
     Exit codes: 0 every selected stage passed; 1 some stage failed (including errors, timeouts,
-    crashes and stages not started); 2 usage or configuration error.
+    crashes and stages not started); 2 usage or configuration error (unknown stage, no adapters
+    file, unreadable weights, invalid stage file); 3 internal error: a bug in the grader, please report it.
     """
     # Results that count as grades come from the instructor's inputs only (see the README's threat model).
     untrusted = untrusted or in_ci() or fmt is Format.gradescope
@@ -140,10 +143,31 @@ def test(
     raise typer.Exit(0 if run.passed else EXIT_FAIL)
 
 
+def installed_version() -> str:
+    """The installed distribution's version (the source's __version__ when run uninstalled)."""
+    try:
+        return metadata.version("theinference")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"theinference {installed_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def handle_root_options(
+    show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print theinference's version and exit.")] = False,
+) -> None:
+    """The grader for the course 'Build your own KV cache'."""
+
+
 @app.command()
 def version() -> None:
     """Print theinference's version."""
-    print(__version__)
+    print(installed_version())
 
 
 def main() -> None:

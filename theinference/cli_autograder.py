@@ -18,15 +18,15 @@ from theinference.weights import WeightsError
 
 autograder_app = typer.Typer(help="Write what grades a class on Gradescope or GitHub Actions.", no_args_is_help=True)
 
-WheelOpt = Annotated[Optional[Path], typer.Option("--wheel", help="theinference's wheel to carry (default: build this version's from its source checkout).")]
-WeightsOpt = Annotated[Optional[Path], typer.Option("--weights", help="A model.safetensors (its config.json comes along) instead of a preset.")]
+WheelOpt = Annotated[Optional[Path], typer.Option("--wheel", metavar="FILE", help="theinference's wheel to carry (default: build this version's from its source checkout).")]
+WeightsOpt = Annotated[Optional[Path], typer.Option("--weights", metavar="FILE", help="A model.safetensors (its config.json comes along) instead of a preset.")]
 PresetOpt = Annotated[Preset, typer.Option("--preset", help="Synthetic weights made where grading runs (ignored with --weights).")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="The synthetic weights' seed (as for `weights synth`).")]
-StagesDirOpt = Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="A directory of the course's own stage files (repeatable).")]
-StageOpt = Annotated[Optional[list[str]], typer.Option("--stage", help="Grade only this stage (repeatable; default all).")]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call (default: each stage's).")]
-MemoryOpt = Annotated[Optional[int], typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (default: grade's).")]
-CasesSeedOpt = Annotated[Optional[str], typer.Option("--cases-seed", help="grade's --seed: random extra cases, an integer or 'random' (new ones every run).")]
+SeedOpt = Annotated[int, typer.Option("--seed", metavar="SEED", help="The synthetic weights' seed (as for `weights synth`).")]
+StagesDirOpt = Annotated[Optional[list[Path]], typer.Option("--stages-dir", metavar="DIR", help="A directory of the course's own stage files (repeatable).")]
+StageOpt = Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Grade only this stage (repeatable; default all).")]
+TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS", min=0.001, help="Seconds per adapter call (default: each stage's).")]
+MemoryOpt = Annotated[Optional[int], typer.Option("--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (default: grade's).")]
+CasesSeedOpt = Annotated[Optional[str], typer.Option("--cases-seed", metavar="SEED", help="grade's --seed: random extra cases, an integer or 'random' (new ones every run).")]
 
 
 def _grading(stages_dir, stage, timeout, memory_limit, cases_seed) -> Grading:
@@ -59,11 +59,11 @@ ERRORS = (AutograderError, StageError, UsageError, WeightsError)
 
 @autograder_app.command()
 def gradescope(
-    out: Annotated[Path, typer.Option("--out", help="The zip to upload as the assignment's autograder.")] = Path("autograder.zip"),
+    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="The zip to upload as the assignment's autograder.")] = Path("autograder.zip"),
     wheel: WheelOpt = None, weights: WeightsOpt = None, preset: PresetOpt = Preset.gpt2, seed: SeedOpt = 0,
     stages_dir: StagesDirOpt = None, stage: StageOpt = None, timeout: TimeoutOpt = None, memory_limit: MemoryOpt = None,
     cases_seed: CasesSeedOpt = None,
-    time_budget: Annotated[float, typer.Option("--time-budget", min=1, help="Seconds one submission may take in all; keep it below the assignment's Gradescope timeout.")] = 540,
+    time_budget: Annotated[float, typer.Option("--time-budget", metavar="SECONDS", min=1, help="Seconds one submission may take in all; keep it below the assignment's Gradescope timeout.")] = 540,
 ) -> None:
     """Write autograder.zip for Gradescope: setup.sh, run_autograder, this version's wheel, stages, weights.
 
@@ -86,10 +86,10 @@ def gradescope(
 
 @autograder_app.command()
 def github(
-    out: Annotated[Path, typer.Option("--out", help="Where to write the workflow.")] = Path(".github/workflows/grade.yml"),
-    shards: Annotated[int, typer.Option("--shards", min=1, max=256, help="Machines grading at once (the matrix size).")] = 4,
-    roster: Annotated[Path, typer.Option("--roster", help="The file listing the repositories to grade, one owner/name per line.")] = Path("submissions.txt"),
-    repo: Annotated[Path, typer.Option("--repo", help="The root of the repository the workflow lives in.")] = Path("."),
+    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="Where to write the workflow.")] = Path(".github/workflows/grade.yml"),
+    shards: Annotated[int, typer.Option("--shards", metavar="N", min=1, max=256, help="Machines grading at once (the matrix size).")] = 4,
+    roster: Annotated[Path, typer.Option("--roster", metavar="FILE", help="The file listing the repositories to grade, one owner/name per line.")] = Path("submissions.txt"),
+    repo: Annotated[Path, typer.Option("--repo", metavar="DIR", help="The root of the repository the workflow lives in.")] = Path("."),
     wheel: WheelOpt = None, weights: WeightsOpt = None, preset: PresetOpt = Preset.gpt2, seed: SeedOpt = 0,
     stages_dir: StagesDirOpt = None, stage: StageOpt = None, timeout: TimeoutOpt = None, memory_limit: MemoryOpt = None,
     cases_seed: CasesSeedOpt = None,

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from theinference.randomcases import resolve_seed
 from theinference.session import RunOptions, UsageError
@@ -49,26 +49,41 @@ def config_error(e: Exception) -> typer.Exit:
     return typer.Exit(EXIT_CONFIG)
 
 
-class _SynthProgress:
-    """A progress callback for `write_synthetic`: a rich bar on stderr while tensors are drawn."""
+class ItemProgress:
+    """Progress of counted work on stderr: a rich bar on a terminal; elsewhere (CI logs, pipes) plain
+    lines, one per finished item or, with `lines`, about that many in all, so a log keeps moving."""
 
-    def __init__(self):
-        self.progress = None
+    def __init__(self, label: str, unit: str, lines: int | None = None):
+        self.label, self.unit, self.lines = label, unit, lines
+        self.plain = in_ci() or not sys.stderr.isatty()
+        self.bar = None
         self.task = None
 
-    def __call__(self, done: int, total: int) -> None:
-        if self.progress is None:
-            self.progress = Progress(TextColumn("making synthetic weights"), BarColumn(), TextColumn("{task.completed}/{task.total} tensors"),
-                                     TimeElapsedColumn(), console=err_console(), disable=in_ci())
-            self.progress.start()
-            self.task = self.progress.add_task("synth", total=total)
-        self.progress.update(self.task, completed=done)
+    def __call__(self, done: int, total: int, item: str = "") -> None:
+        if self.plain:
+            if self.lines is None or done == total or done * self.lines // total > (done - 1) * self.lines // total:
+                what = f": {item}" if item else ""
+                err_console().print(f"{self.label} [{done}/{total} {self.unit}]{what}", markup=False, soft_wrap=True)
+            return
+        if self.bar is None:
+            self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+                                TimeElapsedColumn(), console=err_console())
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        self.bar.update(self.task, completed=done)
         if done == total:
-            self.progress.stop()
+            self.close()
+
+    def close(self) -> None:
+        """Take the bar off the terminal (also when the work stopped early)."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
-def synth_progress() -> _SynthProgress:
-    return _SynthProgress()
+def synth_progress() -> ItemProgress:
+    """Progress of making synthetic weights: about ten plain lines when stderr is not a terminal."""
+    return ItemProgress("making synthetic weights", "tensors", lines=10)
 
 
 def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False,

@@ -40,7 +40,7 @@ def init_command(
 
 
 def demo_command(
-    weights: Annotated[Optional[str], typer.Option("--weights", help="As for `test` (default: synthetic GPT-2-shape weights).")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", metavar="PATH", help="As for `test` (default: synthetic GPT-2-shape weights).")] = None,
 ) -> None:
     """Grade the bundled reference solution (every stage passes), then a buggy copy of it (a diagnosed failure)."""
     console = console_for(sys.stdout)

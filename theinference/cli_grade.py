@@ -62,18 +62,18 @@ def _merge(parts: list[Path], out: Path) -> None:
 
 def grade_command(
     submission_dirs: Annotated[list[Path], typer.Argument(metavar="SUBMISSION_DIR...", help="Course directories to grade (or: merge SHARD.csv...).")],
-    out: Annotated[Path, typer.Option("--out", help="Where to write the grades.")] = Path("grades.csv"),
+    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="Where to write the grades.")] = Path("grades.csv"),
     fmt: Annotated[BatchFormat, typer.Option("--format", help="csv: one row per submission, written as each finishes; json: every run's full results; gradescope: one submission's results.json.")] = BatchFormat.csv,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Submissions graded at once.")] = os.cpu_count() or 1,
+    jobs: Annotated[int, typer.Option("--jobs", metavar="N", min=1, help="Submissions graded at once.")] = os.cpu_count() or 1,
     shard_spec: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Grade only the I-th of N deterministic slices.")] = None,
-    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Grade only this stage (repeatable; default all).")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="Weights to grade against (default: as for `test`).")] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call.")] = None,
-    memory_limit: Annotated[int, typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
-    seed: Annotated[Optional[str], typer.Option("--seed", help="Random extra cases (same for every submission).")] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Grade only this stage (repeatable; default all).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", metavar="DIR", help="Another directory of stage files.")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", metavar="PATH", help="Weights to grade against (default: as for `test`).")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS", min=0.001, help="Seconds per adapter call.")] = None,
+    memory_limit: Annotated[int, typer.Option("--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
+    seed: Annotated[Optional[str], typer.Option("--seed", metavar="SEED", help="Random extra cases (same for every submission).")] = None,
     all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
-    submission_timeout: Annotated[float, typer.Option("--submission-timeout", min=0, help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).")] = SUBMISSION_TIMEOUT,
+    submission_timeout: Annotated[float, typer.Option("--submission-timeout", metavar="SECONDS", min=0, help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).")] = SUBMISSION_TIMEOUT,
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 

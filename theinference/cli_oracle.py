@@ -15,12 +15,12 @@ from theinference.stages import load_stages, stage_dirs
 
 
 def oracle_command(
-    stage: Annotated[str, typer.Option("--stage", help="The stage whose cases to export.")],
-    out: Annotated[Path, typer.Option("--out", help="The .npz file to write.")],
-    case: Annotated[Optional[list[str]], typer.Option("--case", help="Only this case (repeatable).")] = None,
-    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="As for `test`.")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+    stage: Annotated[str, typer.Option("--stage", metavar="ID", help="The stage whose cases to export.")],
+    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="The .npz file to write.")],
+    case: Annotated[Optional[list[str]], typer.Option("--case", metavar="NAME", help="Only this case (repeatable).")] = None,
+    course: Annotated[Optional[Path], typer.Option("--course", metavar="DIR", help="Course directory (default: found from here).")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", metavar="PATH", help="As for `test`.")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", metavar="DIR", help="Another directory of stage files.")] = None,
 ) -> None:
     """Write the oracle's inputs and expected outputs for a stage's cases to FILE.npz.
 

@@ -10,7 +10,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from theinference.check import check_course
-from theinference.cli_common import EXIT_FAIL, config_error, console_for, synth_progress
+from theinference.cli_common import EXIT_FAIL, ItemProgress, config_error, console_for, synth_progress
 from theinference.course import CourseError, find_course_root
 from theinference.launch import default_launcher
 from theinference.progress import describe_entry, load_progress, next_stage
@@ -26,8 +26,8 @@ stages_app = typer.Typer(help="List, show, check and scaffold stages.", no_args_
 
 @stages_app.command("list")
 def list_stages(
-    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+    course: Annotated[Optional[Path], typer.Option("--course", metavar="DIR", help="Course directory (default: found from here).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", metavar="DIR", help="Another directory of stage files.")] = None,
 ) -> None:
     """List every stage in course order: id, title, cases, points, where it is defined."""
     root = course.resolve() if course else find_course_root(Path.cwd())
@@ -50,8 +50,8 @@ def list_stages(
 @stages_app.command("show")
 def show(
     stage_id: Annotated[str, typer.Argument(metavar="ID", help="The stage whose lesson to show.")],
-    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+    course: Annotated[Optional[Path], typer.Option("--course", metavar="DIR", help="Course directory (default: found from here).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", metavar="DIR", help="Another directory of stage files.")] = None,
 ) -> None:
     """Show a stage's lesson, with its adapter, tolerance and cases."""
     root = course.resolve() if course else find_course_root(Path.cwd())
@@ -71,12 +71,12 @@ def show(
 
 @stages_app.command("check")
 def check(
-    source: Annotated[Optional[Path], typer.Option("--source", help="Course source holding solution/, starter/, mutants/ (default: the bundled course).")] = None,
-    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Check only this stage (repeatable).")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="Weights to check against (default: as for `test`).")] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call.")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Subjects graded at once.")] = os.cpu_count() or 1,
+    source: Annotated[Optional[Path], typer.Option("--source", metavar="DIR", help="Course source holding solution/, starter/, mutants/ (default: the bundled course).")] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Check only this stage (repeatable).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", metavar="DIR", help="Another directory of stage files.")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", metavar="PATH", help="Weights to check against (default: as for `test`).")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS", min=0.001, help="Seconds per adapter call.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", metavar="N", min=1, help="Subjects graded at once.")] = os.cpu_count() or 1,
 ) -> None:
     """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
     exactly the stages its manifest names, with the named diagnosis. Exit 1 on any mismatch."""
@@ -88,10 +88,12 @@ def check(
         choice, model, _ = obtain_weights(weights, None, synth_progress())
         console = console_for(sys.stdout)
         console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
-        launcher = default_launcher()
+        launcher, progress = default_launcher(), ItemProgress("checking", "cells")
         try:
-            result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher)
+            result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher,
+                                  progress=progress)
         finally:
+            progress.close()
             launcher.close()
     except (*CONFIG_ERRORS, UsageError) as e:
         raise config_error(e)

@@ -11,11 +11,13 @@ from rich.table import Table
 
 from theinference.cli_common import config_error, console_for, err_console, synth_progress
 from theinference.course import CourseError, find_course_root, load_course
-from theinference.sources import resolve_weights
+from theinference.sources import CHOICE_ORDER, resolve_weights
 from theinference.synth import PRESETS, write_synthetic
-from theinference.weights import WeightsError, expected_shapes, inspect_checkpoint, locate_checkpoint, synthetic_description
+from theinference.weights import (GPT2Config, WeightsError, expected_shapes, inspect_checkpoint, locate_checkpoint,
+                                  synthetic_description)
 
-weights_app = typer.Typer(help="Show, make and inspect GPT-2 weights.", invoke_without_command=True)
+weights_app = typer.Typer(help="Which weights `test` would use, and why (without a subcommand); make and inspect GPT-2 weights.",
+                          invoke_without_command=True)
 
 
 class Preset(str, Enum):
@@ -24,8 +26,8 @@ class Preset(str, Enum):
 
 
 @weights_app.callback()
-def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--weights", help="As for `test`.")] = None) -> None:
-    """Without a subcommand: which weights `test` would grade against, from where, and why."""
+def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--weights", metavar="PATH", help="As for `test`.")] = None) -> None:
+    """Without a subcommand: which weights `test` would grade against, and why."""
     if ctx.invoked_subcommand is not None:
         return
     root = find_course_root(Path.cwd())
@@ -35,19 +37,21 @@ def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--
         raise config_error(e)
     choice = resolve_weights(weights, course_weights, os.environ)
     console = console_for(sys.stdout)
-    console.print(f"weights: {choice.path}")
-    console.print(f"source:  {choice.source} ({choice.why})")
+    console.print(f"weights:   {choice.path}", soft_wrap=True)
+    console.print(f"why:       {choice.why} (source: {choice.source})", soft_wrap=True)
+    console.print(f"order:     {CHOICE_ORDER}", soft_wrap=True)
     if choice.source == "default-synthetic" and not choice.path.is_file():
-        console.print("not made yet: `theinference test` makes it on first use")
-        raise typer.Exit(0)
-    _print_info(choice.path)
+        console.print("file:      not made yet: `theinference test` makes it on first use")
+        return
+    path = _print_summary(choice.path, console)[0]
+    console.print(f"tensors:   theinference weights info {path}", soft_wrap=True)
 
 
 @weights_app.command()
 def synth(
-    out: Annotated[Path, typer.Option("--out", help="Directory to write model.safetensors and config.json into.")],
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="Directory to write model.safetensors and config.json into.")],
     preset: Annotated[Preset, typer.Option("--preset", help="gpt2: the 124M shape; tiny: 2 layers, 128 wide.")] = Preset.tiny,
-    seed: Annotated[int, typer.Option("--seed", help="Same seed, same bytes.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="SEED", help="Same seed, same bytes.")] = 0,
 ) -> None:
     """Write a deterministic synthetic GPT-2-layout checkpoint (model.safetensors + config.json)."""
     path = write_synthetic(out, preset=preset.value, seed=seed, progress=synth_progress())
@@ -56,17 +60,23 @@ def synth(
                         f"n_ctx {c.n_ctx}, n_vocab {c.n_vocab}; seed {seed})")
 
 
-def _print_info(path: Path) -> None:
+def _print_summary(path: Path, console) -> tuple[Path, dict, GPT2Config]:
+    """Print a checkpoint's file, origin and config (checking every tensor is there); return what was read."""
     try:
         path = locate_checkpoint(path)
         entries, config, _ = inspect_checkpoint(path)
     except WeightsError as e:
         raise config_error(e)
-    console = console_for(sys.stdout)
     synthetic = synthetic_description(path)
-    console.print(f"file:      {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    console.print(f"file:      {path} ({path.stat().st_size / 1e6:.1f} MB)", soft_wrap=True)
     console.print(f"synthetic: {synthetic or 'no (real or third-party weights)'}")
     console.print("config:    " + " · ".join(f"{k} {v}" for k, v in config.as_dict().items()))
+    return path, entries, config
+
+
+def _print_info(path: Path) -> None:
+    console = console_for(sys.stdout)
+    path, entries, config = _print_summary(path, console)
     table = Table(show_edge=False)
     for column in ("tensor", "shape", "dtype"):
         table.add_column(column)
@@ -76,6 +86,6 @@ def _print_info(path: Path) -> None:
 
 
 @weights_app.command()
-def info(path: Annotated[Path, typer.Argument(help="model.safetensors or its directory.")]) -> None:
+def info(path: Annotated[Path, typer.Argument(metavar="PATH", help="model.safetensors or its directory.")]) -> None:
     """Print a checkpoint's config and tensor table (and check every tensor is there)."""
     _print_info(path)

@@ -11,6 +11,7 @@ from theinference.weights import Model, load_model
 
 HF_REPOS = ("models--openai-community--gpt2", "models--gpt2")
 DEFAULT_SYNTH = ("gpt2", 0)  # preset, seed of the checkpoint made on first use
+CHOICE_ORDER = f"--weights > ${WEIGHTS_ENV} > theinference.toml > Hugging Face cache > synthetic GPT-2 shape"
 
 
 @dataclass(frozen=True)
