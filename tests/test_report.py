@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from theinference.advice import advise
 from theinference.diagnose import diagnose_rows, diagnose_tokens
 from theinference.mutants import build_mutant, load_mutants
 from theinference.report.terminal import render_run, sparkline
@@ -218,3 +219,22 @@ def test_a_real_failure_reads_whole_at_80_columns(tiny_path, tmp_path):
         assert re.search(rf"\n *{case.rows[0].position} \| {case.name} +\| .+ \| +{re.escape(f'{case.rows[0].max_abs:.3g}')} \|", across)
     assert rows.count("row | pos | token") == len(run.stages[1].cases)
     assert "…" not in "".join(line for line in text.splitlines() if line.startswith(("row |", "pos |")))
+
+
+GPT2_SHAPE = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}
+
+
+@pytest.mark.parametrize("config, seconds, offered", [
+    (GPT2_SHAPE, 3.0, True),  # 10 cases of 3 s of the student's compute on the 124M shape
+    (GPT2_SHAPE, 0.2, False),  # a fast run needs no advice
+    (sample_run().config, 3.0, False),  # already on tiny weights
+])
+def test_a_slow_run_on_large_weights_offers_the_tiny_weights_in_the_footer(config, seconds, offered):
+    run = failure_run()
+    for stage in run.stages:
+        stage.cases = [dataclasses.replace(c, seconds=seconds) for c in stage.cases]
+    run = dataclasses.replace(run, config=config)
+    run.advice = advise(run, [], None)
+    footer = " ".join(render_at(80, run).split("stage(s) passed")[1].split())  # as read, whatever the wrapping
+    assert ("`--weights tiny` gives the same verdicts in seconds" in footer) == offered
+    assert footer.count("--weights tiny") == int(offered)

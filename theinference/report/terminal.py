@@ -346,6 +346,8 @@ def render_run(console: Console, run: RunResult, version: str) -> None:
     earned, possible = run.points
     style = "bold green" if run.passed else "bold red"
     console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)
+    for line in run.advice:
+        console.print(Text.assemble(("→ ", "bold cyan"), for_terminal(line)))
     if run.course_supplied:
         console.print(f"not the instructor's grading: {for_terminal('; '.join(run.course_supplied))}", style="bold yellow",
                       soft_wrap=True, markup=False)
