@@ -37,7 +37,7 @@ def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--
     console = console_for(sys.stdout)
     console.print(f"weights: {choice.path}")
     console.print(f"source:  {choice.source} ({choice.why})")
-    if choice.source == "default-synthetic" and not choice.path.is_file():
+    if choice.preset and not choice.path.is_file():
         console.print("not made yet: `theinference test` makes it on first use")
         raise typer.Exit(0)
     _print_info(choice.path)

@@ -1,4 +1,5 @@
-"""Render a RunResult for people: header, one line per stage, a divergence table per failing case."""
+"""Render a RunResult for people: header, one line per stage, a divergence table per failing case (one across a
+stage of one-row cases), a summary line and what to do next."""
 
 import math
 
@@ -191,8 +192,9 @@ def cases_table(cases: list[CaseResult], vocab: bool, plain: bool = False, width
 def tokens_table(case: CaseResult, plain: bool = False) -> Table:
     """Greedy: expected and generated tokens side by side, first mismatch marked."""
     table = Table(box=_box(plain), show_edge=False, pad_edge=False)
-    for title in ("step", "expected", "generated", ""):
+    for title in ("step", "expected", "generated"):
         table.add_column(title, no_wrap=True)
+    table.add_column("")  # the note wraps on a narrow terminal; the tokens do not
     verdicts = {s.step: s for s in case.steps}
     for k, (exp, got) in enumerate(zip(case.expected_tokens, case.got_tokens)):
         step = verdicts.get(k)
