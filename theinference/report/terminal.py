@@ -111,7 +111,8 @@ _COLUMNS = {
 # token), how far off it is (max |Δ|) and its verdict: what a student reads to find the first bad
 # row. Then, each only if it still fits: how many elements are off (all, or a few?), the worst
 # element (which logit or channel, with both values), and last the relative error (huge wherever
-# the expected value is near zero, so the least telling). 80 columns keep the first two groups.
+# the expected value is near zero, so the least telling). At 80 columns a logits table keeps the count
+# and drops the worst element (the narrow relative error then still fits); 120 columns show all.
 _OPTIONAL = ("out", "worst", "max_rel")
 _GAP = 3  # " | " between columns (no outer edge or padding)
 
@@ -129,9 +130,13 @@ def _verdict(row: RowStats, first: int | None) -> str:
     return "ok" if row.ok else ("NaN/inf" if row.n_nonfinite else "off")
 
 
+def _natural_widths(keys: list[str], lines: list[dict[str, str]]) -> dict[str, int]:
+    return {k: max([cell_len(_COLUMNS[k][0]), *(cell_len(cells.get(k, "")) for cells in lines)]) for k in keys}
+
+
 def fit_columns(keys: list[str], lines: list[dict[str, str]], width: int) -> list[str]:
     """The columns to show at this width: every essential one, then optional ones by priority while they fit."""
-    natural = {k: max([cell_len(_COLUMNS[k][0]), *(cell_len(cells.get(k, "")) for cells in lines)]) for k in keys}
+    natural = _natural_widths(keys, lines)
     chosen = [k for k in keys if k not in _OPTIONAL]
     used = sum(natural[k] for k in chosen) + _GAP * (len(chosen) - 1)
     for key in (k for k in _OPTIONAL if k in keys):
@@ -145,12 +150,12 @@ def divergence_table(keys: list[str], lines: list[tuple[dict[str, str], str]], w
     """A table of (cells, style) lines showing the columns of keys that fit in width (see _OPTIONAL)."""
     table = Table(box=_box(plain), show_edge=False, pad_edge=False)
     shown = fit_columns(keys, [cells for cells, _ in lines], width)
+    natural = _natural_widths(shown, [cells for cells, _ in lines])
     for key in shown:
         title, justify = _COLUMNS[key]
         # Only text columns may wrap: a number or a verdict cut to "1.…" says nothing.
         wraps = key in ("token", "case", "worst")
-        natural = max([cell_len(title), *(cell_len(cells.get(key, "")) for cells, _ in lines)])
-        table.add_column(title, justify=justify, no_wrap=not wraps, overflow="fold", min_width=None if wraps else natural)
+        table.add_column(title, justify=justify, no_wrap=not wraps, overflow="fold", min_width=None if wraps else natural[key])
     for cells, style in lines:
         table.add_row(*(cells.get(key, "") for key in shown), style=style)
     return table
