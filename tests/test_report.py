@@ -191,9 +191,9 @@ def test_failure_tables_fit_the_width_and_keep_the_essential_columns_whole(width
 
 def test_a_stage_read_across_one_row_cases_prints_one_table_by_position():
     run = failure_run()
-    text = render_at(80, run)
-    assert_snapshot(text, "one_row_stage_80.txt")
-    stage_text = text.split("✘ per-step-identity")[0]
+    run.stages = run.stages[:1]
+    stage_text = render_at(80, run)
+    assert_snapshot(stage_text, "one_row_stage_80.txt")
     assert stage_text.count("pos | case") == 1 and "error by position" not in stage_text
     table = _table_lines(stage_text, "pos | case")
     cases = sorted(run.stages[0].cases, key=lambda c: c.rows[0].position)
