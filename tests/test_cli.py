@@ -162,3 +162,27 @@ def test_an_internal_error_says_it_is_a_grader_bug(monkeypatch, capsys, solution
     assert exit_info.value.code == 3
     err = capsys.readouterr().err
     assert "internal error" in err and "bug in the grader, not in your code" in err and "ZeroDivisionError" in err
+
+
+def test_weights_tiny_names_the_tiny_preset_made_on_first_use(cli, solution_course, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = cli("test", "--stage", "prove-one-layer", "--course", solution_course, "--weights", "tiny")
+    assert result.exit_code == 0, result.stdout
+    made = tmp_path / "user-cache" / f"synthetic-tiny-seed0-v{SYNTH_VERSION}" / "model.safetensors"
+    assert f"weights: {made} · synthetic (tiny preset, seed 0)" in result.stdout
+    assert "--weights tiny: the synthetic tiny preset" in result.stdout
+    (tmp_path / "tiny").mkdir()  # a directory so named is a path, as before
+    assert f"{tmp_path / 'tiny' / 'model.safetensors'}: no such weights file" in cli(
+        "test", "--course", solution_course, "--weights", "tiny").stderr
+
+
+def test_after_a_pass_the_report_names_the_next_stage_and_its_lesson(cli, solution_course, tiny_path):
+    stages = [s.id for s in load_stages([data_dir("stages")])]
+    first = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
+    assert first.exit_code == 0
+    assert f"next stage: {stages[1]} (" in first.stdout and f"`theinference stages show {stages[1]}`" in first.stdout
+    done = cli("test", "--course", solution_course, "--weights", tiny_path, "--all")
+    assert "the course is complete" in done.stdout and "next stage" not in done.stdout
+    (solution_course / "src" / "gpt2.py").write_text("raise SyntaxError('broken')\n")
+    failed = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
+    assert failed.exit_code == 1 and "next stage" not in failed.stdout and "complete" not in failed.stdout

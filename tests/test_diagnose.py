@@ -68,5 +68,5 @@ def test_too_few_bad_rows_show_no_shape():
 def test_diagnosis_carries_the_stages_hint_and_a_summary():
     d = diagnose_rows(rows_from_errors(SERIES["error-grows"]), {"error-grows": "your position counter isn't advancing"})
     assert d.shape == "error-grows" and d.hint == "your position counter isn't advancing"
-    assert d.summary.startswith("rows 0-0 match; from row 1 on the error grows with position")
+    assert d.summary.startswith("row 0 matches; from row 1 on the error grows with position")
     assert diagnose_rows(rows_from_errors(SERIES["all-rows-off"]), {}).hint == ""

@@ -81,6 +81,7 @@ def test_one_save_one_regrade(harness, solution_course):
     assert h.settle() == 1
     assert h.regrades[1].changed == [str(solution_course / "src" / "kvcache.py")]
     assert h.regrades[1].result.stages[0].status == "pass"
+    assert h.regrades[1].result.advice[0].startswith("next stage: ")  # the watch report ends as `test`'s does
 
 
 def test_a_burst_of_ten_saves_is_one_regrade(harness, solution_course):

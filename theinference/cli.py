@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from theinference import __version__, cli_help, interrupt
+from theinference.advice import advise
 from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
                                      in_ci, run_options, synth_progress, write_atomic)
 from theinference.runner import DEFAULT_MEMORY_MB
@@ -26,7 +27,7 @@ from theinference.cli_weights import weights_app
 from theinference.report import TEXT_FORMATS
 from theinference.report.github import render_summary
 from theinference.report.terminal import render_run
-from theinference.progress import record_progress
+from theinference.progress import load_progress, record_progress
 from theinference.session import CONFIG_ERRORS, UsageError, choose_stages, open_session
 from theinference.watch import Watch
 
@@ -135,6 +136,7 @@ def test(
                 notice = record_progress(session.course.root, run, timeout)
                 if notice:
                     err_console().print(notice, markup=False, soft_wrap=True)
+            run.advice = advise(run, session.stages, None if untrusted else load_progress(session.course.root))
         finally:
             session.close()
     except (*CONFIG_ERRORS, UsageError) as e:

@@ -22,7 +22,7 @@ PEAK_RATIO = 2.0  # row 1 "the worst" when its error is this multiple of the lat
 MIN_BAD_ROWS = 3  # fewer bad rows than this show no shape
 
 _SUMMARIES = {
-    "nonfinite-row": "{n_nonfinite} row(s) hold NaN or inf, first at row {first_nonfinite}",
+    "nonfinite-row": "{nonfinite} NaN or inf, first at row {first_nonfinite}",
     "shifted-by-one": "your row k matches the oracle's row k+1: every row is one step late",
     "all-rows-off": "every row is off, by a similar amount (max |Δ| from {lo:.3g} to {hi:.3g})",
     "error-grows": "{matching}the error grows with position ({lo:.3g} → {hi:.3g})",
@@ -78,6 +78,11 @@ def _shape_of_errors(ok: list[bool], err: np.ndarray) -> str:
     return "no-pattern"
 
 
+def _rows_before(first_bad: int) -> str:
+    """'row 0 matches' or 'rows 0-4 match': the rows before the first one off."""
+    return "row 0 matches" if first_bad == 1 else f"rows 0-{first_bad - 1} match"
+
+
 def classify_rows(rows: list[RowStats], expected=None, got=None, atol=0.0, rtol=0.0) -> tuple[str, dict]:
     """The shape of a failing case's per-row errors, and the numbers its summary quotes."""
     ok = [r.ok for r in rows]
@@ -85,13 +90,14 @@ def classify_rows(rows: list[RowStats], expected=None, got=None, atol=0.0, rtol=
     facts = {"n": len(rows), "n_bad": ok.count(False)}
     nonfinite = [r.row for r in rows if r.n_nonfinite]
     if nonfinite:
-        return "nonfinite-row", {**facts, "n_nonfinite": len(nonfinite), "first_nonfinite": nonfinite[0]}
+        held = "1 row holds" if len(nonfinite) == 1 else f"{len(nonfinite)} rows hold"
+        return "nonfinite-row", {**facts, "nonfinite": held, "first_nonfinite": nonfinite[0]}
     if _shifted_by_one(expected, got, atol, rtol):
         return "shifted-by-one", facts
     shape = _shape_of_errors(ok, err)
     bad = err[~np.array(ok)]
     first_bad = ok.index(False) if False in ok else 0
-    matching = f"rows 0-{first_bad - 1} match; from row {first_bad} on " if first_bad else "every row is off and "
+    matching = f"{_rows_before(first_bad)}; from row {first_bad} on " if first_bad else "every row is off and "
     facts.update(lo=float(bad.min()) if len(bad) else 0.0, hi=float(bad.max()) if len(bad) else 0.0,
                  first=float(err[first_bad]), first_bad=first_bad, matching=matching)
     return shape, facts

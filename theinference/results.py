@@ -157,6 +157,7 @@ class RunResult:
     course_supplied: list[str] = field(default_factory=list)
     isolation: str = ""  # how student processes were confined: sandbox | unprivileged | subreaper | process-group
     isolation_summary: str = ""  # the same in words
+    advice: list[str] = field(default_factory=list)  # what to do next, one line each: the terminal report's footer only
 
     @property
     def passed(self) -> bool:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theinference import WEIGHTS_ENV
-from theinference.synth import SYNTH_VERSION, write_synthetic
+from theinference.synth import PRESETS, SYNTH_VERSION, write_synthetic
 from theinference.weights import Model, load_model
 
 HF_REPOS = ("models--openai-community--gpt2", "models--gpt2")
@@ -17,8 +17,9 @@ CHOICE_ORDER = f"--weights > ${WEIGHTS_ENV} > theinference.toml > Hugging Face c
 @dataclass(frozen=True)
 class WeightsChoice:
     path: Path
-    source: str  # --weights | THEINFERENCE_WEIGHTS | theinference.toml | huggingface-cache | default-synthetic
+    source: str  # --weights | synthetic-preset | THEINFERENCE_WEIGHTS | theinference.toml | huggingface-cache | default-synthetic
     why: str
+    preset: str = ""  # synthetic-preset and default-synthetic: the preset made on first use
 
 
 def hf_hub_dir(environ=os.environ) -> Path:
@@ -50,14 +51,21 @@ def user_cache_dir(environ=os.environ) -> Path:
     return base / "theinference"
 
 
+def synthetic_path(preset: str, environ=os.environ) -> Path:
+    """Where a synthetic preset's checkpoint is made on first use (seed as DEFAULT_SYNTH's)."""
+    return user_cache_dir(environ) / f"synthetic-{preset}-seed{DEFAULT_SYNTH[1]}-v{SYNTH_VERSION}" / "model.safetensors"
+
+
 def default_synthetic_path(environ=os.environ) -> Path:
-    preset, seed = DEFAULT_SYNTH
-    return user_cache_dir(environ) / f"synthetic-{preset}-seed{seed}-v{SYNTH_VERSION}" / "model.safetensors"
+    return synthetic_path(DEFAULT_SYNTH[0], environ)
 
 
 def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=os.environ) -> WeightsChoice:
     """Pick the weights by the documented order; the default synthetic file may not exist yet."""
     # Paths are made absolute, never resolved: config.json is read beside a symlink, not beside its target.
+    if cli_path in PRESETS and not Path(cli_path).exists():  # `--weights tiny`; a file or directory so named wins
+        return WeightsChoice(synthetic_path(cli_path, environ), "synthetic-preset",
+                             f"--weights {cli_path}: the synthetic {cli_path} preset, made on first use", cli_path)
     if cli_path:
         return WeightsChoice(Path(cli_path).expanduser().absolute(), "--weights", "given with --weights")
     if environ.get(WEIGHTS_ENV):
@@ -68,7 +76,7 @@ def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=o
     if hf is not None:
         return WeightsChoice(hf, "huggingface-cache", "real GPT-2 found in the Hugging Face cache")
     return WeightsChoice(default_synthetic_path(environ), "default-synthetic",
-                         "no weights configured: synthetic GPT-2-shape weights")
+                         "no weights configured: synthetic GPT-2-shape weights", DEFAULT_SYNTH[0])
 
 
 def obtain_weights(cli_path: str | None, course_weights: Path | None,
@@ -81,8 +89,7 @@ def obtain_weights(cli_path: str | None, course_weights: Path | None,
 
 def ensure_weights(choice: WeightsChoice, progress: Callable[[int, int], None] | None = None) -> bool:
     """Make the default synthetic checkpoint if it is the choice and missing; True if it was made."""
-    if choice.source != "default-synthetic" or choice.path.is_file():
+    if not choice.preset or choice.path.is_file():
         return False
-    preset, seed = DEFAULT_SYNTH
-    write_synthetic(choice.path.parent, preset=preset, seed=seed, progress=progress)
+    write_synthetic(choice.path.parent, preset=choice.preset, seed=DEFAULT_SYNTH[1], progress=progress)
     return True

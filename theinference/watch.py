@@ -24,9 +24,10 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
+from theinference.advice import advise
 from theinference.course import load_course
 from theinference.results import RunResult
-from theinference.progress import record_progress
+from theinference.progress import load_progress, record_progress
 from theinference.session import CONFIG_ERRORS, RunOptions, Session, UsageError, choose_stages
 from theinference.stages import load_stages, stage_dirs
 from theinference.weights import load_model
@@ -203,6 +204,7 @@ class Watch:
             stages = choose_stages(self.session, self.stage_ids)
             report.result = self.session.run(stages, dataclasses.replace(self.options, fingerprint=False))
             report.notice = record_progress(self.session.course.root, report.result, self.options.timeout)
+            report.result.advice = advise(report.result, self.session.stages, load_progress(self.session.course.root))
         except (*CONFIG_ERRORS, UsageError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started

@@ -1,8 +1,10 @@
-"""Render a RunResult for people: header, one line per stage, a divergence table per failing case."""
+"""Render a RunResult for people: header, one line per stage, a divergence table per failing case (one across a
+stage of one-row cases), a summary line and what to do next."""
 
 import math
 
 from rich import box
+from rich.cells import cell_len
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
@@ -29,8 +31,8 @@ def token_label(token_id: int | None, width: int = 12) -> str:
     if token_id is None:
         return ""
     text = repr(tokenizer.token_text(token_id))
-    if len(text) > width:
-        text = text[: width - 1] + "…"
+    if len(text) > width:  # the ellipsis goes inside the quotes, which stay: 'Temperat…'
+        text = text[: width - 2] + "…" + text[-1]
     return f"{token_id} {text}"
 
 
@@ -99,37 +101,105 @@ def _visible_rows(case: CaseResult) -> tuple[list[RowStats], list[RowStats]]:
     return case.rows[lo:hi], case.rows[:lo] + case.rows[hi:]
 
 
-def rows_table(case: CaseResult, vocab: bool, plain: bool = False) -> Table:
-    """The per-position divergence table of a failing case, first divergent row highlighted."""
+# Divergence-table columns in display order: (key, title, justify).
+_COLUMNS = {
+    "row": ("row", "right"), "pos": ("pos", "right"), "case": ("case", "left"), "token": ("token", "left"),
+    "max_abs": ("max |Δ|", "right"), "max_rel": ("max rel Δ", "right"), "out": ("out of tol", "right"),
+    "worst": ("worst: expected vs got", "left"), "verdict": ("", "left"),
+}
+# Column priority on a narrow terminal. Always shown: where the row is (row or case, position,
+# token), how far off it is (max |Δ|) and its verdict: what a student reads to find the first bad
+# row. Then, each only if it still fits: how many elements are off (all, or a few?), the worst
+# element (which logit or channel, with both values), and last the relative error (huge wherever
+# the expected value is near zero, so the least telling). At 80 columns a logits table keeps the count
+# and drops the worst element (the narrow relative error then still fits); 120 columns show all.
+_OPTIONAL = ("out", "worst", "max_rel")
+_GAP = 3  # " | " between columns (no outer edge or padding)
+
+
+def _row_cells(row: RowStats, vocab: bool, verdict: str) -> dict[str, str]:
+    pct = 100.0 * row.n_bad / row.n
+    return {"row": str(row.row), "pos": str(row.position), "token": token_label(row.token),
+            "max_abs": _cell_float(row.max_abs), "max_rel": _cell_float(row.max_rel),
+            "out": f"{row.n_bad} ({pct:.0f}%)", "worst": _worst_cell(row, vocab), "verdict": verdict}
+
+
+def _verdict(row: RowStats, first: int | None) -> str:
+    if row.row == first:
+        return "◀ first"
+    return "ok" if row.ok else ("NaN/inf" if row.n_nonfinite else "off")
+
+
+def _natural_widths(keys: list[str], lines: list[dict[str, str]]) -> dict[str, int]:
+    return {k: max([cell_len(_COLUMNS[k][0]), *(cell_len(cells.get(k, "")) for cells in lines)]) for k in keys}
+
+
+def fit_columns(keys: list[str], lines: list[dict[str, str]], width: int) -> list[str]:
+    """The columns to show at this width: every essential one, then optional ones by priority while they fit."""
+    natural = _natural_widths(keys, lines)
+    chosen = [k for k in keys if k not in _OPTIONAL]
+    used = sum(natural[k] for k in chosen) + _GAP * (len(chosen) - 1)
+    for key in (k for k in _OPTIONAL if k in keys):
+        if used + _GAP + natural[key] <= width:
+            chosen.append(key)
+            used += _GAP + natural[key]
+    return [k for k in keys if k in chosen]
+
+
+def divergence_table(keys: list[str], lines: list[tuple[dict[str, str], str]], width: int, plain: bool) -> Table:
+    """A table of (cells, style) lines showing the columns of keys that fit in width (see _OPTIONAL)."""
     table = Table(box=_box(plain), show_edge=False, pad_edge=False)
-    for title, justify in (("row", "right"), ("pos", "right"), ("token", "left"), ("max |Δ|", "right"),
-                           ("max rel Δ", "right"), ("out of tol", "right"), ("worst: expected vs got", "left"),
-                           ("", "left")):
-        table.add_column(title, justify=justify, no_wrap=True)
+    shown = fit_columns(keys, [cells for cells, _ in lines], width)
+    natural = _natural_widths(shown, [cells for cells, _ in lines])
+    for key in shown:
+        title, justify = _COLUMNS[key]
+        # Only text columns may wrap: a number or a verdict cut to "1.…" says nothing.
+        wraps = key in ("token", "case", "worst")
+        table.add_column(title, justify=justify, no_wrap=not wraps, overflow="fold", min_width=None if wraps else natural[key])
+    for cells, style in lines:
+        table.add_row(*(cells.get(key, "") for key in shown), style=style)
+    return table
+
+
+def rows_table(case: CaseResult, vocab: bool, plain: bool = False, width: int = 120) -> Table:
+    """The per-position divergence table of a failing case, first divergent row highlighted."""
     shown, folded = _visible_rows(case)
     first = case.first_bad_row
+    lines: list[tuple[dict[str, str], str]] = []
     if shown and shown[0].row > 0:
-        table.add_row("…", "", f"{shown[0].row} rows above", "", "", "", "", "")
+        lines.append(({"row": "…", "token": f"{shown[0].row} rows above"}, ""))
     for row in shown:
-        verdict = "ok" if row.ok else ("NaN/inf" if row.n_nonfinite else "off")
         style = "bold red" if row.row == first else ("red" if not row.ok else "")
-        pct = 100.0 * row.n_bad / row.n
-        table.add_row(str(row.row), str(row.position), token_label(row.token), _cell_float(row.max_abs),
-                      _cell_float(row.max_rel), f"{row.n_bad} ({pct:.0f}%)", _worst_cell(row, vocab),
-                      ("◀ first" if row.row == first else verdict), style=style)
+        lines.append((_row_cells(row, vocab, _verdict(row, first)), style))
     below = [r for r in folded if shown and r.row > shown[-1].row]
     if below:
         bad = sum(not r.ok for r in below)
-        worst = max(r.max_abs for r in below)
-        table.add_row("…", "", f"{len(below)} rows below", f"≤ {_cell_float(worst)}", "", f"{bad} rows off", "", "")
-    return table
+        lines.append(({"row": "…", "token": f"{len(below)} rows below", "max_abs": f"≤ {_cell_float(max(r.max_abs for r in below))}",
+                       "verdict": f"{bad} off"}, ""))
+    keys = ["row", "pos", "token", "max_abs", "max_rel", "out", "worst", "verdict"]
+    return divergence_table(keys, lines, width, plain)
+
+
+def cases_table(cases: list[CaseResult], vocab: bool, plain: bool = False, width: int = 120) -> Table:
+    """One table across the cases of a stage whose cases give one row each, ordered by position."""
+    ordered = sorted((c for c in cases if c.rows), key=lambda c: c.rows[0].position)
+    first = next((c.name for c in ordered if not c.rows[0].ok), None)
+    lines = []
+    for case in ordered:
+        row = case.rows[0]
+        verdict = "◀ first" if case.name == first else _verdict(row, None)
+        style = "bold red" if case.name == first else ("red" if not row.ok else "")
+        lines.append(({**_row_cells(row, vocab, verdict), "case": case.name}, style))
+    keys = ["pos", "case", "token", "max_abs", "max_rel", "out", "worst", "verdict"]
+    return divergence_table(keys, lines, width, plain)
 
 
 def tokens_table(case: CaseResult, plain: bool = False) -> Table:
     """Greedy: expected and generated tokens side by side, first mismatch marked."""
     table = Table(box=_box(plain), show_edge=False, pad_edge=False)
-    for title in ("step", "expected", "generated", ""):
+    for title in ("step", "expected", "generated"):
         table.add_column(title, no_wrap=True)
+    table.add_column("")  # the note wraps on a narrow terminal; the tokens do not
     verdicts = {s.step: s for s in case.steps}
     for k, (exp, got) in enumerate(zip(case.expected_tokens, case.got_tokens)):
         step = verdicts.get(k)
@@ -168,12 +238,13 @@ def scaling_lines(case: CaseResult) -> list[Text]:
     return lines
 
 
-def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
+def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int) -> list:
     parts = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
                            (f" — {for_terminal(case.message)}" if case.message else "", ""))]
     if case.rows and case.status == "fail":
-        parts.append(rows_table(case, vocab, plain))
-        parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows], plain)}"))
+        parts.append(rows_table(case, vocab, plain, width))
+        if len(case.rows) > 1:  # one character says nothing the table does not
+            parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows], plain)}"))
     if case.steps and case.status == "fail":
         parts.append(tokens_table(case, plain))
         parts.extend(_greedy_text(case))
@@ -236,30 +307,34 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
         console.print(f"  not started: {stage.adapter}() in {escape(stage.adapters_file)} raises {escape(for_terminal(raised))}",
                       style="yellow", soft_wrap=True)
         return
+    # A stage read across one-row cases shows their rows in one table, not one table per case.
+    across = stage.cross_case is not None
     shown: list[CaseResult] = []
     for case in stage.cases:
         vocab = bool(case.rows) and case.rows[0].n == n_vocab
         twin = next((c for c in shown if _same_failure(c, case)), None)
         if twin is not None:
             console.print(f"  case {case.name}: {_WORDS[case.status]} — same error as case {twin.name}")
-        elif case.status != "pass":
-            console.print(Group(*_case_body(case, vocab, is_plain(console))))
+        elif case.status != "pass" and not (across and case.rows):
+            console.print(Group(*_case_body(case, vocab, is_plain(console), console.width)))
             shown.append(case)
         elif _near_ties(case):
             notes = "; ".join(f"step {s.step}: {_tie_note(s)}" for s in _near_ties(case))
             console.print(f"  case {case.name}: passed, {notes}", style="dim")
         if case.status == "pass" and case.scaling:
             console.print(Group(scaling_table(case, is_plain(console)), *scaling_lines(case)))
-    if stage.cross_case:
-        _print_cross_case(console, stage)
+    if across:
+        _print_cross_case(console, stage, n_vocab)
     console.print()
 
 
-def _print_cross_case(console: Console, stage: StageResult) -> None:
-    rows = sorted((c.rows[0] for c in stage.cases if c.rows), key=lambda r: r.position)
-    plain = is_plain(console)
-    console.print(Text(f"  across cases (one row each, by position {rows[0].position}..{rows[-1].position}): "
-                       f"{sparkline([r.max_abs for r in rows], plain)}"))
+def _print_cross_case(console: Console, stage: StageResult, n_vocab: int) -> None:
+    numeric = [c for c in stage.cases if c.rows]
+    failed = sum(c.status == "fail" for c in numeric)
+    vocab = numeric[0].rows[0].n == n_vocab
+    console.print(Text(f"  {failed} of {len(numeric)} cases off; each gives one row, so they are read together, "
+                       "ordered by position:"))
+    console.print(cases_table(numeric, vocab, is_plain(console), console.width))
     for line in diagnosis_lines(stage.cross_case):
         console.print(line)
 
@@ -278,6 +353,8 @@ def render_run(console: Console, run: RunResult, version: str) -> None:
     earned, possible = run.points
     style = "bold green" if run.passed else "bold red"
     console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)
+    for line in run.advice:
+        console.print(Text.assemble(("→ ", "bold cyan"), for_terminal(line)))
     if run.course_supplied:
         console.print(f"not the instructor's grading: {for_terminal('; '.join(run.course_supplied))}", style="bold yellow",
                       soft_wrap=True, markup=False)
