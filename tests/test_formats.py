@@ -97,7 +97,7 @@ def test_per_case_credit_gives_partial_points(cli, courses, tiny_path, tmp_path)
     assert doc["tests"][0]["score"] == 4.0  # 2 of 4 cases (10 and 55 tokens) pass: half of 8 points
 
 
-def test_github_annotations_point_at_the_adapter(cli, courses, tiny_path, tmp_path, monkeypatch):
+def test_github_annotations_point_at_the_adapter_or_the_raising_line(cli, courses, tiny_path, tmp_path, monkeypatch):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     monkeypatch.setenv("GITHUB_WORKSPACE", str(courses["failing"]))
@@ -106,7 +106,9 @@ def test_github_annotations_point_at_the_adapter(cli, courses, tiny_path, tmp_pa
     errors = [line for line in text.splitlines() if line.startswith("::error ")]
     assert len(errors) == 3
     assert errors[0].startswith("::error file=tests/adapters.py,line=6,title=theinference prove-one-layer%3A fail::")
-    assert "line=13" in errors[2]  # def run_greedy
+    assert "line=14" in errors[2]  # raise RuntimeError("boom"): the traceback's line, not def run_greedy's
+    # Four cases raise the same error: it is told once.
+    assert errors[2].count('raise RuntimeError("boom")') == 1 and "same error in 3 more cases" in errors[2]
     assert "::notice title=theinference::0 of 3 stages passed, 0/40 points" in text
     md = summary.read_text()
     assert "## theinference: 0/40 points" in md and "| `greedy` | ❌ error | 0/4 | 0/10 |" in md
@@ -170,14 +172,14 @@ def test_student_text_cannot_drive_the_terminal(cli, hostile, tiny_path):
         assert "\\x1b[2J" in text
 
 
-def test_github_output_escapes_student_text_and_points_at_the_exported_function(cli, hostile, tiny_path, tmp_path,
-                                                                                monkeypatch):
+def test_github_output_escapes_student_text_and_points_at_the_raising_line(cli, hostile, tiny_path, tmp_path,
+                                                                          monkeypatch):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     monkeypatch.setenv("GITHUB_WORKSPACE", str(hostile))
     code, text = run(cli, hostile, tiny_path, "github", "--stage", "prove-one-layer")
     error = next(line for line in text.splitlines() if line.startswith("::error "))
-    assert error.startswith("::error file=mylib/impl.py,line=4,title=")
+    assert error.startswith("::error file=mylib/impl.py,line=6,title=")  # the raise, in the module the adapters import
     assert "\\x1b[2J%0A```" in error and "100%25" in error and "\r" not in error
     tokens = MarkdownIt().parse(summary.read_text())
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
