@@ -185,3 +185,41 @@ def test_github_output_escapes_student_text_and_points_at_the_raising_line(cli, 
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
     assert not [h for h in headings if "55/55" in h], headings
     assert any("## ✅ 55/55 points" in t.content for t in tokens if t.type == "fence")
+
+
+RAISES_IN_SRC = """\
+from src.kvcache import check_ids
+
+def run_layer_equiv(seq_ids):
+    return check_ids(seq_ids)
+"""
+# A forged frame in the message names a file outside the course: it must not become the annotation.
+CHECK_IDS = '''
+
+def check_ids(seq_ids):
+    raise ValueError('ids rejected\\n  File "/etc/passwd", line 1, in forged')
+'''
+
+
+@pytest.fixture
+def raises_in_src(tmp_path):
+    course = tmp_path / "raises"
+    write_adapters(course, RAISES_IN_SRC)
+    source = course / "src" / "kvcache.py"
+    line = len((source.read_text() + CHECK_IDS).splitlines())  # the raise is the last line
+    source.write_text(source.read_text() + CHECK_IDS)
+    return course, line
+
+
+def test_annotations_point_at_the_students_line_in_src(cli, raises_in_src, tiny_path, monkeypatch):
+    course, line = raises_in_src
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(course))
+    code, text = run(cli, course, tiny_path, "github", "--stage", "prove-one-layer")
+    error = next(line for line in text.splitlines() if line.startswith("::error "))
+    assert code == 1 and error.startswith(f"::error file=src/kvcache.py,line={line},title=")
+    code, text = run(cli, course, tiny_path, "gradescope", "--stage", "prove-one-layer")
+    output = json.loads(text)["tests"][0]["output"]
+    assert f"at src/kvcache.py:{line}" in output
+    assert output.count("raise ValueError") == 1 and "same error in 3 more cases" in output
+    code, text = run(cli, course, tiny_path, "json", "--stage", "prove-one-layer")
+    assert json.loads(text)["stages"][0]["cases"][0]["at"] == {"file": "src/kvcache.py", "line": line}
