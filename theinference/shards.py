@@ -32,10 +32,15 @@ def _cell(value) -> str:
 
 def read_csv_shard(path: Path) -> Shard:
     """A CSV that `grade` wrote; an interrupted one is refused."""
-    with path.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f))
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise BatchError(f"{path}: not a CSV file that `theinference grade` wrote: {e}") from None
     if not rows:
         raise BatchError(f"{path}: empty file")
+    if rows[0][:2] != ["id", "status"]:
+        raise BatchError(f"{path}: not a CSV file that `theinference grade` wrote (its header is not id,status,...)")
     header, entries = rows[0], []
     for row in rows[1:]:
         if row and row[0].startswith(INTERRUPTED_MARK):
