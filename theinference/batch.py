@@ -199,7 +199,7 @@ def stage_files_identity(stages: list[StageSpec]) -> str:
         files = [stage.source]
         if stage.oracle not in BUILTIN_ORACLES:
             files.append(stage.source.parent / stage.oracle.partition(":")[0])
-        for path in files:
+        for path in (p for p in files if p.is_file()):  # a missing oracle file is reported when the oracle loads
             digest.update(b"%s\0%s\0" % (path.name.encode(), path.read_bytes()))
     return f"sha256:{digest.hexdigest()[:16]}"
 
@@ -218,12 +218,12 @@ def _one_line(text: str, root: str) -> str:
     return text if len(text) <= _ERROR_CELL_CHARS else text[: _ERROR_CELL_CHARS - 1] + "…"
 
 
-def first_errors(result: "SubmissionResult") -> str:
+def first_errors(result: SubmissionResult) -> str:
     """Each stage's first error, crash or timeout message, on one line, paths relative to the submission;
     stages with the same message share it.
 
-    Every part starts with stage ids (the grader's text), so a student's message can never
-    begin a cell a spreadsheet would read as a formula.
+    It starts with stage ids or the grader's own message about the submission, never with the
+    student's text, so a spreadsheet never reads the cell as a formula.
     """
     if result.run is None:
         return _one_line(result.error, result.path)
@@ -242,7 +242,7 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
     return columns + ["seconds", *GRADED_WITH_COLUMNS, "error"]
 
 
-def csv_row(result: "SubmissionResult", stages: list[StageSpec], graded: GradedWith) -> list[str]:
+def csv_row(result: SubmissionResult, stages: list[StageSpec], graded: GradedWith) -> list[str]:
     by_id = {s.id: s for s in result.run.stages} if result.run else {}
     earned, possible = result.points(stages)
     row = [result.id, result.status, f"{earned:g}", f"{possible:g}"]
@@ -262,11 +262,11 @@ class CsvWriter:
         self.writer.writerow(csv_header(stages))
         self.file.flush()
 
-    def add(self, result: "SubmissionResult") -> None:
+    def add(self, result: SubmissionResult) -> None:
         self.writer.writerow(csv_row(result, self.stages, self.graded))
         self.file.flush()
 
-    def finish(self, results: list["SubmissionResult"], mark: str = "") -> None:
+    def finish(self, results: list[SubmissionResult], mark: str = "") -> None:
         """Rewrite the file sorted by id, now that every row is in; a mark (why the batch stopped) ends it."""
         self.file.close()
         rows = [csv_header(self.stages), *(csv_row(r, self.stages, self.graded) for r in results)]
@@ -283,7 +283,7 @@ def write_csv(path: Path, rows: list[list[str]]) -> None:
 BATCH_SCHEMA, BATCH_SCHEMA_VERSION = "theinference.batch", 1
 
 
-def batch_document(results: list["SubmissionResult"], stages: list[StageSpec], graded: GradedWith,
+def batch_document(results: list[SubmissionResult], stages: list[StageSpec], graded: GradedWith,
                    interrupted: str = "") -> dict:
     """The batch JSON document (schema "theinference.batch", see README): every run's full results."""
     docs = []
