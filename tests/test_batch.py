@@ -2,6 +2,7 @@
 
 import csv
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -90,10 +91,11 @@ def test_shards_merged_equal_the_unsharded_result(cli, batch, tiny_path, tmp_pat
 
 
 def test_csv_is_written_incrementally(tmp_path):
-    from theinference.batch import CsvWriter, SubmissionResult
+    from theinference.batch import CsvWriter, GradedWith, SubmissionResult
+    from theinference.stages import load_stages, stage_dirs
 
     out = tmp_path / "grades.csv"
-    writer = CsvWriter(out, ["prove-one-layer"])
+    writer = CsvWriter(out, load_stages(stage_dirs(None))[:1], GradedWith("0", "sha256:0", "sha256:0", None))
     writer.add(SubmissionResult("zed", "/x", None, error="adapters file not found", seconds=0.1))
     # Before the batch finishes, the row is already on disk.
     assert [r["id"] for r in read_csv(out)] == ["zed"]
@@ -125,3 +127,100 @@ def test_secrets_are_kept_from_students_in_ci(cli, tmp_path, tiny_path, monkeypa
     monkeypatch.setenv("CI", "false")
     leaked = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", "prove-one-layer")
     assert leaked.exit_code == 1 and "leaked" in leaked.stdout
+
+
+def break_source(course: Path) -> int:
+    """Give course's src/kvcache.py a syntax error; return its line."""
+    path = course / "src" / "kvcache.py"
+    lines = path.read_text().splitlines()
+    lines.append("def unfinished(")
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines)
+
+
+TWO_STAGES = ["--stage", "prove-one-layer", "--stage", "per-step-identity"]
+
+
+def test_csv_error_column_and_an_empty_submission_out_of_the_full_points(cli, solution_course, tmp_path, tiny_path):
+    subs = tmp_path / "subs"
+    shutil.copytree(solution_course, subs / "broken")
+    shutil.copytree(solution_course, subs / "good")
+    (subs / "empty").mkdir()
+    line = break_source(subs / "broken")
+    out = tmp_path / "grades.csv"
+    result = cli("grade", *sorted(subs.iterdir()), *TWO_STAGES, "--weights", tiny_path, "--out", out)
+    assert result.exit_code == 0, result.stderr
+    rows = {r["id"]: r for r in read_csv(out)}
+    # Both stages fail on the one error: the column says it once, for both, at the student's path.
+    assert rows["broken"]["error"] == f"prove-one-layer, per-step-identity: syntax error in src/kvcache.py, line {line}"
+    assert rows["good"]["error"] == ""
+    assert rows["empty"]["points"] == "0" and rows["empty"]["max_points"] == rows["good"]["max_points"] != "0"
+    assert "tests/adapters.py: adapters file not found" in rows["empty"]["error"]
+
+
+def test_json_format_writes_grades_json_and_records_what_it_graded_with(cli, batch, tiny_path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    result = cli("grade", batch / "pass-a", tmp_path / "empty", "--stage", "prove-one-layer", "--weights", tiny_path,
+                 "--format", "json")
+    assert result.exit_code == 0 and "into grades.json" in result.stderr
+    assert not (tmp_path / "grades.csv").exists()
+    doc = json.loads((tmp_path / "grades.json").read_text())
+    assert doc["stages"] == ["prove-one-layer"] and doc["graded_with"]["weights"].startswith("sha256:")
+    assert "tiny preset, seed 0" in doc["graded_with"]["weights"]
+    subs = {s["id"]: s for s in doc["submissions"]}
+    assert subs["empty"]["max_points"] == subs["pass-a"]["max_points"] == subs["pass-a"]["results"]["max_points"] > 0
+
+
+def test_progress_goes_to_stderr_a_line_per_submission(cli, batch, tiny_path, tmp_path):
+    result = cli("grade", batch / "pass-a", batch / "syntax", "--stage", "prove-one-layer", "--weights", tiny_path,
+                 "--out", tmp_path / "g.csv")
+    lines = result.stderr.splitlines()
+    warmed = next(i for i, line in enumerate(lines) if line.startswith("oracle outputs for prove-one-layer: "))
+    graded = [i for i, line in enumerate(lines) if line.startswith(("[1/2] ", "[2/2] "))]
+    assert len(graded) == 2 and warmed < min(graded)
+    assert any(line.startswith("[") and "syntax: fail 0/" in line for line in lines)
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_merge_reads_both_formats_and_refuses_other_weights(cli, batch, tiny_path, tmp_path, fmt):
+    from theinference.synth import write_synthetic
+
+    write_synthetic(tmp_path / "seed1", preset="tiny", seed=1)
+    subs = [batch / "pass-a", batch / "pass-b", batch / "syntax"]
+    common = ["--stage", "prove-one-layer", "--format", fmt]
+    parts = [tmp_path / f"shard{i}.{fmt}" for i in (1, 2)]
+    for i, part in enumerate(parts, 1):
+        assert cli("grade", *subs, *common, "--weights", tiny_path, "--shard", f"{i}/2", "--out", part).exit_code == 0
+    merged = cli("grade", "merge", *parts, "--out", tmp_path / f"all.{fmt}")
+    assert merged.exit_code == 0, merged.stderr
+    if fmt == "json":
+        ids = [s["id"] for s in json.loads((tmp_path / "all.json").read_text())["submissions"]]
+    else:
+        ids = [r["id"] for r in read_csv(tmp_path / "all.csv")]
+    assert ids == ["pass-a", "pass-b", "syntax"]
+
+    other = tmp_path / f"other.{fmt}"
+    assert cli("grade", *subs, *common, "--weights", tmp_path / "seed1" / "model.safetensors", "--shard", "2/2",
+               "--out", other).exit_code == 0
+    refused = cli("grade", "merge", parts[0], other, "--out", tmp_path / f"bad.{fmt}")
+    assert refused.exit_code == 2 and not (tmp_path / f"bad.{fmt}").exists()
+    message = " ".join(refused.stderr.split())
+    assert "graded with weights" in message and "seed 1" in message and "seed 0" in message
+
+
+def test_merge_refuses_mixed_formats_other_stages_and_has_its_own_help(cli, batch, tiny_path, tmp_path):
+    sub = batch / "pass-a"
+    csv_a, csv_b, doc = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "a.json"
+    assert cli("grade", sub, "--stage", "prove-one-layer", "--weights", tiny_path, "--out", csv_a).exit_code == 0
+    assert cli("grade", batch / "pass-b", "--stage", "greedy", "--weights", tiny_path, "--out", csv_b).exit_code == 0
+    assert cli("grade", sub, "--stage", "prove-one-layer", "--weights", tiny_path, "--format", "json",
+               "--out", doc).exit_code == 0
+    stages = cli("grade", "merge", csv_a, csv_b, "--out", tmp_path / "m.csv")
+    assert stages.exit_code == 2 and "graded on stages greedy, but" in " ".join(stages.stderr.split())
+    mixed = cli("grade", "merge", csv_a, doc, "--out", tmp_path / "m.csv")
+    assert mixed.exit_code == 2 and "mix CSV and JSON" in mixed.stderr
+    helped = cli("grade", "merge", "--help")
+    assert helped.exit_code == 0 and "grade merge" in helped.stdout and "SHARD" in helped.stdout
+    assert "SUBMISSION_DIR" not in helped.stdout

@@ -97,7 +97,7 @@ def test_per_case_credit_gives_partial_points(cli, courses, tiny_path, tmp_path)
     assert doc["tests"][0]["score"] == 4.0  # 2 of 4 cases (10 and 55 tokens) pass: half of 8 points
 
 
-def test_github_annotations_point_at_the_adapter(cli, courses, tiny_path, tmp_path, monkeypatch):
+def test_github_annotations_point_at_the_adapter_or_the_raising_line(cli, courses, tiny_path, tmp_path, monkeypatch):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     monkeypatch.setenv("GITHUB_WORKSPACE", str(courses["failing"]))
@@ -106,7 +106,9 @@ def test_github_annotations_point_at_the_adapter(cli, courses, tiny_path, tmp_pa
     errors = [line for line in text.splitlines() if line.startswith("::error ")]
     assert len(errors) == 3
     assert errors[0].startswith("::error file=tests/adapters.py,line=6,title=theinference prove-one-layer%3A fail::")
-    assert "line=13" in errors[2]  # def run_greedy
+    assert "line=14" in errors[2]  # raise RuntimeError("boom"): the traceback's line, not def run_greedy's
+    # Four cases raise the same error: it is told once.
+    assert errors[2].count('raise RuntimeError("boom")') == 1 and "same error in 3 more cases" in errors[2]
     assert "::notice title=theinference::0 of 3 stages passed, 0/40 points" in text
     md = summary.read_text()
     assert "## theinference: 0/40 points" in md and "| `greedy` | ❌ error | 0/4 | 0/10 |" in md
@@ -170,16 +172,54 @@ def test_student_text_cannot_drive_the_terminal(cli, hostile, tiny_path):
         assert "\\x1b[2J" in text
 
 
-def test_github_output_escapes_student_text_and_points_at_the_exported_function(cli, hostile, tiny_path, tmp_path,
-                                                                                monkeypatch):
+def test_github_output_escapes_student_text_and_points_at_the_raising_line(cli, hostile, tiny_path, tmp_path,
+                                                                          monkeypatch):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     monkeypatch.setenv("GITHUB_WORKSPACE", str(hostile))
     code, text = run(cli, hostile, tiny_path, "github", "--stage", "prove-one-layer")
     error = next(line for line in text.splitlines() if line.startswith("::error "))
-    assert error.startswith("::error file=mylib/impl.py,line=4,title=")
+    assert error.startswith("::error file=mylib/impl.py,line=6,title=")  # the raise, in the module the adapters import
     assert "\\x1b[2J%0A```" in error and "100%25" in error and "\r" not in error
     tokens = MarkdownIt().parse(summary.read_text())
     headings = [tokens[i + 1].content for i, t in enumerate(tokens) if t.type == "heading_open"]
     assert not [h for h in headings if "55/55" in h], headings
     assert any("## ✅ 55/55 points" in t.content for t in tokens if t.type == "fence")
+
+
+RAISES_IN_SRC = """\
+from src.kvcache import check_ids
+
+def run_layer_equiv(seq_ids):
+    return check_ids(seq_ids)
+"""
+# A forged frame in the message names a file outside the course: it must not become the annotation.
+CHECK_IDS = '''
+
+def check_ids(seq_ids):
+    raise ValueError('ids rejected\\n  File "/etc/passwd", line 1, in forged')
+'''
+
+
+@pytest.fixture
+def raises_in_src(tmp_path):
+    course = tmp_path / "raises"
+    write_adapters(course, RAISES_IN_SRC)
+    source = course / "src" / "kvcache.py"
+    line = len((source.read_text() + CHECK_IDS).splitlines())  # the raise is the last line
+    source.write_text(source.read_text() + CHECK_IDS)
+    return course, line
+
+
+def test_annotations_point_at_the_students_line_in_src(cli, raises_in_src, tiny_path, monkeypatch):
+    course, line = raises_in_src
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(course))
+    code, text = run(cli, course, tiny_path, "github", "--stage", "prove-one-layer")
+    error = next(line for line in text.splitlines() if line.startswith("::error "))
+    assert code == 1 and error.startswith(f"::error file=src/kvcache.py,line={line},title=")
+    code, text = run(cli, course, tiny_path, "gradescope", "--stage", "prove-one-layer")
+    output = json.loads(text)["tests"][0]["output"]
+    assert f"at src/kvcache.py:{line}" in output
+    assert output.count("raise ValueError") == 1 and "same error in 3 more cases" in output
+    code, text = run(cli, course, tiny_path, "json", "--stage", "prove-one-layer")
+    assert json.loads(text)["stages"][0]["cases"][0]["at"] == {"file": "src/kvcache.py", "line": line}

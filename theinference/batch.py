@@ -3,10 +3,16 @@
 The oracle runs once per case for the whole batch; each submission's student processes run
 under their own timeouts and limits, so one that hangs, crashes or exhausts memory is
 recorded as such and the batch goes on. Results are appended to a CSV as they finish.
+
+Every output records what the batch graded with (`GradedWith`: grader version, weights digest,
+stage files digest, seed): in CSV as the last columns of every row, so the header stays the
+first line a spreadsheet sees and sorting keeps each row's record; in JSON as "graded_with".
+`grade merge` combines only shards that agree on all of it.
 """
 
 import csv
 import dataclasses
+import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -14,12 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from theinference import interrupt, scaling
+from theinference import __version__, interrupt, scaling
 from theinference.course import CourseError, load_course
 from theinference.grade import OracleCache, check_case_fits
 from theinference.launch import ConfinementError
-from theinference.oracles import resolve_oracle
+from theinference.oracles import BUILTIN_ORACLES, resolve_oracle
 from theinference.randomcases import with_random_cases
+from theinference.report.jsonout import run_document
+from theinference.report.untrusted import for_terminal
 from theinference.results import RunResult
 from theinference.session import RunOptions, Session
 from theinference.stages import TOKEN_COMPARES, StageSpec
@@ -62,6 +70,10 @@ class SubmissionResult:
             return "error"
         return "pass" if self.run.passed else "fail"
 
+    def points(self, stages: list[StageSpec]) -> tuple[float, float]:
+        """Points earned and possible; a submission that could not be graded earns 0 of the whole course's."""
+        return self.run.points if self.run else (0.0, sum(s.points for s in stages))
+
 
 def submissions(paths: list[Path]) -> list[Submission]:
     """Submissions sorted by id (the directory name); ids must be unique."""
@@ -89,15 +101,20 @@ def shard(items: list[Submission], index: int, count: int) -> list[Submission]:
     return items[index - 1 :: count]
 
 
-def warm_oracle(model: Model, cache: OracleCache, stages: list[StageSpec]) -> None:
+OracleProgress = Callable[[str, int, int], None]  # (stage id, cases done, cases in that stage)
+
+
+def warm_oracle(model: Model, cache: OracleCache, stages: list[StageSpec], on_case: OracleProgress | None = None) -> None:
     """Compute every case's oracle output once, before student processes compete for the CPU."""
     for stage in stages:
         spec = resolve_oracle(stage.oracle, stage.source)
         stage = scaling.fit_to_context(stage, model.config.n_ctx)  # as grade() does, before checking the fit
-        for case in stage.cases:
+        for done, case in enumerate(stage.cases, 1):
             check_case_fits(stage, case, model)
             if stage.compare not in TOKEN_COMPARES:  # greedy tokens are verified on each student's own path
                 cache.get(model, stage, spec, case)
+                if on_case:
+                    on_case(stage.id, done, len(stage.cases))
 
 
 def _grade_one(sub: Submission, base: Session, stages: list[StageSpec], options: RunOptions) -> SubmissionResult:
@@ -117,8 +134,9 @@ def _grade_one(sub: Submission, base: Session, stages: list[StageSpec], options:
 
 
 def grade_batch(subs: list[Submission], base: Session, stages: list[StageSpec], options: RunOptions, jobs: int,
-                on_result: Callable[[SubmissionResult], None]) -> list[SubmissionResult]:
-    """Grade every submission (jobs at a time); on_result is called as each finishes.
+                on_result: Callable[[SubmissionResult], None],
+                on_oracle: OracleProgress | None = None) -> list[SubmissionResult]:
+    """Grade every submission (jobs at a time); on_oracle follows the oracle's warm-up, on_result each submission.
 
     On Ctrl-C or SIGTERM every student process is killed at once and BatchInterrupted carries
     the submissions finished until then.
@@ -138,7 +156,7 @@ def grade_batch(subs: list[Submission], base: Session, stages: list[StageSpec], 
 
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        warm_oracle(base.model, base.cache, stages)
+        warm_oracle(base.model, base.cache, stages, on_oracle)
         for future in [pool.submit(work, sub) for sub in subs]:
             future.result()
     except KeyboardInterrupt as e:
@@ -151,41 +169,107 @@ def grade_batch(subs: list[Submission], base: Session, stages: list[StageSpec], 
     return sorted(results, key=lambda r: r.id)
 
 
-def csv_header(stage_ids: list[str]) -> list[str]:
+@dataclass(frozen=True)
+class GradedWith:
+    """What a batch graded every submission with; shards merge only when all of it agrees."""
+
+    theinference: str  # the grader's version
+    weights: str  # "sha256:<16 hex> (tiny preset, seed 0)": the weights file's content digest, and its maker
+    stage_files: str  # "sha256:<16 hex>" over the stage files and instructor oracle files, in id order
+    seed: int | None  # the random extra cases' seed, if any
+
+    def cells(self) -> list[str]:
+        return [self.theinference, self.weights, self.stage_files, "" if self.seed is None else str(self.seed)]
+
+
+GRADED_WITH_COLUMNS = [f.name for f in dataclasses.fields(GradedWith)]
+
+
+def weights_identity(model: Model) -> str:
+    """The weights file's content digest, and what made it if `weights synth` did."""
+    with model.path.open("rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()[:16]
+    return f"sha256:{digest}" + (f" ({model.synthetic})" if model.synthetic else "")
+
+
+def stage_files_identity(stages: list[StageSpec]) -> str:
+    """A digest of the stage files and the instructor oracle files they name (built-in oracles: the version)."""
+    digest = hashlib.sha256()
+    for stage in sorted(stages, key=lambda s: s.id):
+        files = [stage.source]
+        if stage.oracle not in BUILTIN_ORACLES:
+            files.append(stage.source.parent / stage.oracle.partition(":")[0])
+        for path in (p for p in files if p.is_file()):  # a missing oracle file is reported when the oracle loads
+            digest.update(b"%s\0%s\0" % (path.name.encode(), path.read_bytes()))
+    return f"sha256:{digest.hexdigest()[:16]}"
+
+
+def graded_with(model: Model, stages: list[StageSpec], seed: int | None) -> GradedWith:
+    """The record of what this batch grades with (hashes the weights file once)."""
+    return GradedWith(__version__, weights_identity(model), stage_files_identity(stages), seed)
+
+
+ERROR_STATUSES = ("error", "crash", "timeout")
+_ERROR_CELL_CHARS = 500  # a spreadsheet cell, not a log: the JSON keeps every message whole
+
+
+def _one_line(text: str, root: str) -> str:
+    text = for_terminal(" ".join(text.replace(root.rstrip("/") + "/", "").split()))
+    return text if len(text) <= _ERROR_CELL_CHARS else text[: _ERROR_CELL_CHARS - 1] + "…"
+
+
+def first_errors(result: SubmissionResult) -> str:
+    """Each stage's first error, crash or timeout message, on one line, paths relative to the submission;
+    stages with the same message share it.
+
+    It starts with stage ids or the grader's own message about the submission, never with the
+    student's text, so a spreadsheet never reads the cell as a formula.
+    """
+    if result.run is None:
+        return _one_line(result.error, result.path)
+    stages_by_message: dict[str, list[str]] = {}
+    for stage in result.run.stages:
+        case = next((c for c in stage.cases if c.status in ERROR_STATUSES), None)
+        if case is not None:
+            stages_by_message.setdefault(_one_line(case.message or case.status, result.path), []).append(stage.id)
+    return " | ".join(f"{', '.join(ids)}: {message}" for message, ids in stages_by_message.items())
+
+
+def csv_header(stages: list[StageSpec]) -> list[str]:
     columns = ["id", "status", "points", "max_points"]
-    for stage_id in stage_ids:
-        columns += [f"{stage_id}.status", f"{stage_id}.points"]
-    return columns + ["seconds", "error"]
+    for stage in stages:
+        columns += [f"{stage.id}.status", f"{stage.id}.points"]
+    return columns + ["seconds", *GRADED_WITH_COLUMNS, "error"]
 
 
-def csv_row(result: SubmissionResult, stage_ids: list[str]) -> list[str]:
+def csv_row(result: SubmissionResult, stages: list[StageSpec], graded: GradedWith) -> list[str]:
     by_id = {s.id: s for s in result.run.stages} if result.run else {}
-    earned, possible = result.run.points if result.run else (0.0, 0.0)
+    earned, possible = result.points(stages)
     row = [result.id, result.status, f"{earned:g}", f"{possible:g}"]
-    for stage_id in stage_ids:
-        stage = by_id.get(stage_id)
-        row += [stage.status, f"{stage.points:g}"] if stage else ["error", "0"]
-    return row + [f"{result.seconds:.2f}", result.error]
+    for stage in stages:
+        found = by_id.get(stage.id)
+        row += [found.status, f"{found.points:g}"] if found else ["error", "0"]
+    return row + [f"{result.seconds:.2f}", *graded.cells(), first_errors(result)]
 
 
 class CsvWriter:
     """Appends one row per finished submission and flushes it: an interrupted batch keeps its rows."""
 
-    def __init__(self, path: Path, stage_ids: list[str]):
-        self.path, self.stage_ids = path, stage_ids
+    def __init__(self, path: Path, stages: list[StageSpec], graded: GradedWith):
+        self.path, self.stages, self.graded = path, stages, graded
         self.file = path.open("w", newline="", encoding="utf-8")
         self.writer = csv.writer(self.file)
-        self.writer.writerow(csv_header(stage_ids))
+        self.writer.writerow(csv_header(stages))
         self.file.flush()
 
     def add(self, result: SubmissionResult) -> None:
-        self.writer.writerow(csv_row(result, self.stage_ids))
+        self.writer.writerow(csv_row(result, self.stages, self.graded))
         self.file.flush()
 
     def finish(self, results: list[SubmissionResult], mark: str = "") -> None:
         """Rewrite the file sorted by id, now that every row is in; a mark (why the batch stopped) ends it."""
         self.file.close()
-        rows = [csv_header(self.stage_ids), *(csv_row(r, self.stage_ids) for r in results)]
+        rows = [csv_header(self.stages), *(csv_row(r, self.stages, self.graded) for r in results)]
         write_csv(self.path, rows + ([[f"{INTERRUPTED_MARK} {mark}"]] if mark else []))
 
 
@@ -196,22 +280,18 @@ def write_csv(path: Path, rows: list[list[str]]) -> None:
     tmp.replace(path)
 
 
-def merge_csv(out: Path, parts: list[Path]) -> int:
-    """Combine shard CSVs into one, sorted by id; headers must agree and ids must not repeat."""
-    header, rows = None, {}
-    for part in parts:
-        with part.open(newline="", encoding="utf-8") as f:
-            reader = list(csv.reader(f))
-        if not reader:
-            raise BatchError(f"{part}: empty file")
-        if header is not None and reader[0] != header:
-            raise BatchError(f"{part}: its columns differ from {parts[0]}'s (were the shards graded with the same stages?)")
-        header = reader[0]
-        for row in reader[1:]:
-            if row and row[0].startswith(INTERRUPTED_MARK):
-                raise BatchError(f"{part}: {row[0][len(INTERRUPTED_MARK):].strip()}; grade that shard again")
-            if row[0] in rows:
-                raise BatchError(f"{part}: submission '{row[0]}' already appears in another shard")
-            rows[row[0]] = row
-    write_csv(out, [header, *(rows[k] for k in sorted(rows))])
-    return len(rows)
+BATCH_SCHEMA, BATCH_SCHEMA_VERSION = "theinference.batch", 1
+
+
+def batch_document(results: list[SubmissionResult], stages: list[StageSpec], graded: GradedWith,
+                   interrupted: str = "") -> dict:
+    """The batch JSON document (schema "theinference.batch", see README): every run's full results."""
+    docs = []
+    for r in results:
+        earned, possible = r.points(stages)
+        docs.append({"id": r.id, "path": r.path, "status": r.status, "points": earned, "max_points": possible,
+                     "error": first_errors(r), "seconds": r.seconds,
+                     "results": run_document(r.run, __version__) if r.run else None})
+    return {"schema": BATCH_SCHEMA, "schema_version": BATCH_SCHEMA_VERSION, "graded_with": dataclasses.asdict(graded),
+            "stages": [s.id for s in stages], "seed": graded.seed, "interrupted": interrupted or None,
+            "submissions": docs}

@@ -19,7 +19,7 @@ from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, conf
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.cli_autograder import autograder_app
 from theinference.cli_course import demo_command, init_command
-from theinference.cli_grade import grade_command
+from theinference.cli_grade import GradeCommand, grade_command
 from theinference.cli_oracle import oracle_command
 from theinference.cli_stages import stages_app
 from theinference.cli_watch import render_regrade, run_watch
@@ -40,7 +40,7 @@ app.add_typer(weights_app, name="weights")
 app.add_typer(stages_app, name="stages")
 app.add_typer(autograder_app, name="autograder")
 app.command("oracle")(oracle_command)
-app.command("grade")(grade_command)
+app.command("grade", cls=GradeCommand)(grade_command)
 app.command("init")(init_command)
 app.command("demo")(demo_command)
 

@@ -4,28 +4,31 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperCommand
 
 from theinference import __version__, interrupt
-from theinference.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, grade_batch, merge_csv,
-                                parse_shard, shard, submissions)
+from theinference.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, batch_document, first_errors,
+                                grade_batch, graded_with, parse_shard, shard, submissions)
 from theinference.cli_common import config_error, err_console, in_ci, run_options, synth_progress, write_atomic
 from theinference.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
-from theinference.report.jsonout import run_document
 from theinference.report.untrusted import for_terminal
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.session import CONFIG_ERRORS, Session, UsageError, select_stages
+from theinference.shards import merge_shards
 from theinference.sources import obtain_weights
 from theinference.stages import load_stages, stage_dirs
 
 
 SUBMISSION_TIMEOUT = 600.0  # seconds: a hung submission cannot hold up a batch for longer
+LINE_ERROR_CHARS = 200  # of a submission's errors on its progress line (the CSV and JSON keep more)
 
 
 class BatchFormat(str, Enum):
@@ -34,10 +37,40 @@ class BatchFormat(str, Enum):
     gradescope = "gradescope"
 
 
-def _progress_line(done: int, total: int, result: SubmissionResult) -> str:
-    points = "{:g}/{:g}".format(*result.run.points) if result.run else "-"
-    why = f" ({result.error})" if result.error else ""
-    return for_terminal(f"[{done}/{total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}")
+DEFAULT_OUT = {BatchFormat.csv: "grades.csv", BatchFormat.json: "grades.json", BatchFormat.gradescope: "results.json"}
+
+
+class BatchProgress:
+    """`grade`'s progress on stderr: a rich bar on a terminal; else a line per warmed stage and per graded submission."""
+
+    def __init__(self, total: int, stages: list):
+        self.plain = in_ci() or not sys.stderr.isatty()
+        self.stages, self.total, self.done, self.started = stages, total, 0, time.perf_counter()
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=err_console(), disable=self.plain)
+        self.oracle_task = None
+        self.grade_task = self.bar.add_task("grading", total=total)
+
+    def say(self, line: str) -> None:
+        if self.plain:
+            err_console().print(for_terminal(line), soft_wrap=True, markup=False, highlight=False)
+
+    def oracle_case(self, stage_id: str, done: int, total: int) -> None:
+        """One more case's oracle output computed (before any submission runs)."""
+        if done == total:
+            self.say(f"oracle outputs for {stage_id}: {total} cases ready ({time.perf_counter() - self.started:.1f} s)")
+        if self.oracle_task is None:
+            self.oracle_task = self.bar.add_task("oracle", total=total)
+        self.bar.update(self.oracle_task, description=f"oracle {stage_id}", completed=done, total=total)
+
+    def submission(self, result: SubmissionResult) -> None:
+        """One more submission graded."""
+        self.done += 1
+        self.bar.update(self.grade_task, advance=1)
+        points = "{:g}/{:g}".format(*result.points(self.stages))
+        errors = first_errors(result)
+        why = f" ({errors[:LINE_ERROR_CHARS]}{'…' if len(errors) > LINE_ERROR_CHARS else ''})" if errors else ""
+        self.say(f"[{self.done}/{self.total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}")
 
 
 def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
@@ -49,20 +82,43 @@ def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[st
                    extra_stage_dirs=list(stages_dir)), stages
 
 
-def _merge(parts: list[Path], out: Path) -> None:
+def merge_command(
+    parts: Annotated[list[Path], typer.Argument(metavar="SHARD...", help="The files `grade --shard I/N` wrote: all CSV or all JSON.")],
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", help="Where to write the merged grades (default: grades.csv, or grades.json for JSON shards).")] = None,
+) -> None:
+    """Combine the CSV or JSON files of `theinference grade --shard I/N` runs into one, sorted by id.
+
+    Refuses an interrupted shard, a submission in two shards, and shards graded differently:
+    on other stages, or with another theinference version, weights, stage files or --seed
+    (every shard records them), naming the difference. Exit 0 when merged, 2 when refused.
+    """
     missing = [p for p in parts if not p.is_file()]
-    if not parts or missing:
-        raise config_error(BatchError(f"grade merge needs shard CSV files; not found: {', '.join(map(str, missing)) or 'none given'}"))
+    if missing:
+        raise config_error(BatchError(f"grade merge needs shard files; not found: {', '.join(map(str, missing))}"))
     try:
-        count = merge_csv(out, parts)
+        out, count = merge_shards(parts, out)
     except BatchError as e:
         raise config_error(e)
-    err_console().print(f"merged {len(parts)} shard(s), {count} submissions, into {out}")
+    err_console().print(f"merged {len(parts)} shard(s), {count} submissions, into {out}", markup=False)
+
+
+_merge_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+_merge_app.command("merge")(merge_command)
+
+
+class GradeCommand(TyperCommand):
+    """`grade`, except that `grade merge ...` is the merge command, with its own arguments and --help."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        if args and args[0] == "merge":
+            merge = typer.main.get_command(_merge_app)
+            return merge.make_context(f"{info_name} merge", args[1:], parent=parent, **extra)
+        return super().make_context(info_name, args, parent=parent, **extra)
 
 
 def grade_command(
-    submission_dirs: Annotated[list[Path], typer.Argument(metavar="SUBMISSION_DIR...", help="Course directories to grade (or: merge SHARD.csv...).")],
-    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="Where to write the grades.")] = Path("grades.csv"),
+    submission_dirs: Annotated[list[Path], typer.Argument(metavar="SUBMISSION_DIR...", help="Course directories to grade.")],
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", help="Where to write the grades (default: grades.csv; grades.json for json; results.json for gradescope).")] = None,
     fmt: Annotated[BatchFormat, typer.Option("--format", help="csv: one row per submission, written as each finishes; json: every run's full results; gradescope: one submission's results.json.")] = BatchFormat.csv,
     jobs: Annotated[int, typer.Option("--jobs", metavar="N", min=1, help="Submissions graded at once.")] = os.cpu_count() or 1,
     shard_spec: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Grade only the I-th of N deterministic slices.")] = None,
@@ -79,11 +135,12 @@ def grade_command(
 
     Submissions are untrusted: their stages/, and the weights, stages_dirs and timeout of their
     theinference.toml, are ignored; student processes get only an allow-listed environment.
+    Progress goes to stderr: a bar on a terminal, else a line per finished submission.
     Exit 0 once every submission is graded, whatever their grades; 2 on a configuration error.
-    `theinference grade merge SHARD.csv... --out grades.csv` combines the CSVs of --shard runs.
+    `theinference grade merge SHARD... [--out FILE]` combines the CSV or JSON files of --shard
+    runs (see `theinference grade merge --help`).
     """
-    if str(submission_dirs[0]) == "merge":
-        return _merge(submission_dirs[1:], out)
+    out = out or Path(DEFAULT_OUT[fmt])
     try:
         # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
         student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
@@ -112,26 +169,20 @@ def grade_command(
 
 def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> tuple[list[SubmissionResult], str]:
     """Grade and write the results; also how the batch was interrupted ("" if it was not)."""
-    stage_ids = [s.id for s in stages]
-    writer = CsvWriter(out, stage_ids) if fmt is BatchFormat.csv else None
-    plain = in_ci() or not sys.stderr.isatty()
-    progress = Progress(TextColumn("grading"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=err_console(), disable=plain)
-    task = progress.add_task("grade", total=len(subs))
-    done = []
+    progress = BatchProgress(len(subs), stages)
+    progress.say(f"grading {len(subs)} submission(s), {jobs} at a time, against {base.model.path}")
+    graded = graded_with(base.model, stages, options.seed)
+    writer = CsvWriter(out, stages, graded) if fmt is BatchFormat.csv else None
 
     def on_result(result: SubmissionResult) -> None:
-        done.append(result)
         if writer:
             writer.add(result)
-        progress.update(task, advance=1)
-        if plain:
-            err_console().print(_progress_line(len(done), len(subs), result), soft_wrap=True, markup=False)
+        progress.submission(result)
 
     stopped = ""
-    with progress:
+    with progress.bar:
         try:
-            results = grade_batch(subs, base, stages, options, jobs, on_result)
+            results = grade_batch(subs, base, stages, options, jobs, on_result, progress.oracle_case)
         except BatchInterrupted as e:
             results, stopped = e.results, str(e)
     if writer:
@@ -142,10 +193,7 @@ def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> tupl
         else:
             write_atomic(out, render_gradescope_ungraded(stages, f"grading was {stopped}", __version__))
     else:
-        docs = [{"id": r.id, "path": r.path, "status": r.status, "error": r.error, "seconds": r.seconds,
-                 "results": run_document(r.run, __version__) if r.run else None} for r in results]
-        write_atomic(out, json.dumps({"schema": "theinference.batch", "schema_version": 1, "seed": options.seed,
-                                      "interrupted": stopped or None, "submissions": docs}, indent=2) + "\n")
+        write_atomic(out, json.dumps(batch_document(results, stages, graded, stopped), indent=2) + "\n")
     return results, stopped
 
 

@@ -12,6 +12,7 @@ from theinference.compare import compare_rows, shape_problem
 from theinference.course import Course
 from theinference.diagnose import diagnose_rows
 from theinference.fingerprint import fingerprint_stage
+from theinference.frames import course_file, deepest_course_frame
 from theinference.launch import SubprocessLauncher
 from theinference.oracles import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.results import CaseResult, Diagnosis, StageResult
@@ -116,7 +117,7 @@ def _output_cap(shape: tuple[int, ...]) -> int:
 def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec) -> CaseResult:
     result = CaseResult(name=case.name, status=outcome.status, message=outcome.message, inputs=case.inputs,
                         texts=case.texts, traceback=outcome.traceback, stdout=outcome.stdout, stderr=outcome.stderr,
-                        seconds=outcome.seconds)
+                        seconds=outcome.seconds, at=deepest_course_frame(outcome.traceback, ctx.course.root))
     # A timed generation that outlasts its budget has no cache; a hang while importing, or a case
     # skipped for the stage's or submission's budget, says nothing about the cache.
     if outcome.status == "timeout" and stage.scaling is not None and outcome.message.endswith("while running"):
@@ -174,12 +175,9 @@ def adapter_definition(course: Course, outcomes: list[CallOutcome], names: tuple
     that file lies in the course directory); else the first `def NAME(` in the adapters file."""
     root = course.root.resolve()
     for found in (o.defined_at for o in outcomes if o.defined_at):
-        try:
-            path = Path(found[0]).resolve()
-            if path.is_relative_to(root) and path.is_file():
-                return str(path), found[1]
-        except (OSError, ValueError):  # the child's word only: a NUL byte, a loop of links
-            pass
+        path = course_file(root, found[0])  # the child's word only
+        if path is not None:
+            return str(path), found[1]
     return "", adapter_line(course.adapters, names)
 
 

@@ -97,6 +97,7 @@ class CaseResult:
     stderr: str = ""
     seconds: float = 0.0  # the adapter's own compute time
     scaling: ScalingResult | None = None  # cache-scaling: the timings, when they were measured
+    at: tuple[str, int] | None = None  # the traceback's deepest frame in the course: (path relative to it, line)
     # The student's array, kept for fingerprinting a failing case; never rendered.
     output: object = field(default=None, repr=False, compare=False)
 

@@ -1,10 +1,10 @@
-"""GitHub Actions: `::error` annotations at the adapter function, and a Markdown job summary."""
+"""GitHub Actions: `::error` annotations at the student's line, and a Markdown job summary."""
 
 import os
 
-from theinference.report.text import case_summary
+from theinference.report.text import case_summary, group_cases, grouped_summary, repeated_note
 from theinference.report.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
-from theinference.results import RunResult
+from theinference.results import RunResult, StageResult
 
 
 def _relative(path: str) -> str:
@@ -15,18 +15,23 @@ def _relative(path: str) -> str:
         return path
 
 
+def _location(run: RunResult, stage: StageResult) -> str:
+    """Where the first failing case's traceback left the course directory, else the adapter's definition."""
+    at = next((c.at for c in stage.cases if c.status != "pass" and c.at), None)
+    path, line = (os.path.join(run.course, at[0]), at[1]) if at else (stage.adapter_source or stage.adapters_file,
+                                                                      stage.adapter_line)
+    return f"file={workflow_property(_relative(path))}" + (f",line={line}" if line else "")
+
+
 def render_annotations(run: RunResult) -> str:
-    """One `::error` per stage that did not pass, pointing at its adapter; a `::notice` with the total."""
+    """One `::error` per stage that did not pass, at the student's line; a `::notice` with the total."""
     lines = []
     for stage in run.stages:
         if stage.status == "pass":
             continue
-        where = f"file={workflow_property(_relative(stage.adapter_source or stage.adapters_file))}"
-        if stage.adapter_line:
-            where += f",line={stage.adapter_line}"
         title = workflow_property(f"theinference {stage.id}: {stage.status}")
-        failing = [case_summary(c) for c in stage.cases if c.status != "pass"]
-        lines.append(f"::error {where},title={title}::{workflow_data(chr(10).join(failing))}")
+        failing = grouped_summary([c for c in stage.cases if c.status != "pass"])
+        lines.append(f"::error {_location(run, stage)},title={title}::{workflow_data(chr(10).join(failing))}")
     for line in run.course_supplied:
         lines.append(f"::warning title={workflow_property('theinference: not the instructor')}::{workflow_data(line)}")
     earned, possible = run.points
@@ -45,9 +50,10 @@ def render_summary(run: RunResult, version: str) -> str:
         out.append(f"| `{stage.id}` | {mark} {stage.status} | {stage.passed_cases}/{len(stage.cases)} | "
                    f"{stage.points:g}/{stage.max_points:g} |")
     for stage in run.stages:
-        for case in stage.cases:
-            if case.status != "pass":
-                out += ["", f"### `{stage.id}` · {case.name}", "", markdown_code_block(case_summary(case))]
+        for group in group_cases([c for c in stage.cases if c.status != "pass"]):
+            more = f" ({repeated_note(group)})" if len(group) > 1 else ""
+            heading = for_terminal(f"### `{stage.id}` · {group[0].name}{more}")
+            out += ["", heading, "", markdown_code_block(case_summary(group[0]))]
     if run.course_supplied:
         out += ["", *(f"> **not the instructor's:** {for_terminal(line)}  " for line in run.course_supplied)]
     seed = f" · seed {run.seed}" if run.seed is not None else ""

@@ -46,6 +46,7 @@ def case_document(case: CaseResult) -> dict:
         "expected_tokens": case.expected_tokens, "got_tokens": case.got_tokens,
         "diagnosis": dataclasses.asdict(case.diagnosis) if case.diagnosis else None,
         "traceback": case.traceback, "stdout": case.stdout, "stderr": case.stderr,
+        "at": {"file": case.at[0], "line": case.at[1]} if case.at else None,
         "scaling": scaling_document(case.scaling),
     }
     return doc

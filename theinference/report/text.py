@@ -16,6 +16,8 @@ def scaling_summary(case: CaseResult) -> str:
 def case_summary(case: CaseResult) -> str:
     """One paragraph: status and message, the timings if any, the diagnosed shape and the hint (the student's text escaped)."""
     lines = [f"{case.name}: {case.status}" + (f" — {for_terminal(case.message)}" if case.message else "")]
+    if case.at:
+        lines.append(for_terminal(f"at {case.at[0]}:{case.at[1]}"))
     if case.scaling:
         lines.append(scaling_summary(case))
     if case.diagnosis:
@@ -32,9 +34,35 @@ def case_summary(case: CaseResult) -> str:
     return "\n".join(lines)
 
 
+REPEATS_NAMED = 5  # a repeated error lists this many of the other cases by name
+
+
+def group_cases(cases: list[CaseResult]) -> list[list[CaseResult]]:
+    """Cases whose summaries are the same but for the name, together, in order of first appearance."""
+    groups: dict[str, list[CaseResult]] = {}
+    for case in cases:
+        groups.setdefault(case_summary(case)[len(case.name):], []).append(case)
+    return list(groups.values())
+
+
+def repeated_note(group: list[CaseResult]) -> str:
+    """'same error in 9 more cases (b, c, …)' for a group of repeats, '' for a single case."""
+    others = [c.name for c in group[1:]]
+    if not others:
+        return ""
+    what = "failure" if group[0].status == "fail" else "result" if group[0].status == "pass" else "error"
+    names = ", ".join(others[:REPEATS_NAMED]) + (", …" if len(others) > REPEATS_NAMED else "")
+    return f"same {what} in {len(others)} more case{'s' if len(others) > 1 else ''} ({for_terminal(names)})"
+
+
+def grouped_summary(cases: list[CaseResult]) -> list[str]:
+    """A paragraph per distinct outcome among cases: a repeated one told once, with how many more cases had it."""
+    return [case_summary(g[0]) + (f"\n{repeated_note(g)}" if len(g) > 1 else "") for g in group_cases(cases)]
+
+
 def stage_summary(stage: StageResult) -> str:
-    """The stage's line and a paragraph per case that did not pass."""
+    """The stage's line and a paragraph per distinct outcome of the cases that did not pass."""
     head = (f"{stage.id}: {stage.status} · {stage.passed_cases}/{len(stage.cases)} cases · "
             f"{stage.points:g}/{stage.max_points:g} points")
     shown = [c for c in stage.cases if c.status != "pass" or c.scaling]
-    return "\n\n".join([head, *(case_summary(c) for c in shown)])
+    return "\n\n".join([head, *grouped_summary(shown)])
