@@ -88,9 +88,9 @@ def merge_command(
 ) -> None:
     """Combine the CSV or JSON files of `theinference grade --shard I/N` runs into one, sorted by id.
 
-    Refuses an interrupted shard, a submission in two shards, and shards graded differently:
-    on other stages, or with another theinference version, weights, stage files or --seed
-    (every shard records them), naming the difference. Exit 0 when merged, 2 when refused.
+    Refuses an interrupted shard, a submission in two shards, and shards graded differently (on other stages, or with another theinference version, weights, stage files or --seed: every shard records them), naming the difference.
+
+    Exit 0 when merged, 2 when refused.
     """
     missing = [p for p in parts if not p.is_file()]
     if missing:
