@@ -7,8 +7,11 @@ import numpy as np
 import pytest
 
 from theinference import oracle
+from theinference.cli_common import OracleProgress
 from theinference.oracle_store import OracleStore
+from theinference.resources import data_dir
 from theinference.sources import user_cache_dir
+from theinference.stages import load_stages
 from theinference.synth import write_synthetic
 
 
@@ -112,3 +115,14 @@ def test_a_store_that_cannot_be_written_costs_only_a_recompute(cli, solution_cou
     for _ in range(2):
         assert _verdicts(cli, solution_course, tiny_path, "--stage", "prove-one-layer")[0] == 0
     assert forwards["n"] > 0
+
+
+def test_computing_oracle_outputs_prints_a_line_each_off_a_terminal(cli, solution_course, tiny_path, monkeypatch):
+    monkeypatch.setattr(OracleProgress, "DELAY", 0.0)  # on tiny weights nothing is slow: every output counts
+    [stage] = [s for s in load_stages([data_dir("stages")]) if s.id == "prove-one-layer"]
+    first = cli("test", "--stage", stage.id, "--course", solution_course, "--weights", tiny_path, "--format", "json")
+    for case in stage.cases:
+        assert f"oracle: computed {stage.id}: {case.name} in " in first.stderr
+    assert json.loads(first.stdout)["status"] == "pass"  # stdout is the document alone
+    again = cli("test", "--stage", stage.id, "--course", solution_course, "--weights", tiny_path, "--format", "json")
+    assert "oracle:" not in again.stderr and json.loads(again.stdout)["status"] == "pass"

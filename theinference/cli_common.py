@@ -3,6 +3,8 @@
 import os
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import typer
@@ -69,6 +71,47 @@ class _SynthProgress:
 
 def synth_progress() -> _SynthProgress:
     return _SynthProgress()
+
+
+class OracleProgress:
+    """Told by the oracle cache when it computes an output it does not hold (minutes on the gpt2 shape, once).
+
+    On a terminal, a computation that lasts over DELAY seconds shows a status line on stderr; elsewhere,
+    once the run's computations have taken that long, each finished one prints a line, so CI logs move.
+    """
+
+    DELAY = 1.0
+
+    def __init__(self):
+        self.console = err_console()
+        self.live = self.console.is_terminal and not in_ci()
+        self.count, self.spent, self.began = 0, 0.0, 0.0
+        self.timer, self.status = None, None
+
+    def start(self, label: str) -> None:
+        self.began = time.monotonic()
+        if self.live:
+            self.timer = threading.Timer(self.DELAY, self._show, [label])
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _show(self, label: str) -> None:
+        self.status = self.console.status(f"oracle: computing {escape(label)} ({self.count} done)")
+        self.status.start()
+
+    def finish(self, label: str) -> None:
+        seconds = time.monotonic() - self.began
+        self.count, self.spent = self.count + 1, self.spent + seconds
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer.join()  # a status being shown right now is stopped below, not left behind
+            self.timer = None
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+        if not self.live and self.spent > self.DELAY:
+            self.console.print(f"oracle: computed {label} in {seconds:.1f} s", markup=False, highlight=False,
+                               soft_wrap=True)
 
 
 def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False,
