@@ -8,6 +8,7 @@ from pathlib import Path
 
 from theinference.course import load_course
 from theinference.grade import GradeContext, OracleCache, grade
+from theinference.oracle_store import default_store
 from theinference.launch import SubprocessLauncher
 from theinference.mutants import Mutant, MutantError, build_mutant, load_mutants
 from theinference.results import StageResult
@@ -88,7 +89,7 @@ def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) ->
 def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], model: Model,
                  timeout: float | None = None, jobs: int = 2, launcher=None) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations."""
-    ctx_args = {"model": model, "cache": OracleCache(), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
+    ctx_args = {"model": model, "cache": OracleCache(store=default_store()), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
     if not (solution / "tests" / "adapters.py").is_file():
