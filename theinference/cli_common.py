@@ -76,8 +76,8 @@ def synth_progress() -> _SynthProgress:
 class OracleProgress:
     """Told by the oracle cache when it computes an output it does not hold (minutes on the gpt2 shape, once).
 
-    On a terminal, a computation that lasts over DELAY seconds shows a status line on stderr; elsewhere,
-    once the run's computations have taken that long, each finished one prints a line, so CI logs move.
+    On a terminal, a computation that lasts over DELAY seconds shows a status line on stderr; elsewhere, a
+    line is printed whenever the computations not yet reported have taken DELAY seconds, so CI logs move.
     """
 
     DELAY = 1.0
@@ -85,7 +85,8 @@ class OracleProgress:
     def __init__(self):
         self.console = err_console()
         self.live = self.console.is_terminal and not in_ci()
-        self.count, self.spent, self.began = 0, 0.0, 0.0
+        self.count, self.began = 0, 0.0
+        self.unsaid = [0, 0.0]  # outputs computed and their seconds since the last line printed
         self.timer, self.status = None, None
 
     def start(self, label: str) -> None:
@@ -101,7 +102,8 @@ class OracleProgress:
 
     def finish(self, label: str) -> None:
         seconds = time.monotonic() - self.began
-        self.count, self.spent = self.count + 1, self.spent + seconds
+        self.count += 1
+        self.unsaid = [self.unsaid[0] + 1, self.unsaid[1] + seconds]
         if self.timer is not None:
             self.timer.cancel()
             self.timer.join()  # a status being shown right now is stopped below, not left behind
@@ -109,9 +111,11 @@ class OracleProgress:
         if self.status is not None:
             self.status.stop()
             self.status = None
-        if not self.live and self.spent > self.DELAY:
-            self.console.print(f"oracle: computed {label} in {seconds:.1f} s", markup=False, highlight=False,
-                               soft_wrap=True)
+        if not self.live and self.unsaid[1] >= self.DELAY:  # about a line per DELAY seconds of computing
+            count, spent = self.unsaid
+            text = f"{label} in {spent:.1f} s" if count == 1 else f"{count} outputs in {spent:.1f} s, the last {label}"
+            self.console.print(f"oracle: computed {text}", markup=False, highlight=False, soft_wrap=True)
+            self.unsaid = [0, 0.0]
 
 
 def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False,
