@@ -286,3 +286,12 @@ def test_a_bf16_checkpoint_passes_the_reference_solution(cli, solution_course, t
     result = cli("test", "--stage", "per-step-identity", "--course", solution_course, "--weights", path)
     assert result.exit_code == 0, result.stdout
     assert "weights stored as BF16; converted to float32" in result.output
+
+
+def test_tensors_are_read_on_first_use_and_never_from_a_changed_file(tmp_path):
+    path = write_synthetic(tmp_path / "w", preset="tiny", seed=0)
+    model = load_model(path)
+    write_synthetic(tmp_path / "w", preset="tiny", seed=1)  # replaced after loading, before any tensor was read
+    with pytest.raises(WeightsError, match="changed while it was in use"):
+        model.params["wte"]
+    assert load_model(path).params["wte"]["weight"].shape == (model.config.n_vocab, model.config.n_embd)
