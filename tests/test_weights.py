@@ -306,3 +306,12 @@ def test_weights_says_which_and_why_without_the_tensor_table(cli, tiny_dir):
     assert "h.0.attn.c_attn.weight" not in result.stdout
     assert f"theinference weights info {tiny_dir / 'model.safetensors'}" in result.stdout
     assert "h.0.attn.c_attn.weight" in cli("weights", "info", tiny_dir).stdout
+
+
+def test_tensors_are_read_on_first_use_and_never_from_a_changed_file(tmp_path):
+    path = write_synthetic(tmp_path / "w", preset="tiny", seed=0)
+    model = load_model(path)
+    write_synthetic(tmp_path / "w", preset="tiny", seed=1)  # replaced after loading, before any tensor was read
+    with pytest.raises(WeightsError, match="changed while it was in use"):
+        model.params["wte"]
+    assert load_model(path).params["wte"]["weight"].shape == (model.config.n_vocab, model.config.n_embd)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from theinference.course import load_course
 from theinference.grade import GradeContext, OracleCache, grade
+from theinference.oracle_store import default_store
 from theinference.launch import SubprocessLauncher
 from theinference.mutants import Mutant, MutantError, build_mutant, load_mutants
 from theinference.results import StageResult
@@ -105,7 +106,7 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
                  progress: Callable[[int, int, str], None] | None = None) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations;
     progress(done, total, what) is called as each subject × stage cell is finished."""
-    ctx_args = {"model": model, "cache": OracleCache(), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
+    ctx_args = {"model": model, "cache": OracleCache(store=default_store()), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
     if not (solution / "tests" / "adapters.py").is_file():

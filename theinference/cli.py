@@ -14,8 +14,8 @@ from rich.console import Console
 
 from theinference import __version__, cli_help, interrupt
 from theinference.advice import advise
-from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
-                                     in_ci, run_options, synth_progress, write_atomic)
+from theinference.cli_common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, OracleProgress, config_error, console_for,
+                                     err_console, in_ci, run_options, synth_progress, write_atomic)
 from theinference.runner import DEFAULT_MEMORY_MB
 from theinference.cli_autograder import autograder_app
 from theinference.cli_course import demo_command, init_command
@@ -123,6 +123,7 @@ def test(
             if output:
                 session.launcher.hide(output)
             _weights_notice(session)
+            session.cache.progress = OracleProgress()
             if watch:
                 show = lambda r: render_regrade(r, session.course.root)  # noqa: E731
                 raise typer.Exit(run_watch(Watch(session, wanted, show, extra_stage_dirs=stages_dir or [],

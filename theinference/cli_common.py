@@ -3,6 +3,8 @@
 import os
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import typer
@@ -84,6 +86,51 @@ class ItemProgress:
 def synth_progress() -> ItemProgress:
     """Progress of making synthetic weights: about ten plain lines when stderr is not a terminal."""
     return ItemProgress("making synthetic weights", "tensors", lines=10)
+
+
+class OracleProgress:
+    """Told by the oracle cache when it computes an output it does not hold (minutes on the gpt2 shape, once).
+
+    On a terminal, a computation that lasts over DELAY seconds shows a status line on stderr; elsewhere, a
+    line is printed whenever the computations not yet reported have taken DELAY seconds, so CI logs move.
+    """
+
+    DELAY = 1.0
+
+    def __init__(self):
+        self.console = err_console()
+        self.live = self.console.is_terminal and not in_ci()
+        self.count, self.began = 0, 0.0
+        self.unsaid = [0, 0.0]  # outputs computed and their seconds since the last line printed
+        self.timer, self.status = None, None
+
+    def start(self, label: str) -> None:
+        self.began = time.monotonic()
+        if self.live:
+            self.timer = threading.Timer(self.DELAY, self._show, [label])
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _show(self, label: str) -> None:
+        self.status = self.console.status(f"oracle: computing {escape(label)} ({self.count} done)")
+        self.status.start()
+
+    def finish(self, label: str) -> None:
+        seconds = time.monotonic() - self.began
+        self.count += 1
+        self.unsaid = [self.unsaid[0] + 1, self.unsaid[1] + seconds]
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer.join()  # a status being shown right now is stopped below, not left behind
+            self.timer = None
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+        if not self.live and self.unsaid[1] >= self.DELAY:  # about a line per DELAY seconds of computing
+            count, spent = self.unsaid
+            text = f"{label} in {spent:.1f} s" if count == 1 else f"{count} outputs in {spent:.1f} s, the last {label}"
+            self.console.print(f"oracle: computed {text}", markup=False, highlight=False, soft_wrap=True)
+            self.unsaid = [0, 0.0]
 
 
 def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False,

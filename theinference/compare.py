@@ -49,18 +49,31 @@ def compare_rows(
     return rows
 
 
+def token_summary(got: list[int], path_logits: np.ndarray) -> np.ndarray:
+    """What the token walk reads of each step's logits: [n, 4] = argmax, its logit, got's logit, max |logit|."""
+    rows = np.arange(len(got))
+    best = np.argmax(path_logits, axis=1)
+    return np.stack([best, path_logits[rows, best], path_logits[rows, got], np.abs(path_logits).max(axis=1)],
+                    axis=1).astype(np.float64)
+
+
 def walk_tokens(got: list[int], path_logits: np.ndarray, tie_rtol: float, start_position: int) -> list[TokenStep]:
     """Check each student token against the oracle's logits on the student's own path.
 
     A token equal to the oracle's argmax matches; one whose logit is within tie_rtol * max|logit|
     of the argmax's is a near-tie and accepted; the first other token is a mismatch and ends the walk.
     """
+    return walk_summary(got, token_summary(got, path_logits), tie_rtol, start_position)
+
+
+def walk_summary(got: list[int], summary: np.ndarray, tie_rtol: float, start_position: int) -> list[TokenStep]:
+    """walk_tokens over the token_summary of the path's logits."""
     steps = []
     for k, token in enumerate(got):
-        row = path_logits[k]
-        best = int(np.argmax(row))
-        gap = float(row[best]) - float(row[token])
-        allowed = tie_rtol * float(np.abs(row).max())
+        best, best_logit, token_logit, largest = summary[k]
+        best = int(best)
+        gap = float(best_logit) - float(token_logit)
+        allowed = tie_rtol * float(largest)
         verdict = "match" if token == best else "near-tie" if gap <= allowed else "mismatch"
         steps.append(TokenStep(step=k, position=start_position + k, got=token, expected=best, gap=gap,
                                verdict=verdict, allowed=allowed))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from theinference.bugs import Bug, bug_output, is_inert, resolve_bug
+from theinference.oracle_store import oracle_version
 from theinference.oracles import OracleSpec, resolve_oracle
 from theinference.results import CaseResult, Diagnosis, StageResult
 from theinference.stages import StageSpec
@@ -36,6 +37,12 @@ def _frozen(inputs: dict) -> tuple:
 def _key(model: Model, stage: StageSpec, bug: Bug, inputs: dict, history: list) -> tuple:
     before = tuple(map(_frozen, history)) if bug.uses_history else ()
     return (str(model.path), model.stamp, "bug", stage.oracle, bug.name, bug.stamp, _frozen(inputs), before)
+
+
+def _durable(stage: StageSpec, spec: OracleSpec, bug: Bug, inputs: dict, history: list) -> tuple:
+    """What besides the weights' content determines a bug's output, for the persistent store."""
+    return ("bug", stage.oracle, oracle_version(spec.stamp), bug.name, oracle_version(bug.stamp), inputs,
+            history if bug.uses_history else [])
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
@@ -62,7 +69,8 @@ def _match(bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec
         history = histories[case.name]
         out = expected if is_inert(bug, spec, case.inputs) else cache.memo(
             _key(model, stage, bug, case.inputs, history),
-            lambda: bug_output(bug, spec, stage.oracle, model, case.inputs, history))
+            lambda: bug_output(bug, spec, stage.oracle, model, case.inputs, history), model=model,
+            durable=_durable(stage, spec, bug, case.inputs, history), label=f"{stage.id}: {case.name} with {bug.name}")
         if not _close(got, out, stage):
             return None
         visible = visible or not _close(out, expected, stage)

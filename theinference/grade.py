@@ -14,6 +14,7 @@ from theinference.diagnose import diagnose_rows
 from theinference.fingerprint import fingerprint_stage
 from theinference.frames import course_file, deepest_course_frame
 from theinference.launch import SubprocessLauncher
+from theinference.oracle_store import OracleStore, oracle_version
 from theinference.oracles import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.results import CaseResult, Diagnosis, StageResult
 from theinference.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
@@ -28,20 +29,44 @@ class GradeError(Exception):
 
 @dataclass
 class OracleCache:
-    """Oracle outputs per (weights file, oracle, case inputs); lives as long as a watch or batch session."""
+    """Oracle outputs per (weights file, oracle, case inputs); lives as long as a watch or batch session.
+
+    With a store (trusted runs only: see theinference.oracle_store), outputs also outlive the session.
+    """
 
     entries: dict = field(default_factory=dict)
+    store: OracleStore | None = None
+    progress: object = None  # told when an output is computed (slow on the gpt2 shape): start(label), finish(label)
 
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
-        key = (str(model.path), model.stamp, stage.oracle, spec.stamp,
-               tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items()))
-        return self.memo(key, lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'"))
+        inputs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items())
+        key = (str(model.path), model.stamp, stage.oracle, spec.stamp, inputs)
+        return self.memo(key, lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'"), model=model,
+                         durable=("oracle", stage.oracle, oracle_version(spec.stamp), case.inputs),
+                         label=f"{stage.id}: {case.name}")
 
-    def memo(self, key: tuple, compute) -> np.ndarray:
-        """Any output computed from these weights (the oracle's, a bug oracle's), once per key."""
+    def memo(self, key: tuple, compute, model: Model | None = None, durable: tuple = (), label: str = "") -> np.ndarray:
+        """Any output computed from these weights (the oracle's, a bug oracle's), once per key.
+
+        durable: what besides the weights' content determines the output (the oracle's name and version, the
+        inputs); given with model, the output is also kept in the store across runs.
+        """
         if key not in self.entries:
-            self.entries[key] = compute()
+            counted = self._counted(compute, label) if label else compute
+            stored = self.store is not None and model is not None and durable
+            self.entries[key] = self.store.output(model, durable, counted) if stored else counted()
         return self.entries[key]
+
+    def _counted(self, compute, label: str):
+        def run():
+            if self.progress is None:
+                return compute()
+            self.progress.start(label)
+            try:
+                return compute()
+            finally:
+                self.progress.finish(label)
+        return run
 
 
 @dataclass
@@ -133,7 +158,8 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
         result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
         return result
     if stage.compare in TOKEN_COMPARES:  # verified on the student's own path: no oracle continuation needed
-        verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints)
+        verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints, ctx.cache,
+                      f"{stage.id}: {case.name}")
         # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
         if stage.scaling is not None and result.status == "pass" and not outcome.timing:
             result.status, result.message = "fail", "the adapter's process reported no timings"

@@ -124,6 +124,9 @@ class SubprocessLauncher:
             )
         return MonitoredProcess(ours, monitor)
 
+    def warm(self) -> None:
+        """Nothing to start ahead: every run starts its own interpreter."""
+
     def hide(self, path: Path) -> None:
         """Keep a results file out of the sandbox's view (it may lie inside the course directory)."""
         if self._sandbox is not None:
@@ -155,19 +158,31 @@ class ZygoteLauncher:
         self._lock = threading.Lock()
         self._proc = None
         self._dir = None
+        self._ready = False
+
+    def warm(self) -> None:
+        """Start the zygote now, without waiting: it imports numpy while the grader loads stages and weights."""
+        with self._lock:
+            if self._proc is None:
+                self._spawn()
+
+    def _spawn(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
+        path = os.path.join(self._dir, "zygote.sock")
+        self._proc = subprocess.Popen([sys.executable, "-m", "theinference.zygote", path], env={**allowed_env(os.environ), **self._env},
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self._ready = False
+        atexit.register(self.close)
 
     def _ensure_started(self) -> str:
         with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
-                return os.path.join(self._dir, "zygote.sock")
-            self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
-            path = os.path.join(self._dir, "zygote.sock")
-            self._proc = subprocess.Popen([sys.executable, "-m", "theinference.zygote", path], env={**allowed_env(os.environ), **self._env},
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-            if self._proc.stdout.readline().strip() != b"ready":
-                raise RuntimeError("the zygote process did not start")
-            atexit.register(self.close)
-            return path
+            if self._proc is None or self._proc.poll() is not None:
+                self._spawn()
+            if not self._ready:
+                if self._proc.stdout.readline().strip() != b"ready":
+                    raise RuntimeError("the zygote process did not start")
+                self._ready = True
+            return os.path.join(self._dir, "zygote.sock")
 
     def hide(self, path: Path) -> None:
         """Nothing to hide from: zygote workers are not sandboxed."""

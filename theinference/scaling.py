@@ -5,8 +5,10 @@ ScalingResult and a pass, or a "no-cache" failure stated in numbers.
 """
 
 import dataclasses
+import platform
 
 from theinference import oracle, timing
+from theinference.oracle_store import oracle_version
 from theinference.results import CaseResult, Diagnosis, ScalingResult
 from theinference.stages import StageSpec
 from theinference.weights import Model
@@ -51,7 +53,10 @@ def recompute_seconds(cache, model: Model, prompt: list[int], n_new: int) -> flo
                                                                     rows=slice(len(middle) - 1, len(middle))))
         return seconds * n_new
 
-    return cache.memo(("recompute-estimate", str(model.path), model.stamp, tuple(prompt), n_new), estimate)
+    # Kept across runs like an oracle output (it only informs the report), but per machine: it is a timing.
+    host = ("recompute-estimate", platform.node(), platform.machine(), oracle_version(()), prompt, n_new)
+    return float(cache.memo(("recompute-estimate", str(model.path), model.stamp, tuple(prompt), n_new), estimate,
+                            model=model, durable=host))
 
 
 def judge_timing(result: CaseResult, stage: StageSpec, timing: dict, oracle_seconds: float | None) -> None:

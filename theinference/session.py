@@ -11,6 +11,7 @@ from theinference.course import Course, CourseError, find_course_root, load_cour
 from theinference.fingerprint import fingerprint_stage
 from theinference.grade import GradeContext, GradeError, OracleCache, grade
 from theinference.launch import ConfinementError, default_launcher
+from theinference.oracle_store import default_store
 from theinference.oracles import OracleError
 from theinference.progress import load_progress, next_stage
 from theinference.randomcases import with_random_cases
@@ -148,8 +149,16 @@ def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs:
     student processes run under the strongest isolation available (theinference.sandbox).
     """
     course, notices = untrusted_course(locate_course(course_dir)) if untrusted else (locate_course(course_dir), [])
-    stage_root = None if untrusted else course.root
-    stages = load_stages(stage_dirs(stage_root, [*course.stages_dirs, *extra_stage_dirs]))
-    choice, model, made = obtain_weights(weights, course.weights, progress)
+    launcher = default_launcher(untrusted=untrusted)
+    launcher.warm()  # a zygote imports numpy while stages and weights load
+    try:
+        stage_root = None if untrusted else course.root
+        stages = load_stages(stage_dirs(stage_root, [*course.stages_dirs, *extra_stage_dirs]))
+        choice, model, made = obtain_weights(weights, course.weights, progress)
+    except BaseException:
+        launcher.close()
+        raise
+    # The persistent store is read by trusted runs only: a student process could have written into it.
+    cache = OracleCache(store=None if untrusted else default_store())
     return Session(course=course, stages=stages, weights=choice, model=model, made_weights=made, untrusted=untrusted,
-                   extra_stage_dirs=list(extra_stage_dirs), notices=notices, launcher=default_launcher(untrusted=untrusted))
+                   cache=cache, extra_stage_dirs=list(extra_stage_dirs), notices=notices, launcher=launcher)

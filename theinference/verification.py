@@ -10,7 +10,8 @@ tokens can call `verify_tokens`.
 import numpy as np
 
 from theinference import oracle, tokenizer
-from theinference.compare import walk_tokens
+from theinference.compare import token_summary, walk_summary
+from theinference.oracle_store import oracle_version
 from theinference.diagnose import diagnose_tokens
 from theinference.results import CaseResult, TokenStep
 from theinference.weights import Model
@@ -27,13 +28,26 @@ def token_problem(got: np.ndarray, n_new: int, n_vocab: int) -> str | None:
     return None
 
 
-def check_steps(model: Model, prompt: list[int], tokens: list[int], tie_rtol: float) -> list[TokenStep]:
-    """Walk the student's tokens over the oracle's logits on their own path, up to the first mismatch."""
-    path_logits = oracle.per_step_logits(model.params, prompt, tokens, model.config.n_head)
-    return walk_tokens(tokens, path_logits, tie_rtol, len(prompt) - 1)
+def check_steps(model: Model, prompt: list[int], tokens: list[int], tie_rtol: float, cache=None,
+                label: str = "") -> list[TokenStep]:
+    """Walk the student's tokens over the oracle's logits on their own path, up to the first mismatch.
+
+    With an OracleCache, what the walk reads of those logits is cached like an oracle output.
+    """
+    def summary() -> np.ndarray:
+        return token_summary(tokens, oracle.per_step_logits(model.params, prompt, tokens, model.config.n_head))
+
+    if cache is not None:
+        key = ("token-path", str(model.path), model.stamp, tuple(prompt), tuple(tokens))
+        found = cache.memo(key, summary, model=model, durable=("token-path", oracle_version(()), prompt, tokens),
+                           label=label)
+    else:
+        found = summary()
+    return walk_summary(tokens, found, tie_rtol, len(prompt) - 1)
 
 
-def verify_tokens(result: CaseResult, got: np.ndarray, model: Model, tie_rtol: float, hints: dict) -> None:
+def verify_tokens(result: CaseResult, got: np.ndarray, model: Model, tie_rtol: float, hints: dict, cache=None,
+                  label: str = "") -> None:
     """Fill a case's status, steps, tokens, message and diagnosis from the ids the student generated."""
     prompt, n_new = result.inputs["prompt"], result.inputs["n_new"]
     problem = token_problem(got, n_new, model.config.n_vocab)
@@ -41,7 +55,7 @@ def verify_tokens(result: CaseResult, got: np.ndarray, model: Model, tie_rtol: f
         result.status, result.detail, result.message = "fail", "wrong-shape", problem
         return
     result.got_tokens = [int(t) for t in got]
-    result.steps = check_steps(model, prompt, result.got_tokens, tie_rtol)
+    result.steps = check_steps(model, prompt, result.got_tokens, tie_rtol, cache, label)
     if result.steps[-1].verdict != "mismatch":
         result.status, result.expected_tokens = "pass", list(result.got_tokens)
         return

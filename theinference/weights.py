@@ -2,6 +2,8 @@
 
 import json
 import struct
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -298,9 +300,39 @@ def load_model(path: str | Path) -> Model:
     entries, config, data_start = inspect_checkpoint(path)
     dtypes = {entries[name]["dtype"] for name in expected_shapes(config)}
     notices = [f"weights stored as {d}; converted to float32" for d in sorted(dtypes - {"F32"})]
-    flat = {}
-    with path.open("rb") as f:
-        for name in expected_shapes(config):
-            flat[name] = _read_tensor(f, path, name, entries[name], data_start)
-    return Model(path=path, config=config, params=_nest(flat, config.n_layer), synthetic=synthetic_description(path),
-                 notices=notices, stamp=(stat.st_mtime_ns, stat.st_size))
+    stamp = (stat.st_mtime_ns, stat.st_size)
+
+    def read() -> dict:
+        if path.stat().st_size != stat.st_size or path.stat().st_mtime_ns != stat.st_mtime_ns:
+            raise WeightsError(f"{path}: the weights file changed while it was in use; run again")
+        flat = {}
+        with path.open("rb") as f:
+            for name in expected_shapes(config):
+                flat[name] = _read_tensor(f, path, name, entries[name], data_start)
+        return _nest(flat, config.n_layer)
+
+    return Model(path=path, config=config, params=LazyParams(read), synthetic=synthetic_description(path),
+                 notices=notices, stamp=stamp)
+
+
+class LazyParams(Mapping):
+    """The nested params, read from the file on first use: a run whose oracle outputs are all cached
+    never reads the tensors (500 MB on the gpt2 shape)."""
+
+    def __init__(self, read: Callable[[], dict]):
+        self._read, self._params, self._lock = read, None, threading.Lock()
+
+    def _loaded(self) -> dict:
+        with self._lock:
+            if self._params is None:
+                self._params = self._read()
+        return self._params
+
+    def __getitem__(self, key):
+        return self._loaded()[key]
+
+    def __iter__(self):
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
