@@ -78,7 +78,12 @@ def test_after_a_timeout_the_stage_s_other_cases_are_skipped(cli, tmp_path, tiny
     assert {c["message"] for c in cases[1:]} == {f"skipped after a timeout in case {cases[0]['name']} "
                                                  "(--all-cases runs every case)"}
     every = json.loads(cli(*args, "--all-cases").stdout)["stages"][0]["cases"]
-    assert {c["message"] for c in every} == {"timed out after 0.5 s while running"}
+    assert every[0]["message"] == "timed out after 0.5 s while running"
+    # Every case is run, none skipped; on a loaded machine the restarts' imports may use up the stage's budget
+    # (timeout × (cases + 1)) before the last case, which then says so instead.
+    assert all(c["status"] == "timeout" and "skipped" not in c["message"] for c in every)
+    assert {c["message"] for c in every} <= {"timed out after 0.5 s while running",
+                                              f"timed out: the stage's time budget of {0.5 * (len(every) + 1):g} s ran out"}
 
 
 def test_a_batch_with_a_hung_submission_costs_one_timeout_per_stage(cli, tmp_path, tiny_path):
