@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from theinference.launch import SubprocessLauncher, ZygoteLauncher
-from theinference.runner import AdapterJob, run_adapter
-from theinference.sandbox import strongest_isolation
+from theinference.proc.launch import SubprocessLauncher, ZygoteLauncher
+from theinference.proc.runner import AdapterJob, run_adapter
+from theinference.proc.sandbox import strongest_isolation
 
 ADAPTER = "import numpy as np\n\ndef run_layer_equiv(seq_ids):\n    return np.zeros(1)\n"
 

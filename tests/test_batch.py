@@ -90,7 +90,7 @@ def test_shards_merged_equal_the_unsharded_result(cli, batch, tiny_path, tmp_pat
 
 
 def test_csv_is_written_incrementally(tmp_path):
-    from theinference.batch import CsvWriter, SubmissionResult
+    from theinference.grading.batch import CsvWriter, SubmissionResult
 
     out = tmp_path / "grades.csv"
     writer = CsvWriter(out, ["prove-one-layer"])
@@ -100,7 +100,7 @@ def test_csv_is_written_incrementally(tmp_path):
 
 
 def test_adapters_may_not_import_the_oracle(cli, tmp_path, tiny_path):
-    write_adapters(tmp_path / "c", "from theinference import oracle\n\ndef run_layer_equiv(seq_ids):\n    return oracle.layer0_attn_sublayer\n")
+    write_adapters(tmp_path / "c", "from theinference.model import gpt2 as oracle\n\ndef run_layer_equiv(seq_ids):\n    return oracle.layer0_attn_sublayer\n")
     result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", "prove-one-layer", "--format", "json")
     case = json.loads(result.stdout)["stages"][0]["cases"][0]
     assert result.exit_code == 1 and case["status"] == "error"

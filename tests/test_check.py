@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from conftest import write_quick_scaling_stage
-from theinference.mutants import build_mutant, load_mutants
-from theinference.resources import data_dir
-from theinference.stages import load_stages
+from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.bundled import data_dir
+from theinference.grading.stages import load_stages
 
 
 # Output stages: the timed stage is checked below at test-sized lengths (a recompute of the
@@ -129,7 +129,7 @@ def test_a_stale_edit_is_reported(cli, tiny_path, tmp_path):
 def test_oracle_export(cli, tiny_path, tiny_model, solution_course, tmp_path):
     import numpy as np
 
-    from theinference import oracle
+    from theinference.model import gpt2 as oracle
 
     out = tmp_path / "expected.npz"
     result = cli("oracle", "--stage", "per-step-identity", "--case", "sentence", "--course", solution_course,

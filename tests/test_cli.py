@@ -5,10 +5,10 @@ import json
 import pytest
 from safetensors.numpy import load_file
 
-from theinference import sources
-from theinference.resources import data_dir
-from theinference.stages import load_stages
-from theinference.synth import SYNTH_VERSION
+from theinference.model import weights_choice as sources
+from theinference.bundled import data_dir
+from theinference.grading.stages import load_stages
+from theinference.model.synth import SYNTH_VERSION
 
 
 def test_reference_solution_passes_every_stage(cli, solution_course, tiny_path):
@@ -148,8 +148,8 @@ def test_stages_list(cli, solution_course):
 def test_an_internal_error_says_it_is_a_grader_bug(monkeypatch, capsys, solution_course, tiny_path):
     import sys
 
-    from theinference import cli as cli_module
-    from theinference import grade as grade_module
+    from theinference.cli import app as cli_module
+    from theinference.grading import grade as grade_module
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("oops")

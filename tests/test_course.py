@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from theinference.resources import data_dir
-from theinference.stages import load_stages
+from theinference.bundled import data_dir
+from theinference.grading.stages import load_stages
 
 ALL_STAGES = tuple(s.id for s in load_stages([data_dir("stages")]))
 

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from conftest import write_adapters
-from theinference.mutants import build_mutant, load_mutant
-from theinference.resources import data_dir
+from theinference.grading.mutants import build_mutant, load_mutant
+from theinference.bundled import data_dir
 
 MUTANTS = data_dir("course") / "mutants"
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from theinference import oracle
+from theinference.model import gpt2 as oracle
 
 IDS = [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13, 50256, 40]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from theinference.diagnose import diagnose_rows, diagnose_tokens
+from theinference.grading.diagnose import diagnose_rows, diagnose_tokens
 from theinference.report.terminal import render_run, sparkline
-from theinference.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
+from theinference.grading.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 HINTS = {"error-grows": "Your position counter isn't advancing.", "token-mismatch": "Check the decode loop."}

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import write_adapters, write_quick_scaling_stage
-from theinference.resources import data_dir
+from theinference.bundled import data_dir
 
 MODEL = """\
 import functools

@@ -4,7 +4,7 @@ import os
 
 from theinference.report.text import case_summary
 from theinference.report.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
-from theinference.results import RunResult
+from theinference.grading.results import RunResult
 
 
 def _relative(path: str) -> str:

@@ -3,8 +3,8 @@
 import json
 
 from theinference.report.text import stage_summary
-from theinference.results import RunResult
-from theinference.stages import StageSpec
+from theinference.grading.results import RunResult
+from theinference.grading.stages import StageSpec
 
 
 def render_gradescope(run: RunResult, version: str) -> str:

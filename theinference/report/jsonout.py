@@ -4,7 +4,7 @@ import dataclasses
 import json
 import math
 
-from theinference.results import CaseResult, RunResult, ScalingResult, StageResult
+from theinference.grading.results import CaseResult, RunResult, ScalingResult, StageResult
 
 SCHEMA = "theinference.results"
 SCHEMA_VERSION = 1

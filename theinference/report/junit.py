@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 from theinference.report.text import case_summary, scaling_summary
 from theinference.report.untrusted import for_terminal
-from theinference.results import RunResult
+from theinference.grading.results import RunResult
 
 _ERROR_STATUSES = ("error", "timeout", "crash")
 

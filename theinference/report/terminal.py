@@ -8,9 +8,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from theinference import tokenizer
+from theinference.model import tokenizer
 from theinference.report.untrusted import for_terminal
-from theinference.results import CaseResult, Diagnosis, RowStats, RunResult, StageResult
+from theinference.grading.results import CaseResult, Diagnosis, RowStats, RunResult, StageResult
 
 FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
 FOLD_LIMIT = 16  # cases with more rows than this are folded

@@ -1,7 +1,7 @@
 """Short plain-text summaries of results, shared by the CI renderers."""
 
 from theinference.report.untrusted import for_terminal
-from theinference.results import CaseResult, StageResult
+from theinference.grading.results import CaseResult, StageResult
 
 
 def scaling_summary(case: CaseResult) -> str:

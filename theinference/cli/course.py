@@ -1,0 +1,69 @@
+"""`theinference init` (start a course) and `theinference demo` (see a pass and a diagnosis)."""
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from theinference import __version__
+from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, config_error, console_for, err_console, synth_progress
+from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.report.terminal import render_run
+from theinference.bundled import data_dir
+from theinference.grading.session import CONFIG_ERRORS, RunOptions, open_session, select_stages
+
+# A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
+# a jump under the copy heads of synthetic weights v2; see the README).
+DEMO_MUTANT = "position-stuck"
+
+
+def init_command(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Where to create the course.")],
+    force: Annotated[bool, typer.Option("--force", help="Copy into DIR even if it is not empty (existing files are overwritten).")] = False,
+) -> None:
+    """Start the course: copy the starter (src/, tests/adapters.py, theinference.toml) into DIR."""
+    if directory.exists() and not directory.is_dir():
+        raise config_error(FileExistsError(f"{directory} exists and is not a directory"))
+    if directory.is_dir() and any(directory.iterdir()) and not force:
+        err_console().print(f"[bold red]error:[/bold red] {directory} is not empty; pass --force to copy the starter into it anyway",
+                            soft_wrap=True)
+        raise typer.Exit(EXIT_CONFIG)
+    shutil.copytree(data_dir("course") / "starter", directory, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    console = console_for(sys.stdout)
+    console.print(f"created the course in {directory}: src/gpt2.py, src/kvcache.py, tests/adapters.py", soft_wrap=True)
+    console.print(f"next:  cd {directory} && theinference stages show single-step-attention && theinference test --watch",
+                  soft_wrap=True)
+
+
+def demo_command(
+    weights: Annotated[Optional[str], typer.Option("--weights", help="As for `test` (default: synthetic GPT-2-shape weights).")] = None,
+) -> None:
+    """Grade the bundled reference solution (every stage passes), then a buggy copy of it (a diagnosed failure)."""
+    console = console_for(sys.stdout)
+    with tempfile.TemporaryDirectory(prefix="theinference-demo-") as tmp:
+        solution = Path(tmp) / "solution"
+        shutil.copytree(data_dir("course") / "solution", solution)
+        [mutant] = [m for m in load_mutants(data_dir("course") / "mutants") if m.name == DEMO_MUTANT]
+        buggy = build_mutant(mutant, solution, Path(tmp) / "buggy")
+        try:
+            session = open_session(solution, weights, [], progress=synth_progress())
+        except CONFIG_ERRORS as e:
+            raise config_error(e)
+        try:
+            console.rule("1. the reference solution")
+            good = session.run(session.stages, RunOptions())
+            render_run(console, good, __version__)
+            console.rule(f"2. the same code with one bug: {mutant.description}")
+            stage_ids = list(mutant.expect)
+            session.course = session.course.__class__(root=buggy, adapters=buggy / "tests" / "adapters.py")
+            bad = session.run(select_stages(session.stages, stage_ids), RunOptions())
+            render_run(console, bad, __version__)
+        finally:
+            session.close()
+    diagnosed = all(s.diagnosis and s.diagnosis.shape in mutant.expect[s.id] for s in bad.stages)
+    console.print("\nnext: `theinference init my-course` starts the course." if good.passed and diagnosed else "")
+    raise typer.Exit(0 if good.passed and diagnosed else EXIT_FAIL)

@@ -1,0 +1,98 @@
+"""`theinference stages`: list the stages a course has."""
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markdown import Markdown
+from rich.table import Table
+
+from theinference.grading.check import check_course
+from theinference.cli.common import EXIT_FAIL, config_error, console_for, synth_progress
+from theinference.course import CourseError, find_course_root
+from theinference.proc.launch import default_launcher
+from theinference.grading.progress import load_progress, next_stage
+from theinference.report.check import render_check
+from theinference.bundled import data_dir
+from theinference.grading.session import CONFIG_ERRORS, UsageError, select_stages
+from theinference.model.weights_choice import obtain_weights
+from theinference.grading.stages import StageError, load_stages, stage_dirs
+
+stages_app = typer.Typer(help="List and check stages.", no_args_is_help=True)
+
+
+@stages_app.command("list")
+def list_stages(
+    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+) -> None:
+    """List every stage in course order: id, title, cases, points, where it is defined."""
+    root = course.resolve() if course else find_course_root(Path.cwd())
+    try:
+        stages = load_stages(stage_dirs(root, stages_dir or []))
+    except (StageError, CourseError) as e:
+        raise config_error(e)
+    progress = load_progress(root) if root else {}
+    upcoming = next_stage(stages, progress) if root else None
+    table = Table(show_edge=False)
+    for column in ("stage", "status", "title", "adapter", "cases", "points", "defined in"):
+        table.add_column(column)
+    for s in stages:
+        status = progress.get(s.id, {}).get("status", "not graded")
+        marker = " ◀ next" if upcoming is not None and s.id == upcoming.id else ""
+        table.add_row(s.id, status + marker, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
+    console_for(sys.stdout).print(table)
+
+
+@stages_app.command("show")
+def show(
+    stage_id: Annotated[str, typer.Argument(metavar="ID", help="The stage whose lesson to show.")],
+    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+) -> None:
+    """Show a stage's lesson, with its adapter, tolerance and cases."""
+    root = course.resolve() if course else find_course_root(Path.cwd())
+    try:
+        [stage] = select_stages(load_stages(stage_dirs(root, stages_dir or [])), [stage_id])
+        lesson = stage.lesson.read_text(encoding="utf-8")
+    except (StageError, CourseError, UsageError) as e:
+        raise config_error(e)
+    except OSError as e:
+        raise config_error(StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}"))
+    console = console_for(sys.stdout)
+    console.print(Markdown(lesson))
+    tolerance = f"tie rtol {stage.tie_rtol:g}" if stage.tie_rtol is not None else f"atol {stage.atol:g} rtol {stage.rtol:g}"
+    console.print(f"\nadapter {stage.adapter}() · {tolerance} · "
+                  f"{len(stage.cases)} cases · {stage.points:g} points · timeout {stage.timeout:g} s", style="dim")
+
+
+@stages_app.command("check")
+def check(
+    source: Annotated[Optional[Path], typer.Option("--source", help="Course source holding solution/, starter/, mutants/ (default: the bundled course).")] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Check only this stage (repeatable).")] = None,
+    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", help="Weights to check against (default: as for `test`).")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Subjects graded at once.")] = os.cpu_count() or 1,
+) -> None:
+    """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
+    exactly the stages its manifest names, with the named diagnosis. Exit 1 on any mismatch."""
+    source = (source or data_dir("course")).resolve()
+    extra = [*(stages_dir or []), *([source / "stages"] if (source / "stages").is_dir() else [])]
+    try:
+        all_stages = load_stages(stage_dirs(None, extra))
+        selected = select_stages(all_stages, stage or [])
+        choice, model, _ = obtain_weights(weights, None, synth_progress())
+        console = console_for(sys.stdout)
+        console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
+        launcher = default_launcher()
+        try:
+            result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher)
+        finally:
+            launcher.close()
+    except (*CONFIG_ERRORS, UsageError) as e:
+        raise config_error(e)
+    render_check(console, result)
+    raise typer.Exit(0 if result.ok else EXIT_FAIL)

@@ -1,0 +1,116 @@
+"""`stages check`: prove every stage passes the solution, reports the starter not started,
+and catches every mutant with the diagnosis its manifest names."""
+
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from theinference.course import load_course
+from theinference.grading.grade import GradeContext, OracleCache, grade
+from theinference.proc.launch import SubprocessLauncher
+from theinference.grading.mutants import Mutant, MutantError, build_mutant, load_mutants
+from theinference.grading.results import StageResult
+from theinference.grading.stages import SHAPES, StageSpec
+from theinference.model.weights import Model
+
+
+@dataclass(frozen=True)
+class CheckCell:
+    subject: str  # solution | starter | a mutant's name
+    stage: str
+    expected: tuple[str, ...]  # acceptable outcomes: pass | not-started | failure shapes
+    got: str  # what the grader reported: a status, or the failing stage's shape
+    message: str = ""
+    expected_bugs: frozenset | None = None  # the bugs the fingerprint must name (None: not checked)
+    got_bugs: frozenset = frozenset()  # the bugs it named
+
+    @property
+    def ok(self) -> bool:
+        bugs_ok = self.expected_bugs is None or self.got == "pass" or self.got_bugs == self.expected_bugs
+        shape_ok = self.got in self.expected or ("fail" in self.expected and self.got in (*SHAPES, "wrong-shape"))
+        return shape_ok and bugs_ok
+
+
+@dataclass
+class CheckResult:
+    stages: list[str]
+    subjects: list[str]
+    cells: list[CheckCell] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # missing lessons, broken manifests, ...
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(c.ok for c in self.cells)
+
+
+def observed(result: StageResult) -> str:
+    """What a stage showed: 'pass', the failing stage's diagnosis shape, 'wrong-shape', or its status."""
+    if result.status == "fail" and result.diagnosis is not None:
+        return result.diagnosis.shape
+    if result.status == "fail" and any(c.detail == "wrong-shape" for c in result.cases):
+        return "wrong-shape"
+    return result.status
+
+
+def named_bugs(result: StageResult) -> frozenset:
+    """The known bugs the stage's fingerprint named (none if it named none)."""
+    d = result.diagnosis
+    return frozenset(d.bug.split(", ")) if d is not None and d.bug else frozenset()
+
+
+def _first_message(result: StageResult) -> str:
+    case = next((c for c in result.cases if c.status != "pass"), None)
+    return f"{case.name}: {case.message}" if case else ""
+
+
+def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list[StageSpec], ctx_args: dict,
+                   fingerprints: dict) -> list[CheckCell]:
+    ctx = GradeContext(course=load_course(course_dir), **ctx_args)
+    cells = []
+    for stage in stages:
+        result = grade(stage, ctx)
+        cells.append(CheckCell(subject=name, stage=stage.id, expected=expectations.get(stage.id, ("pass",)),
+                               got=observed(result), message=_first_message(result),
+                               expected_bugs=fingerprints.get(stage.id), got_bugs=named_bugs(result)))
+    return cells
+
+
+def _lesson_problems(stages: list[StageSpec]) -> list[str]:
+    return [f"{s.source}: lesson file {s.lesson} does not exist" for s in stages if not s.lesson.is_file()]
+
+
+def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) -> tuple[dict, list[str]]:
+    unknown = [f"{mutant.source}: expect names unknown stage '{s}'" for s in mutant.expect if s not in known]
+    return {s: shape for s, shape in mutant.expect.items() if s in selected}, unknown
+
+
+def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], model: Model,
+                 timeout: float | None = None, jobs: int = 2, launcher=None) -> CheckResult:
+    """Grade solution, starter and mutants under source/ on the given stages and compare with expectations."""
+    ctx_args = {"model": model, "cache": OracleCache(), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
+    result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
+    solution = source / "solution"
+    if not (solution / "tests" / "adapters.py").is_file():
+        result.problems.append(f"{solution}: no reference solution (tests/adapters.py) to check against")
+        return result
+    subjects = [("solution", solution, {}, {})]
+    if (source / "starter").is_dir():
+        subjects.append(("starter", source / "starter", {s.id: ("not-started",) for s in stages}, {}))
+    with tempfile.TemporaryDirectory(prefix="theinference-check-") as tmp:
+        try:
+            mutants = load_mutants(source / "mutants")
+            for mutant in mutants:
+                expect, unknown = _mutant_expectations(mutant, {s.id for s in all_stages}, {s.id for s in stages})
+                result.problems.extend(unknown)
+                subjects.append((mutant.name, build_mutant(mutant, solution, Path(tmp) / mutant.name), expect,
+                                 mutant.fingerprint))
+        except MutantError as e:
+            result.problems.append(str(e))
+        result.subjects = [name for name, *_ in subjects]
+        # The solution first and alone: it fills the oracle cache every other subject reuses.
+        result.cells.extend(_grade_subject(*subjects[0][:3], stages, ctx_args, subjects[0][3]))
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for cells in pool.map(lambda s: _grade_subject(*s[:3], stages, ctx_args, s[3]), subjects[1:]):
+                result.cells.extend(cells)
+    return result
