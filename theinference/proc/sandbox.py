@@ -29,6 +29,10 @@ from pathlib import Path
 
 NOBODY = 65534  # the uid and gid of `nobody` on Debian, Ubuntu, Fedora, Alpine
 _PACKAGE = Path(__file__).resolve().parents[1]
+# The stub package the student sees: weights_path(), the student-side runner and its timing helper
+# (cache-scaling); they import only the standard library and each other at module level
+# (tests/test_architecture.py checks it), so nothing else need be copied.
+STUB_FILES = ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/timing.py")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 
@@ -147,9 +151,7 @@ class Sandbox:
         stub = Path(self.stub_root) / "theinference"
         stub.mkdir(mode=0o755)
         (stub / "proc").mkdir(mode=0o755)
-        # weights_path(), the student-side runner and its timing helper (cache-scaling); none of them
-        # imports anything else from the package at module level, so nothing else need be copied.
-        for name in ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/timing.py"):
+        for name in STUB_FILES:
             shutil.copyfile(_PACKAGE / name, stub / name)
             os.chmod(stub / name, 0o644)
         self.child_script = str(stub / "proc" / "child.py")
