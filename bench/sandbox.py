@@ -50,7 +50,7 @@ def main() -> None:
         launchers = {"zygote (fork)": ZygoteLauncher(), "fresh interpreter": SubprocessLauncher()}
         if isolation.level == "sandbox":
             launchers["sandbox (bwrap)"] = SubprocessLauncher(isolation)
-        results = {name: statistics.median(s := measure(launcher, course, weights, args.runs)) for name, launcher in launchers.items()}
+        results = {name: statistics.median(measure(launcher, course, weights, args.runs)) for name, launcher in launchers.items()}
         for name, median in results.items():
             print(f"{name:18s} median {median * 1000:7.1f} ms per student process")
         base, fresh = results["zygote (fork)"], results["fresh interpreter"]

@@ -139,9 +139,9 @@ def test_weights_without_subcommand_says_which_and_why(cli, tiny_path, monkeypat
 def test_stages_list(cli, solution_course):
     result = cli("stages", "list", "--course", solution_course)
     assert result.exit_code == 0
-    lines = [l for l in result.stdout.splitlines() if l.strip()]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
     stages = ("forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy")
-    order = [next(s for s in stages if s in l) for l in lines if "run_" in l]
+    order = [next(s for s in stages if s in line) for line in lines if "run_" in line]
     assert order == list(stages)
 
 

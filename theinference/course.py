@@ -17,7 +17,7 @@ from pathlib import Path
 
 CONFIG_NAME = "theinference.toml"
 DEFAULT_ADAPTERS = "tests/adapters.py"
-_FIELDS = {"weights": str, "adapters": str, "stages_dirs": list, "timeout": (int, float)}
+_FIELDS: dict[str, type | tuple[type, ...]] = {"weights": str, "adapters": str, "stages_dirs": list, "timeout": (int, float)}
 
 
 class CourseError(Exception):

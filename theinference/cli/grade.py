@@ -45,7 +45,8 @@ def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[st
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
     choice, model, _ = obtain_weights(weights, None, synth_progress())
     # The base session only carries what every submission shares: weights, oracle cache, launcher.
-    return Session(course=None, stages=stages, weights=choice, model=model,
+    # No course: each submission brings its own.
+    return Session(course=None, stages=stages, weights=choice, model=model,  # type: ignore[arg-type]
                    launcher=default_launcher(student_env, untrusted=True), untrusted=True,
                    extra_stage_dirs=list(stages_dir)), stages
 

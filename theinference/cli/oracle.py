@@ -41,5 +41,5 @@ def oracle_command(
         arrays = oracle_arrays(spec, model, cases)
     except (*CONFIG_ERRORS, UsageError) as e:
         raise config_error(e)
-    np.savez(out, **arrays)
+    np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub does not take **arrays
     err_console().print(f"wrote {out}: {len(cases)} case(s) of {stage} against {choice.path}", soft_wrap=True)

@@ -24,7 +24,7 @@ def render_regrade(report: Regrade, root) -> None:
     console.print(f"[dim]{when} · {escape(what)} · graded in {report.seconds:.2f} s[/dim]", soft_wrap=True)
     if report.error:
         console.print(f"[bold red]error:[/bold red] {escape(report.error)}", soft_wrap=True)
-    else:
+    elif report.result is not None:
         render_run(console, report.result, __version__)
     if report.notice:
         console.print(report.notice, markup=False, soft_wrap=True)

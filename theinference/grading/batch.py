@@ -199,7 +199,8 @@ def write_csv(path: Path, rows: list[list[str]]) -> None:
 
 def merge_csv(out: Path, parts: list[Path]) -> int:
     """Combine shard CSVs into one, sorted by id; headers must agree and ids must not repeat."""
-    header, rows = None, {}
+    header: list[str] | None = None
+    rows: dict[str, list[str]] = {}
     for part in parts:
         with part.open(newline="", encoding="utf-8") as f:
             reader = list(csv.reader(f))
@@ -214,5 +215,5 @@ def merge_csv(out: Path, parts: list[Path]) -> int:
             if row[0] in rows:
                 raise BatchError(f"{part}: submission '{row[0]}' already appears in another shard")
             rows[row[0]] = row
-    write_csv(out, [header, *(rows[k] for k in sorted(rows))])
+    write_csv(out, [header or [], *(rows[k] for k in sorted(rows))])
     return len(rows)

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ def _recorded_after(model: Model, oracle_name: str, inputs: dict, history: list)
 
 
 # What one call feeds the cache, and which of those rows (relative to the call's first) it returns.
-_CONSUMED = {
+_CONSUMED: dict[str, tuple[Callable[[dict], list], Callable[[dict], Any]]] = {
     "layer0-attn-sublayer": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"]))),
     "layer0-attn-last": (lambda i: list(i["seq"]), lambda i: len(i["seq"]) - 1),
     "decode-step-logits": (lambda i: [*i["prompt"], i["next_id"]], lambda i: len(i["prompt"])),
@@ -170,9 +171,9 @@ def is_inert(bug: Bug, spec: OracleSpec, inputs: dict) -> bool:
 
 
 def bug_output(bug: Bug, spec: OracleSpec, oracle_name: str, model: Model, inputs: dict,
-               history: list = ()) -> np.ndarray:
+               history: tuple | list = ()) -> np.ndarray:
     """What the stage's adapter returns for these inputs (after the earlier cases' calls) with this bug: one forward."""
     if bug.compute is not None:
         return np.asarray(bug.compute(model, oracle_name, inputs, list(history)))
-    defects = dataclasses.replace(bug.defects, prefill=spec.prefill(inputs))
+    defects = dataclasses.replace(bug.defects or oracle.EXACT, prefill=spec.prefill(inputs))
     return np.asarray(spec.compute(model, **inputs, defects=defects))

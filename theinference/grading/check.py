@@ -8,7 +8,7 @@ from pathlib import Path
 
 from theinference.course import load_course
 from theinference.grading.grade import GradeContext, OracleCache, grade
-from theinference.proc.launch import SubprocessLauncher
+from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.grading.mutants import Mutant, MutantError, build_mutant, load_mutants
 from theinference.grading.results import StageResult
 from theinference.grading.stages import SHAPES, StageSpec
@@ -86,7 +86,7 @@ def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) ->
 
 
 def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], model: Model,
-                 timeout: float | None = None, jobs: int = 2, launcher=None) -> CheckResult:
+                 timeout: float | None = None, jobs: int = 2, launcher: Launcher | None = None) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations."""
     ctx_args = {"model": model, "cache": OracleCache(), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
@@ -94,7 +94,7 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
     if not (solution / "tests" / "adapters.py").is_file():
         result.problems.append(f"{solution}: no reference solution (tests/adapters.py) to check against")
         return result
-    subjects = [("solution", solution, {}, {})]
+    subjects: list[tuple[str, Path, dict, dict]] = [("solution", solution, {}, {})]
     if (source / "starter").is_dir():
         subjects.append(("starter", source / "starter", {s.id: ("not-started",) for s in stages}, {}))
     with tempfile.TemporaryDirectory(prefix="theinference-check-") as tmp:
@@ -111,6 +111,6 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
         # The solution first and alone: it fills the oracle cache every other subject reuses.
         result.cells.extend(_grade_subject(*subjects[0][:3], stages, ctx_args, subjects[0][3]))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for cells in pool.map(lambda s: _grade_subject(*s[:3], stages, ctx_args, s[3]), subjects[1:]):
+            for cells in pool.map(lambda s: _grade_subject(s[0], s[1], s[2], stages, ctx_args, s[3]), subjects[1:]):
                 result.cells.extend(cells)
     return result

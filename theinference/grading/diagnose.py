@@ -82,7 +82,7 @@ def classify_rows(rows: list[RowStats], expected=None, got=None, atol=0.0, rtol=
     """The shape of a failing case's per-row errors, and the numbers its summary quotes."""
     ok = [r.ok for r in rows]
     err = np.array([r.max_abs for r in rows])
-    facts = {"n": len(rows), "n_bad": ok.count(False)}
+    facts: dict[str, object] = {"n": len(rows), "n_bad": ok.count(False)}
     nonfinite = [r.row for r in rows if r.n_nonfinite]
     if nonfinite:
         return "nonfinite-row", {**facts, "n_nonfinite": len(nonfinite), "first_nonfinite": nonfinite[0]}

@@ -57,7 +57,7 @@ def _match(bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec
            histories: dict) -> Match | None:
     worst, visible = 0.0, False
     for case in cases:
-        got = case.output
+        got = np.asarray(case.output)
         expected = cache.get(model, stage, spec, case)
         history = histories[case.name]
         out = expected if is_inert(bug, spec, case.inputs) else cache.memo(
@@ -104,7 +104,8 @@ def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: int) -> Diagn
 def _histories(cases: list[CaseResult]) -> dict:
     """The earlier cases whose calls ran in the same student process before each case's (the
     runner starts a fresh process after a crash or a timeout)."""
-    histories, earlier = {}, []
+    histories: dict[str, list] = {}
+    earlier: list = []
     for case in cases:
         histories[case.name] = list(earlier)
         earlier = [] if case.status in ("crash", "timeout") else [*earlier, case.inputs]

@@ -12,7 +12,7 @@ from theinference.grading.compare import compare_rows, shape_problem
 from theinference.course import Course
 from theinference.grading.diagnose import diagnose_rows
 from theinference.grading.fingerprint import fingerprint_stage
-from theinference.proc.launch import SubprocessLauncher
+from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.grading.oracle_registry import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.grading.results import CaseResult, Diagnosis, StageResult
 from theinference.proc.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
@@ -50,7 +50,7 @@ class GradeContext:
     cache: OracleCache = field(default_factory=OracleCache)
     timeout: float | None = None  # overrides every stage's timeout
     env: dict = field(default_factory=dict)  # extra environment for the student's process
-    launcher: object = field(default_factory=SubprocessLauncher)  # how student processes start
+    launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
     memory_mb: int | None = DEFAULT_MEMORY_MB  # address-space cap per student process
     untrusted: bool = False  # only the allow-listed environment for the student's process
     fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
@@ -131,12 +131,14 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
         result.status, result.detail = "fail", "wrong-shape"
         result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
         return result
+    assert outcome.value is not None, "an \"ok\" outcome carries the adapter's array"
     if stage.compare in TOKEN_COMPARES:  # verified on the student's own path: no oracle continuation needed
+        assert stage.tie_rtol is not None, "the loader requires [tie] for token stages"
         verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints)
         # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
         if stage.scaling is not None and result.status == "pass" and not outcome.timing:
             result.status, result.message = "fail", "the adapter's process reported no timings"
-        elif stage.scaling is not None and result.status == "pass":
+        elif stage.scaling is not None and result.status == "pass" and outcome.timing:
             recompute = scaling.recompute_seconds(ctx.cache, ctx.model, case.inputs["prompt"], case.inputs["n_new"])
             scaling.judge_timing(result, stage, outcome.timing, recompute)
     else:

@@ -122,6 +122,7 @@ def _import_file_oracle(path: Path, func_name: str, stage_source: Path, stamp: t
     module_name = f"theinference_course_oracle_{abs(hash(str(path)))}"
     try:
         spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None, "a .py path always has a loader"
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         spec.loader.exec_module(module)

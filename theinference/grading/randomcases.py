@@ -23,7 +23,7 @@ def resolve_seed(seed: str | None) -> int | None:
 
 def _random_case(rng: random.Random, stage: StageSpec, config: GPT2Config, index: int) -> CaseSpec:
     budget = min(config.n_ctx, MAX_TOKENS)
-    inputs = {}
+    inputs: dict[str, int | list[int]] = {}
     for name in stage.inputs:
         if name in COUNT_INPUTS:
             inputs[name] = rng.randint(1, budget // 2)

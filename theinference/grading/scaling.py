@@ -58,6 +58,7 @@ def recompute_seconds(cache, model: Model, prompt: list[int], n_new: int) -> flo
 def judge_timing(result: CaseResult, stage: StageSpec, timing: dict, oracle_seconds: float | None) -> None:
     """Given right tokens and the timings: pass, or fail as no-cache with the growth in numbers."""
     spec = stage.scaling
+    assert spec is not None, "called for cache-scaling stages only"
     blas = [pool["threads"] for pool in timing.get("blas", [])]
     result.scaling = ScalingResult(lengths=spec.lengths, seconds=tuple(timing["seconds"]), max_ratio=spec.max_ratio,
                                    blas_threads=max(blas, default=1), oracle_seconds=oracle_seconds)
@@ -73,6 +74,7 @@ def judge_timing(result: CaseResult, stage: StageSpec, timing: dict, oracle_seco
 
 def judge_timeout(result: CaseResult, stage: StageSpec) -> None:
     """A timed generation that ran past the stage's timeout: no cache, said so."""
+    assert stage.scaling is not None, "called for cache-scaling stages only"
     lengths = ", ".join(str(n) for n in stage.scaling.lengths)
     result.status = "fail"
     result.message = (f"{result.message}: generating {lengths} tokens ({stage.scaling.repeats} times each) "

@@ -10,7 +10,7 @@ from pathlib import Path
 from theinference.course import Course, CourseError, find_course_root, load_course
 from theinference.grading.fingerprint import fingerprint_stage
 from theinference.grading.grade import GradeContext, GradeError, OracleCache, grade
-from theinference.proc.launch import ConfinementError, default_launcher
+from theinference.proc.launch import ConfinementError, Launcher, default_launcher
 from theinference.grading.oracle_registry import OracleError
 from theinference.grading.progress import load_progress, next_stage
 from theinference.grading.randomcases import with_random_cases
@@ -88,7 +88,7 @@ class Session:
     model: Model
     made_weights: bool = False
     cache: OracleCache = field(default_factory=OracleCache)
-    launcher: object = field(default_factory=default_launcher)
+    launcher: Launcher = field(default_factory=default_launcher)
     untrusted: bool = False  # the submission's stages, weights, stage dirs and timeout were not read
     extra_stage_dirs: list[Path] = field(default_factory=list)  # the instructor's --stages-dir
     notices: list[str] = field(default_factory=list)

@@ -333,7 +333,8 @@ def _tolerances(path: Path, data: dict) -> tuple[float, float, float | None]:
         raise _fail(path, "tie", "only a stage that checks greedy tokens (compare \"tokens\" or \"scaling\") takes [tie]")
     if "tolerance" not in data:
         raise _fail(path, "tolerance", "missing required field")
-    return (*_tolerance(path, data["tolerance"]), None)
+    atol, rtol = _tolerance(path, data["tolerance"])
+    return atol, rtol, None
 
 
 def _hints(path: Path, table: dict) -> dict:
@@ -408,13 +409,13 @@ def load_stage(path: Path) -> StageSpec:
     )
 
 
-def stage_dirs(course_root: Path | None, extra: list[Path] = ()) -> list[Path]:
+def stage_dirs(course_root: Path | None, extra: tuple[Path, ...] | list[Path] = ()) -> list[Path]:
     """Where stages are found: built-in, then the course's `stages/`, then --stages-dir."""
     dirs = [data_dir("stages")]
     if course_root is not None and (course_root / "stages").is_dir():
         dirs.append(course_root / "stages")
     dirs.extend(Path(d) for d in extra)
-    unique = []
+    unique: list[Path] = []
     for d in dirs:
         if d.resolve() not in [u.resolve() for u in unique]:
             unique.append(d)

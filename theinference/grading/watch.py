@@ -22,6 +22,7 @@ from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from theinference.course import load_course
@@ -111,7 +112,7 @@ class Watch:
     poll: bool = False
     debounce: float = DEBOUNCE
     events: queue.Queue = field(default_factory=queue.Queue)
-    observer: object = None
+    observer: BaseObserver | None = None
     watched_id: tuple[int, int] | None = None  # the directory the observer watches, to notice it being replaced
     # Called again once a failing re-grade is fingerprinted (the verdict was shown before); None: not fingerprinted.
     on_fingerprint: Callable[[Regrade], None] | None = None
@@ -213,6 +214,7 @@ class Watch:
         return report
 
     def _fingerprint(self, stages, report: Regrade) -> None:
+        assert report.result is not None and self.on_fingerprint is not None, "only a failing run is fingerprinted"
         try:
             self.session.fingerprint_run(stages, report.result, self.options)
         except CONFIG_ERRORS as e:

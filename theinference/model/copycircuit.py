@@ -110,8 +110,8 @@ def _copy_heads(tensors: dict, config: GPT2Config, seed: int) -> None:
         proj[cols, :] = 0.0
         proj[cols[0] : cols[0] + _TOKEN_DIMS, ch["out"]] = gain * rng.standard_normal((_TOKEN_DIMS, _OUT_DIMS))
     ln_w, ln_b = tensors[last + "ln_1.weight"], tensors[last + "ln_1.bias"]
-    for dims in (ch["tok"], ch["pos"]):
-        ln_w[dims], ln_b[dims] = 1.0, 0.0
+    for channel in (ch["tok"], ch["pos"]):
+        ln_w[channel], ln_b[channel] = 1.0, 0.0
 
 
 def _align_eot(tensors: dict, config: GPT2Config, seed: int) -> None:

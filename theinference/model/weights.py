@@ -220,7 +220,7 @@ def _read_tensor(f, path: Path, name: str, entry: dict, data_start: int) -> np.n
     start, end = entry["data_offsets"]
     raw = np.empty(entry["shape"], dtype=_DTYPES[entry["dtype"]])
     f.seek(data_start + start)
-    if f.readinto(memoryview(raw).cast("B")) != end - start:
+    if f.readinto(memoryview(raw).cast("B")) != end - start:  # type: ignore[arg-type]  # ndarray is a buffer
         raise WeightsError(f"{path}: tensor '{name}' is cut short (the file is truncated)")
     if entry["dtype"] == "BF16":
         return (raw.astype(np.uint32) << 16).view(np.float32)

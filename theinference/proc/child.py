@@ -50,6 +50,7 @@ def _student_traceback(exc: BaseException) -> str:
 
 def _import_adapters(path: Path):
     spec = importlib.util.spec_from_file_location("adapters", path)
+    assert spec is not None and spec.loader is not None, "a .py path always has a loader"
     module = importlib.util.module_from_spec(spec)
     sys.modules["adapters"] = module
     spec.loader.exec_module(module)

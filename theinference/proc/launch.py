@@ -20,11 +20,39 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Protocol
 
 from theinference.proc.interrupt import kill_group
 from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
 
 from theinference.trust import allowed_env
+
+class StudentProcess(Protocol):
+    """A started student process, as the runner sees it."""
+
+    pid: int
+    returncode: int | None
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class Launcher(Protocol):
+    """How student processes start (SubprocessLauncher, ZygoteLauncher): one per grading run, closed at its end."""
+
+    isolation: Isolation
+
+    def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> StudentProcess:
+        """Start `theinference.proc.child ARGS` in cwd with env, its output to stdout/stderr, events to proto_fd."""
+        ...
+
+    def hide(self, path: Path) -> None:
+        """Keep path (a results file) unreadable by student processes."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever the launcher keeps running (a zygote, a sandbox's stub)."""
+        ...
+
 
 class ConfinementError(Exception):
     """Student processes cannot run confined as chosen (files unreadable by their user): a setup error."""
@@ -36,7 +64,7 @@ class ZygoteProcess:
     def __init__(self, conn: socket.socket):
         self.conn = conn
         self.buffer = b""
-        self.returncode = None
+        self.returncode: int | None = None
         self.pid = self._read(time.monotonic() + 30)["pid"]
 
     def _read(self, deadline: float) -> dict:
@@ -153,18 +181,18 @@ class ZygoteLauncher:
         self.isolation = basic_isolation()
         self._env = env or {}
         self._lock = threading.Lock()
-        self._proc = None
-        self._dir = None
+        self._proc: subprocess.Popen | None = None
+        self._dir: str | None = None
 
     def _ensure_started(self) -> str:
         with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
+            if self._proc is not None and self._proc.poll() is None and self._dir is not None:
                 return os.path.join(self._dir, "zygote.sock")
-            self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
-            path = os.path.join(self._dir, "zygote.sock")
+            self._dir = directory = tempfile.mkdtemp(prefix="theinference-zygote-")
+            path = os.path.join(directory, "zygote.sock")
             self._proc = subprocess.Popen([sys.executable, "-m", "theinference.proc.zygote", path], env={**allowed_env(os.environ), **self._env},
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-            if self._proc.stdout.readline().strip() != b"ready":
+            if self._proc.stdout is None or self._proc.stdout.readline().strip() != b"ready":
                 raise RuntimeError("the zygote process did not start")
             atexit.register(self.close)
             return path
@@ -183,7 +211,8 @@ class ZygoteLauncher:
     def close(self) -> None:
         with self._lock:
             if self._proc is not None:
-                self._proc.stdin.close()  # the zygote exits when its stdin closes
+                if self._proc.stdin is not None:
+                    self._proc.stdin.close()  # the zygote exits when its stdin closes
                 try:
                     self._proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
@@ -199,7 +228,7 @@ def blas_env(threads: int) -> dict:
     return {name: str(threads) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def default_launcher(env: dict | None = None, untrusted: bool = False):
+def default_launcher(env: dict | None = None, untrusted: bool = False) -> Launcher:
     """For untrusted submissions, a fresh interpreter under the strongest isolation available;
     otherwise the zygote where fork is safe and cheap (Linux), else a fresh interpreter per run.
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from theinference.proc import interrupt
-from theinference.proc.launch import SubprocessLauncher
+from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.trust import allowed_env
 
 OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
@@ -48,7 +48,7 @@ class AdapterJob:
     weights: Path
     timeout: float  # seconds per call (and for importing the adapters)
     env: dict = field(default_factory=dict)
-    launcher: object = field(default_factory=SubprocessLauncher)
+    launcher: Launcher = field(default_factory=SubprocessLauncher)
     memory_mb: int | None = DEFAULT_MEMORY_MB  # None: no cap
     untrusted: bool = False  # the student's process gets only the allow-listed environment
     scaling: dict | None = None  # cache-scaling: {"lengths", "repeats"} to time each call at (theinference.proc.timing)

@@ -158,6 +158,7 @@ class Sandbox:
 
     def command(self, argv: list[str], course_root: str, run_dir: str, weights: str) -> list[str]:
         """argv (run inside the sandbox) wrapped in bwrap, seeing only what the run needs."""
+        assert self.isolation.bwrap is not None, "a Sandbox is made only where bubblewrap runs"
         python = _python_dirs()
         # The weights file and its config.json, not their directory: it may be private, or hold more than they need.
         config = Path(weights).parent / "config.json"

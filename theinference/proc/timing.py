@@ -10,7 +10,7 @@ import time
 
 
 def _blas_threads() -> list[dict]:
-    from threadpoolctl import threadpool_info
+    from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
 
     return [{"api": p.get("internal_api", p.get("user_api", "?")), "threads": p["num_threads"]} for p in threadpool_info()]
 

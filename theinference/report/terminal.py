@@ -1,6 +1,7 @@
 """Render a RunResult for people: header, one line per stage, a divergence table per failing case."""
 
 import math
+from typing import Literal
 
 from rich import box
 from rich.console import Console, Group
@@ -102,6 +103,7 @@ def _visible_rows(case: CaseResult) -> tuple[list[RowStats], list[RowStats]]:
 def rows_table(case: CaseResult, vocab: bool, plain: bool = False) -> Table:
     """The per-position divergence table of a failing case, first divergent row highlighted."""
     table = Table(box=_box(plain), show_edge=False, pad_edge=False)
+    justify: Literal["left", "right"]
     for title, justify in (("row", "right"), ("pos", "right"), ("token", "left"), ("max |Δ|", "right"),
                            ("max rel Δ", "right"), ("out of tol", "right"), ("worst: expected vs got", "left"),
                            ("", "left")):
@@ -150,6 +152,7 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
     for title in ("tokens", "CPU ms/token", "marginal ms/token"):
         table.add_column(title, justify="right", no_wrap=True)
     t = case.scaling
+    assert t is not None, "called for cache-scaling cases only"
     for n, per, marginal in zip(t.lengths, t.ms_per_token, t.marginal_ms):
         table.add_row(str(n), f"{per:.2f}", "" if marginal is None else f"{marginal:.2f}")
     return table
@@ -158,6 +161,7 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
 def scaling_lines(case: CaseResult) -> list[Text]:
     """How the timing was taken, the ratio, and (on a pass) the speed-up over the oracle's recompute."""
     t = case.scaling
+    assert t is not None, "called for cache-scaling cases only"
     threads = "one BLAS thread" if t.blas_threads == 1 else f"{t.blas_threads} BLAS threads (could not limit to one)"
     lines = [Text(f"  timed in your process: CPU time, {threads}, fastest of repeated calls · "
                   f"per-token cost ×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
@@ -169,7 +173,7 @@ def scaling_lines(case: CaseResult) -> list[Text]:
 
 
 def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
-    parts = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
+    parts: list[Text | Table] = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
                            (f" — {for_terminal(case.message)}" if case.message else "", ""))]
     if case.rows and case.status == "fail":
         parts.append(rows_table(case, vocab, plain))
@@ -260,7 +264,7 @@ def _print_cross_case(console: Console, stage: StageResult) -> None:
     plain = is_plain(console)
     console.print(Text(f"  across cases (one row each, by position {rows[0].position}..{rows[-1].position}): "
                        f"{sparkline([r.max_abs for r in rows], plain)}"))
-    for line in diagnosis_lines(stage.cross_case):
+    for line in diagnosis_lines(stage.cross_case) if stage.cross_case else []:
         console.print(line)
 
 

@@ -7,6 +7,7 @@ from theinference.grading.results import CaseResult, StageResult
 def scaling_summary(case: CaseResult) -> str:
     """cache-scaling's numbers in one line: ms per token at each length, the ratio, the speed-up."""
     t = case.scaling
+    assert t is not None, "called for cache-scaling cases only"
     per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
     faster = f"; {t.speedup:.1f}× faster than the oracle's recompute (estimated)" if t.speedup is not None else ""
     return (f"CPU time per token ({t.blas_threads} BLAS thread(s)): {per}; ratio {t.ratio:.2f} "
