@@ -13,7 +13,7 @@ from rich.console import Console
 
 from theinference import __version__
 from theinference.proc import interrupt
-from theinference.cli.common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, config_error, console_for, err_console,
+from theinference.cli.common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, ConfigErrorsExit, console_for, err_console,
                                      in_ci, run_options, synth_progress, write_atomic)
 from theinference.proc.runner import DEFAULT_MEMORY_MB
 from theinference.cli.autograder import autograder_app
@@ -27,10 +27,11 @@ from theinference.report import TEXT_FORMATS
 from theinference.report.github import render_summary
 from theinference.report.terminal import render_run
 from theinference.grading.progress import record_progress
-from theinference.grading.session import CONFIG_ERRORS, UsageError, choose_stages, open_session
+from theinference.grading.session import UsageError, choose_stages, open_session
 from theinference.grading.watch import Watch
 
 app = typer.Typer(
+    cls=ConfigErrorsExit,
     help="The grader for the course 'Build your own KV cache'.",
     no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
 )
@@ -108,35 +109,32 @@ def test(
     """
     # Results that count as grades come from the instructor's inputs only (see the README's threat model).
     untrusted = untrusted or in_ci() or fmt is Format.gradescope
+    if untrusted and watch:
+        raise UsageError("--watch trusts the course directory; it cannot be combined with untrusted grading "
+                         "(--untrusted, CI=true or --format gradescope)")
+    options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
+    session = open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted)
     try:
-        if untrusted and watch:
-            raise UsageError("--watch trusts the course directory; it cannot be combined with untrusted grading "
-                             "(--untrusted, CI=true or --format gradescope)")
-        options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
-        session = open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted)
-        try:
-            # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
-            wanted = [] if all_stages else (stage or ([] if untrusted else None))
-            if output:
-                session.launcher.hide(output)
-            _weights_notice(session)
-            if watch:
-                show = lambda r: render_regrade(r, session.course.root)  # noqa: E731
-                raise typer.Exit(run_watch(Watch(session, wanted, show, extra_stage_dirs=stages_dir or [],
-                                                 options=options, poll=poll, on_fingerprint=show)))
-            selected = choose_stages(session, wanted)
-            if wanted is None and len(selected) == 1:
-                err_console().print(f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
-                                    "(--all grades every stage, --stage ID a given one)", soft_wrap=True)
-            run = session.run(selected, options)
-            if not untrusted:
-                notice = record_progress(session.course.root, run)
-                if notice:
-                    err_console().print(notice, markup=False, soft_wrap=True)
-        finally:
-            session.close()
-    except (*CONFIG_ERRORS, UsageError) as e:
-        raise config_error(e)
+        # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
+        wanted = [] if all_stages else (stage or ([] if untrusted else None))
+        if output:
+            session.launcher.hide(output)
+        _weights_notice(session)
+        if watch:
+            show = lambda r: render_regrade(r, session.course.root)  # noqa: E731
+            raise typer.Exit(run_watch(Watch(session, wanted, show, extra_stage_dirs=stages_dir or [],
+                                             options=options, poll=poll, on_fingerprint=show)))
+        selected = choose_stages(session, wanted)
+        if wanted is None and len(selected) == 1:
+            err_console().print(f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
+                                "(--all grades every stage, --stage ID a given one)", soft_wrap=True)
+        run = session.run(selected, options)
+        if not untrusted:
+            notice = record_progress(session.course.root, run)
+            if notice:
+                err_console().print(notice, markup=False, soft_wrap=True)
+    finally:
+        session.close()
     _emit(run, fmt, output)
     raise typer.Exit(0 if run.passed else EXIT_FAIL)
 

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from theinference.grading.autograder import (AutograderError, Grading, Weights, check_weights_file, copy_wheel, obtain_wheel,
                                      render_workflow, repo_path, write_gradescope_bundle)
-from theinference.cli.common import config_error, err_console
+from theinference.cli.common import err_console
 from theinference.cli.weights import Preset
 from theinference.grading.randomcases import resolve_seed
 from theinference.grading.session import UsageError, select_stages
@@ -70,14 +70,11 @@ def gradescope(
     run_autograder grades /autograder/submission with `theinference grade` and always leaves a valid
     /autograder/results/results.json (0 points and the reason when the submission cannot be graded).
     """
-    try:
-        grading = _grading(stages_dir, stage, timeout, memory_limit, cases_seed)
-        chosen, warnings = _weights(weights, preset, seed)
-        with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
-            found, wheel_warnings = obtain_wheel(wheel, Path(workdir))
-            write_gradescope_bundle(out, found, chosen, grading, time_budget)
-    except ERRORS as e:
-        raise config_error(e)
+    grading = _grading(stages_dir, stage, timeout, memory_limit, cases_seed)
+    chosen, warnings = _weights(weights, preset, seed)
+    with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
+        found, wheel_warnings = obtain_wheel(wheel, Path(workdir))
+        write_gradescope_bundle(out, found, chosen, grading, time_budget)
     _warn(warnings + wheel_warnings)
     what = f"weights {chosen.file}" if chosen.file else f"{chosen.preset} synthetic weights (seed {chosen.seed}) made at setup"
     own = f", stages from {', '.join(map(str, grading.stages_dirs))}" if grading.stages_dirs else ""
@@ -98,17 +95,14 @@ def github(
 
     This version's wheel is put in .github/theinference/ beside it: commit both.
     """
-    try:
-        grading = _grading(stages_dir, stage, timeout, memory_limit, cases_seed)
-        chosen, warnings = _weights(weights, preset, seed)
-        repo_path(out, repo)
-        with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
-            found, wheel_warnings = obtain_wheel(wheel, Path(workdir))
-            placed = repo / ".github" / "theinference" / found.name
-            text = render_workflow(repo, shards, placed, chosen, grading, roster)
-            copy_wheel(found, placed.parent)
-    except ERRORS as e:
-        raise config_error(e)
+    grading = _grading(stages_dir, stage, timeout, memory_limit, cases_seed)
+    chosen, warnings = _weights(weights, preset, seed)
+    repo_path(out, repo)
+    with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
+        found, wheel_warnings = obtain_wheel(wheel, Path(workdir))
+        placed = repo / ".github" / "theinference" / found.name
+        text = render_workflow(repo, shards, placed, chosen, grading, roster)
+        copy_wheel(found, placed.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     _warn(warnings + wheel_warnings)

@@ -6,12 +6,14 @@ import tempfile
 from pathlib import Path
 
 import typer
+from typer.core import TyperGroup
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from theinference.grading.randomcases import resolve_seed
-from theinference.grading.session import RunOptions, UsageError
+from theinference.errors import ConfigError, UsageError
+from theinference.grading.session import RunOptions
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -47,6 +49,16 @@ def config_error(e: Exception) -> typer.Exit:
     """Print a usage/configuration error and return the Exit to raise (code 2)."""
     err_console().print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
     return typer.Exit(EXIT_CONFIG)
+
+
+class ConfigErrorsExit(TyperGroup):
+    """The top-level command group: a ConfigError raised by any command is printed once and exits 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as e:
+            raise config_error(e) from None
 
 
 class _SynthProgress:

@@ -9,11 +9,12 @@ from typing import Annotated, Optional
 import typer
 
 from theinference import __version__
-from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, config_error, console_for, err_console, synth_progress
+from theinference.cli.common import EXIT_FAIL, console_for, synth_progress
 from theinference.grading.mutants import build_mutant, load_mutants
 from theinference.report.terminal import render_run
 from theinference.bundled import data_dir
-from theinference.grading.session import CONFIG_ERRORS, RunOptions, open_session, select_stages
+from theinference.grading.session import RunOptions, open_session, select_stages
+from theinference.errors import ConfigError
 
 # A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
 # a jump under the copy heads of synthetic weights v2; see the README).
@@ -26,11 +27,9 @@ def init_command(
 ) -> None:
     """Start the course: copy the starter (src/, tests/adapters.py, theinference.toml) into DIR."""
     if directory.exists() and not directory.is_dir():
-        raise config_error(FileExistsError(f"{directory} exists and is not a directory"))
+        raise ConfigError(f"{directory} exists and is not a directory")
     if directory.is_dir() and any(directory.iterdir()) and not force:
-        err_console().print(f"[bold red]error:[/bold red] {directory} is not empty; pass --force to copy the starter into it anyway",
-                            soft_wrap=True)
-        raise typer.Exit(EXIT_CONFIG)
+        raise ConfigError(f"{directory} is not empty; pass --force to copy the starter into it anyway")
     shutil.copytree(data_dir("course") / "starter", directory, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     console = console_for(sys.stdout)
@@ -49,10 +48,7 @@ def demo_command(
         shutil.copytree(data_dir("course") / "solution", solution)
         [mutant] = [m for m in load_mutants(data_dir("course") / "mutants") if m.name == DEMO_MUTANT]
         buggy = build_mutant(mutant, solution, Path(tmp) / "buggy")
-        try:
-            session = open_session(solution, weights, [], progress=synth_progress())
-        except CONFIG_ERRORS as e:
-            raise config_error(e)
+        session = open_session(solution, weights, [], progress=synth_progress())
         try:
             console.rule("1. the reference solution")
             good = session.run(session.stages, RunOptions())

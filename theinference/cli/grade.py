@@ -15,13 +15,13 @@ from theinference import __version__
 from theinference.proc import interrupt
 from theinference.grading.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, grade_batch, merge_csv,
                                 parse_shard, shard, submissions)
-from theinference.cli.common import config_error, err_console, in_ci, run_options, synth_progress, write_atomic
+from theinference.cli.common import err_console, in_ci, run_options, synth_progress, write_atomic
 from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.report.jsonout import run_document
 from theinference.report.untrusted import for_terminal
 from theinference.proc.runner import DEFAULT_MEMORY_MB
-from theinference.grading.session import CONFIG_ERRORS, Session, UsageError, select_stages
+from theinference.grading.session import Session, select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
 
@@ -54,11 +54,8 @@ def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[st
 def _merge(parts: list[Path], out: Path) -> None:
     missing = [p for p in parts if not p.is_file()]
     if not parts or missing:
-        raise config_error(BatchError(f"grade merge needs shard CSV files; not found: {', '.join(map(str, missing)) or 'none given'}"))
-    try:
-        count = merge_csv(out, parts)
-    except BatchError as e:
-        raise config_error(e)
+        raise BatchError(f"grade merge needs shard CSV files; not found: {', '.join(map(str, missing)) or 'none given'}")
+    count = merge_csv(out, parts)
     err_console().print(f"merged {len(parts)} shard(s), {count} submissions, into {out}")
 
 
@@ -86,20 +83,17 @@ def grade_command(
     """
     if str(submission_dirs[0]) == "merge":
         return _merge(submission_dirs[1:], out)
-    try:
-        # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
-        student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
-        options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
-                                                  submission_timeout=submission_timeout), env=student_env)
-        subs = submissions(submission_dirs)
-        if fmt is BatchFormat.gradescope and len(subs) != 1:
-            raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
-        if shard_spec:
-            subs = shard(subs, *parse_shard(shard_spec))
-        base, stages = _base_session(weights, stages_dir or [], stage or [], student_env)
-        base.launcher.hide(out)
-    except (*CONFIG_ERRORS, UsageError, BatchError) as e:
-        raise config_error(e)
+    # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
+    student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
+    options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
+                                              submission_timeout=submission_timeout), env=student_env)
+    subs = submissions(submission_dirs)
+    if fmt is BatchFormat.gradescope and len(subs) != 1:
+        raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
+    if shard_spec:
+        subs = shard(subs, *parse_shard(shard_spec))
+    base, stages = _base_session(weights, stages_dir or [], stage or [], student_env)
+    base.launcher.hide(out)
     try:
         results, stopped = _run(subs, base, stages, options, jobs, out, fmt)
     finally:

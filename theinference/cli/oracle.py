@@ -6,10 +6,10 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from theinference.cli.common import config_error, err_console, synth_progress
+from theinference.cli.common import err_console, synth_progress
 from theinference.course import find_course_root, load_course
 from theinference.grading.export import oracle_arrays
-from theinference.grading.session import CONFIG_ERRORS, UsageError, select_stages
+from theinference.grading.session import UsageError, select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
 
@@ -27,19 +27,16 @@ def oracle_command(
     Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return),
     for greedy also '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
     """
-    try:
-        root = course.resolve() if course else find_course_root(Path.cwd())
-        course_obj = load_course(root) if root else None
-        extra = [*(course_obj.stages_dirs if course_obj else ()), *(stages_dir or [])]
-        [spec] = select_stages(load_stages(stage_dirs(root, extra)), [stage])
-        names = [c.name for c in spec.cases]
-        for wanted in case or []:
-            if wanted not in names:
-                raise UsageError(f"stage '{stage}' has no case '{wanted}' (cases: {', '.join(names)})")
-        cases = [c for c in spec.cases if not case or c.name in case]
-        choice, model, _ = obtain_weights(weights, course_obj.weights if course_obj else None, synth_progress())
-        arrays = oracle_arrays(spec, model, cases)
-    except (*CONFIG_ERRORS, UsageError) as e:
-        raise config_error(e)
+    root = course.resolve() if course else find_course_root(Path.cwd())
+    course_obj = load_course(root) if root else None
+    extra = [*(course_obj.stages_dirs if course_obj else ()), *(stages_dir or [])]
+    [spec] = select_stages(load_stages(stage_dirs(root, extra)), [stage])
+    names = [c.name for c in spec.cases]
+    for wanted in case or []:
+        if wanted not in names:
+            raise UsageError(f"stage '{stage}' has no case '{wanted}' (cases: {', '.join(names)})")
+    cases = [c for c in spec.cases if not case or c.name in case]
+    choice, model, _ = obtain_weights(weights, course_obj.weights if course_obj else None, synth_progress())
+    arrays = oracle_arrays(spec, model, cases)
     np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub does not take **arrays
     err_console().print(f"wrote {out}: {len(cases)} case(s) of {stage} against {choice.path}", soft_wrap=True)

@@ -10,13 +10,13 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from theinference.grading.check import check_course
-from theinference.cli.common import EXIT_FAIL, config_error, console_for, synth_progress
-from theinference.course import CourseError, find_course_root
+from theinference.cli.common import EXIT_FAIL, console_for, synth_progress
+from theinference.course import find_course_root
 from theinference.proc.launch import default_launcher
 from theinference.grading.progress import load_progress, next_stage
 from theinference.report.check import render_check
 from theinference.bundled import data_dir
-from theinference.grading.session import CONFIG_ERRORS, UsageError, select_stages
+from theinference.grading.session import select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import StageError, load_stages, stage_dirs
 
@@ -30,10 +30,7 @@ def list_stages(
 ) -> None:
     """List every stage in course order: id, title, cases, points, where it is defined."""
     root = course.resolve() if course else find_course_root(Path.cwd())
-    try:
-        stages = load_stages(stage_dirs(root, stages_dir or []))
-    except (StageError, CourseError) as e:
-        raise config_error(e)
+    stages = load_stages(stage_dirs(root, stages_dir or []))
     progress = load_progress(root) if root else {}
     upcoming = next_stage(stages, progress) if root else None
     table = Table(show_edge=False)
@@ -57,10 +54,8 @@ def show(
     try:
         [stage] = select_stages(load_stages(stage_dirs(root, stages_dir or [])), [stage_id])
         lesson = stage.lesson.read_text(encoding="utf-8")
-    except (StageError, CourseError, UsageError) as e:
-        raise config_error(e)
     except OSError as e:
-        raise config_error(StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}"))
+        raise StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}") from None
     console = console_for(sys.stdout)
     console.print(Markdown(lesson))
     tolerance = f"tie rtol {stage.tie_rtol:g}" if stage.tie_rtol is not None else f"atol {stage.atol:g} rtol {stage.rtol:g}"
@@ -81,18 +76,15 @@ def check(
     exactly the stages its manifest names, with the named diagnosis. Exit 1 on any mismatch."""
     source = (source or data_dir("course")).resolve()
     extra = [*(stages_dir or []), *([source / "stages"] if (source / "stages").is_dir() else [])]
+    all_stages = load_stages(stage_dirs(None, extra))
+    selected = select_stages(all_stages, stage or [])
+    choice, model, _ = obtain_weights(weights, None, synth_progress())
+    console = console_for(sys.stdout)
+    console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
+    launcher = default_launcher()
     try:
-        all_stages = load_stages(stage_dirs(None, extra))
-        selected = select_stages(all_stages, stage or [])
-        choice, model, _ = obtain_weights(weights, None, synth_progress())
-        console = console_for(sys.stdout)
-        console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
-        launcher = default_launcher()
-        try:
-            result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher)
-        finally:
-            launcher.close()
-    except (*CONFIG_ERRORS, UsageError) as e:
-        raise config_error(e)
+        result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher)
+    finally:
+        launcher.close()
     render_check(console, result)
     raise typer.Exit(0 if result.ok else EXIT_FAIL)

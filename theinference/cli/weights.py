@@ -9,11 +9,11 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from theinference.cli.common import config_error, console_for, err_console, synth_progress
-from theinference.course import CourseError, find_course_root, load_course
+from theinference.cli.common import console_for, err_console, synth_progress
+from theinference.course import find_course_root, load_course
 from theinference.model.weights_choice import resolve_weights
 from theinference.model.synth import PRESETS, write_synthetic
-from theinference.model.weights import WeightsError, expected_shapes, inspect_checkpoint, locate_checkpoint, synthetic_description
+from theinference.model.weights import expected_shapes, inspect_checkpoint, locate_checkpoint, synthetic_description
 
 weights_app = typer.Typer(help="Show, make and inspect GPT-2 weights.", invoke_without_command=True)
 
@@ -29,10 +29,7 @@ def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--
     if ctx.invoked_subcommand is not None:
         return
     root = find_course_root(Path.cwd())
-    try:
-        course_weights = load_course(root).weights if root else None
-    except CourseError as e:
-        raise config_error(e)
+    course_weights = load_course(root).weights if root else None
     choice = resolve_weights(weights, course_weights, os.environ)
     console = console_for(sys.stdout)
     console.print(f"weights: {choice.path}")
@@ -57,11 +54,8 @@ def synth(
 
 
 def _print_info(path: Path) -> None:
-    try:
-        path = locate_checkpoint(path)
-        entries, config, _ = inspect_checkpoint(path)
-    except WeightsError as e:
-        raise config_error(e)
+    path = locate_checkpoint(path)
+    entries, config, _ = inspect_checkpoint(path)
     console = console_for(sys.stdout)
     synthetic = synthetic_description(path)
     console.print(f"file:      {path} ({path.stat().st_size / 1e6:.1f} MB)")

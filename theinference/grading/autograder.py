@@ -20,12 +20,13 @@ from pathlib import Path
 from theinference import __version__
 from theinference.bundled import asset
 from theinference.model.weights import check_entries, infer_config, read_header
+from theinference.errors import ConfigError
 
 LARGE_WEIGHTS_MB = 100  # above this, bundling the file makes uploads slow: say so, suggest a preset
 EXECUTABLE, READABLE = 0o755 << 16, 0o644 << 16  # zip external_attr: Unix modes rwxr-xr-x, rw-r--r--
 
 
-class AutograderError(Exception):
+class AutograderError(ConfigError):
     """The bundle cannot be made (no wheel, unreadable weights, a path outside the repository)."""
 
 

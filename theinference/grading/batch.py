@@ -26,9 +26,10 @@ from theinference.grading.session import RunOptions, Session
 from theinference.grading.stages import TOKEN_COMPARES, StageSpec
 from theinference.trust import untrusted_course
 from theinference.model.weights import Model
+from theinference.errors import ConfigError
 
 
-class BatchError(Exception):
+class BatchError(ConfigError):
     """The batch itself is misconfigured (duplicate submission ids, bad shard, unmergeable files)."""
 
 

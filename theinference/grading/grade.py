@@ -19,9 +19,10 @@ from theinference.proc.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome,
 from theinference.grading.stages import TOKEN_COMPARES, CaseSpec, StageSpec
 from theinference.grading.verification import verify_tokens
 from theinference.model.weights import Model
+from theinference.errors import ConfigError
 
 
-class GradeError(Exception):
+class GradeError(ConfigError):
     """The stage cannot be graded against these weights (a configuration error, exit 2)."""
 
 

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.grading.stages import SHAPES
+from theinference.errors import ConfigError
 
 OBSERVABLES = (*SHAPES, "wrong-shape", "error", "pass", "fail")  # what a manifest may expect of a stage
 
 
-class MutantError(Exception):
+class MutantError(ConfigError):
     """A manifest is invalid or its edit no longer applies to the solution."""
 
 

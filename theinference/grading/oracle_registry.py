@@ -16,13 +16,14 @@ import numpy as np
 
 from theinference.model import gpt2 as oracle
 from theinference.model.weights import Model
+from theinference.errors import ConfigError
 
 TOKEN_INPUTS = ("seq", "prompt", "cont")
 COUNT_INPUTS = ("n_new",)
 ID_INPUTS = ("next_id",)  # a single token id
 
 
-class OracleError(Exception):
+class OracleError(ConfigError):
     """An instructor's oracle could not be loaded or run (a course-configuration error)."""
 
 

@@ -9,24 +9,20 @@ from pathlib import Path
 
 from theinference.course import Course, CourseError, find_course_root, load_course
 from theinference.grading.fingerprint import fingerprint_stage
-from theinference.grading.grade import GradeContext, GradeError, OracleCache, grade
-from theinference.proc.launch import ConfinementError, Launcher, default_launcher
-from theinference.grading.oracle_registry import OracleError
+from theinference.grading.grade import GradeContext, OracleCache, grade
+from theinference.proc.launch import Launcher, default_launcher
 from theinference.grading.progress import load_progress, next_stage
 from theinference.grading.randomcases import with_random_cases
 from theinference.proc.runner import DEFAULT_MEMORY_MB
 from theinference.grading.results import RunResult
 from theinference.model.weights_choice import WeightsChoice, obtain_weights
-from theinference.grading.stages import StageError, StageSpec, load_stages, stage_dirs
+from theinference.grading.stages import StageSpec, load_stages, stage_dirs
 from theinference.trust import stage_origin, untrusted_course
-from theinference.model.weights import Model, WeightsError
+from theinference.model.weights import Model
+from theinference.errors import ConfigError, UsageError
 
 # Every error a user can fix by changing their command line or files: exit code 2.
-CONFIG_ERRORS = (CourseError, StageError, WeightsError, GradeError, OracleError, ConfinementError)
-
-
-class UsageError(Exception):
-    """The command line asks for something that does not exist (exit code 2)."""
+CONFIG_ERRORS = (ConfigError,)
 
 
 def locate_course(course_dir: Path | None) -> Course:

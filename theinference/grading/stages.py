@@ -57,6 +57,7 @@ from theinference.model import tokenizer
 from theinference.grading.bugs import BUILTIN_BUGS
 from theinference.grading.oracle_registry import BUILTIN_ORACLES, COUNT_INPUTS, ID_INPUTS, TOKEN_INPUTS
 from theinference.bundled import data_dir
+from theinference.errors import ConfigError
 
 FORMAT_VERSION = 1
 SHAPES = (
@@ -90,7 +91,7 @@ _OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list, "tol
              "scaling": dict, "bugs": list, "bug_hints": dict}
 
 
-class StageError(Exception):
+class StageError(ConfigError):
     """A stage file is invalid; the message names the file and the field."""
 
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from theinference.errors import ConfigError
 
-class WeightsError(Exception):
+
+class WeightsError(ConfigError):
     """The weights file cannot be used; the message names the file and the offending tensor."""
 
 

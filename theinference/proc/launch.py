@@ -26,6 +26,7 @@ from theinference.proc.interrupt import kill_group
 from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
 
 from theinference.trust import allowed_env
+from theinference.errors import ConfigError
 
 class StudentProcess(Protocol):
     """A started student process, as the runner sees it."""
@@ -54,7 +55,7 @@ class Launcher(Protocol):
         ...
 
 
-class ConfinementError(Exception):
+class ConfinementError(ConfigError):
     """Student processes cannot run confined as chosen (files unreadable by their user): a setup error."""
 
 
