@@ -16,7 +16,7 @@ import numpy as np
 
 from theinference.grading.bugs import Bug, bug_output, is_inert, resolve_bug
 from theinference.grading.oracle_registry import OracleSpec, resolve_oracle
-from theinference.grading.results import CaseResult, Diagnosis, StageResult
+from theinference.grading.results import CaseResult, Diagnosis, StageResult, Status
 from theinference.grading.stages import StageSpec
 from theinference.model.weights import Model
 
@@ -108,7 +108,7 @@ def _histories(cases: list[CaseResult]) -> dict:
     earlier: list = []
     for case in cases:
         histories[case.name] = list(earlier)
-        earlier = [] if case.status in ("crash", "timeout") else [*earlier, case.inputs]
+        earlier = [] if case.status in (Status.CRASH, Status.TIMEOUT) else [*earlier, case.inputs]
     return histories
 
 

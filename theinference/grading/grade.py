@@ -14,7 +14,7 @@ from theinference.grading.diagnose import diagnose_rows
 from theinference.grading.fingerprint import fingerprint_stage
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.grading.oracle_registry import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
-from theinference.grading.results import CaseResult, Diagnosis, StageResult
+from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
 from theinference.proc.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
 from theinference.grading.stages import TOKEN_COMPARES, CaseSpec, StageSpec
 from theinference.grading.verification import verify_tokens
@@ -96,7 +96,7 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
         result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
 
 
-_FAILED_OUTCOMES = {"not-started", "error", "timeout", "crash"}
+_FAILED_OUTCOMES = NO_ANSWER | {Status.NOT_STARTED}
 # A returned array may hold this many times the expected output's float64 bytes (plus a floor)
 # before the grader refuses to read it: its memory stays bounded whatever the student returns.
 _OUTPUT_SLACK = 4

@@ -1,8 +1,22 @@
 """Plain result objects passed from grading to the renderers (which never compute)."""
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-STATUSES = ("pass", "fail", "not-started", "error", "timeout", "crash")
+
+class Status(StrEnum):
+    """The verdict of a case or a stage: a str, so JSON, CSV and `status == "pass"` read it unchanged."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    NOT_STARTED = "not-started"  # the adapter still raises NotImplementedError
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+
+
+# The student's code gave no answer to judge (JUnit says <error>, not <failure>).
+NO_ANSWER = frozenset({Status.ERROR, Status.TIMEOUT, Status.CRASH})
 
 
 @dataclass(frozen=True)
@@ -82,7 +96,7 @@ class ScalingResult:
 @dataclass
 class CaseResult:
     name: str
-    status: str  # one of STATUSES
+    status: str  # a Status
     message: str = ""
     detail: str = ""  # finer kind: wrong-shape, non-numeric, syntax, import, missing-function, ...
     inputs: dict = field(default_factory=dict)  # input name -> ids or count
@@ -109,7 +123,7 @@ class CaseResult:
 class StageResult:
     id: str
     title: str
-    status: str
+    status: str  # a Status
     cases: list[CaseResult]
     points: float
     max_points: float

@@ -11,17 +11,19 @@ from rich.text import Text
 
 from theinference.model import tokenizer
 from theinference.report.untrusted import for_terminal
-from theinference.grading.results import CaseResult, Diagnosis, RowStats, RunResult, StageResult
+from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, RowStats, RunResult, StageResult, Status
 
 FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
 FOLD_LIMIT = 16  # cases with more rows than this are folded
 _SPARKS = "▁▂▃▄▅▆▇█"
 _ASCII_SPARKS = "_.-:=+*#"
-_MARK = {"pass": "✔", "fail": "✘", "not-started": "·", "error": "✘", "timeout": "⏱", "crash": "✘"}
-_STYLE = {"pass": "green", "fail": "red", "not-started": "yellow", "error": "red", "timeout": "red", "crash": "red"}
-_WORDS = {
-    "pass": "passed", "fail": "failed", "not-started": "not started", "error": "error",
-    "timeout": "timed out", "crash": "crashed",
+_MARK: dict[str, str] = {Status.PASS: "✔", Status.FAIL: "✘", Status.NOT_STARTED: "·", Status.ERROR: "✘", Status.TIMEOUT: "⏱",
+         Status.CRASH: "✘"}
+_STYLE: dict[str, str] = {Status.PASS: "green", Status.FAIL: "red", Status.NOT_STARTED: "yellow", Status.ERROR: "red",
+          Status.TIMEOUT: "red", Status.CRASH: "red"}
+_WORDS: dict[str, str] = {
+    Status.PASS: "passed", Status.FAIL: "failed", Status.NOT_STARTED: "not started", Status.ERROR: "error",
+    Status.TIMEOUT: "timed out", Status.CRASH: "crashed",
 }
 
 
@@ -189,7 +191,7 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool) -> list:
     if case.traceback:
         parts.append(Text(for_terminal(case.traceback.rstrip()), style="dim"))
     output = (case.stdout + case.stderr).strip()
-    if output and case.status in ("error", "crash", "timeout"):
+    if output and case.status in NO_ANSWER:
         parts.append(Text("  output of your code:\n" + for_terminal(output[-2000:]), style="dim"))
     return parts
 
@@ -215,7 +217,7 @@ def _greedy_text(case: CaseResult) -> list[Text]:
 
 def _same_failure(a: CaseResult, b: CaseResult) -> bool:
     """Errors that repeat case after case (an import error, the same exception) are shown once."""
-    return a.status in ("error", "timeout", "crash", "not-started") and (a.status, a.message, a.traceback) == (
+    return (a.status in NO_ANSWER or a.status == Status.NOT_STARTED) and (a.status, a.message, a.traceback) == (
         b.status, b.message, b.traceback)
 
 
