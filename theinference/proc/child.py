@@ -22,7 +22,7 @@ if __name__ == "__main__":
     # and the one this file's own import below must find.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from theinference.proc import timing  # noqa: E402 - after the path is set, for the sandbox's copy
+from theinference.proc import protocol, timing  # noqa: E402 - after the path is set, for the sandbox's copy
 
 _GRADER_DIR = str(Path(__file__).resolve().parents[1])
 
@@ -65,24 +65,24 @@ def _find_function(module, names: list[str]):
     return None
 
 
-def _load(job: dict, proto):
+def _load(job: protocol.Job, proto):
     """Import the adapters and find the function; report a load error and return None on failure."""
     path = Path(job["adapters"])
     try:
         module = _import_adapters(path)
     except SyntaxError as e:
-        _send(proto, event="load-error", kind="syntax", message=f"syntax error in {e.filename}, line {e.lineno}",
+        _send(proto, event=protocol.LOAD_ERROR, kind="syntax", message=f"syntax error in {e.filename}, line {e.lineno}",
               traceback="".join(traceback.format_exception_only(e)))
         return None
     except BaseException as e:  # noqa: BLE001 - anything the student's import does is reported
-        _send(proto, event="load-error", kind="import", message=f"importing {path.name} failed: {type(e).__name__}: {e}",
+        _send(proto, event=protocol.LOAD_ERROR, kind="import", message=f"importing {path.name} failed: {type(e).__name__}: {e}",
               traceback=_student_traceback(e))
         return None
     func = _find_function(module, job["names"])
     if func is None:
         expected, aliases = job["names"][0], ", ".join(job["names"][1:])
         also = f" (also accepted: {aliases})" if aliases else ""
-        _send(proto, event="load-error", kind="missing",
+        _send(proto, event=protocol.LOAD_ERROR, kind="missing",
               message=f"{path.name} defines no function '{expected}'{also}")
     return func
 
@@ -104,9 +104,9 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict 
     import numpy as np
 
     def done(**message):
-        _send(proto, event="done", case=index, output=_output_offsets(), **message)
+        _send(proto, event=protocol.DONE, case=index, output=_output_offsets(), **message)
 
-    _send(proto, event="start", case=index, output=_output_offsets())
+    _send(proto, event=protocol.START, case=index, output=_output_offsets())
     started = time.perf_counter()
     timings = None
     try:
@@ -115,31 +115,31 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict 
         else:
             value = func(*args)
     except NotImplementedError as e:
-        done(status="not-started", message=f"NotImplementedError: {e}" if str(e) else "NotImplementedError")
+        done(status=protocol.NOT_STARTED, message=f"NotImplementedError: {e}" if str(e) else "NotImplementedError")
         return
     except SystemExit as e:
-        done(status="error", message=f"the adapter called sys.exit({e.code!r})", traceback=_student_traceback(e))
+        done(status=protocol.ERROR, message=f"the adapter called sys.exit({e.code!r})", traceback=_student_traceback(e))
         return
     except MemoryError as e:
-        done(status="error", message=f"out of memory: the adapter exceeded its memory limit (MemoryError: {e})",
+        done(status=protocol.ERROR, message=f"out of memory: the adapter exceeded its memory limit (MemoryError: {e})",
              traceback=_student_traceback(e))
         return
     except BaseException as e:  # noqa: BLE001 - the student's exception is the result
-        done(status="error", message=f"{type(e).__name__}: {e}", traceback=_student_traceback(e))
+        done(status=protocol.ERROR, message=f"{type(e).__name__}: {e}", traceback=_student_traceback(e))
         return
     seconds = time.perf_counter() - started
     array, problem = _to_array(value)
     if problem:
-        done(status="bad-output", message=problem, seconds=seconds)
+        done(status=protocol.BAD_OUTPUT, message=problem, seconds=seconds)
         return
     out = out_dir / f"case-{index}.npy"
     try:
         np.save(out, array, allow_pickle=False)
     except OSError as e:  # CPython ignores SIGXFSZ: a write over the file cap raises EFBIG here instead
         out.unlink(missing_ok=True)
-        done(status="error", message=_save_problem(e, array), seconds=seconds)
+        done(status=protocol.ERROR, message=_save_problem(e, array), seconds=seconds)
         return
-    done(status="ok", file=str(out), seconds=seconds, **({"timing": timings} if timings else {}))
+    done(status=protocol.OK, file=str(out), seconds=seconds, **({"timing": timings} if timings else {}))
 
 
 def _save_problem(error: OSError, array) -> str:
@@ -172,12 +172,12 @@ def _guard_grader_modules() -> None:
     sys.meta_path.insert(0, _OracleGuard())
 
 
-def _apply_limits(limits: dict) -> None:
+def _apply_limits(limits: protocol.Limits) -> None:
     """Cap the address space and the size of files written (the captured output included)."""
-    for key, which in (("memory_bytes", resource.RLIMIT_AS), ("file_bytes", resource.RLIMIT_FSIZE)):
-        if limits.get(key):
+    for wanted, which in ((limits["memory_bytes"], resource.RLIMIT_AS), (limits["file_bytes"], resource.RLIMIT_FSIZE)):
+        if wanted:
             _, hard = resource.getrlimit(which)
-            cap = limits[key] if hard == resource.RLIM_INFINITY else min(limits[key], hard)
+            cap = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
             resource.setrlimit(which, (cap, hard))
 
 
@@ -192,20 +192,20 @@ def _drop_privileges() -> None:
 
 def main() -> None:
     _drop_privileges()
-    job = json.loads(Path(sys.argv[1]).read_text())
-    fd = int(os.environ.pop("THEINFERENCE_PROTOCOL_FD"))
+    job: protocol.Job = json.loads(Path(sys.argv[1]).read_text())
+    fd = int(os.environ.pop(protocol.PROTOCOL_FD_ENV))
     os.set_inheritable(fd, False)  # processes the student starts do not get the grader's pipe
     proto = os.fdopen(fd, "w")
-    _apply_limits(job.get("limits", {}))
+    _apply_limits(job["limits"])
     _guard_grader_modules()
     sys.path.insert(0, job["course_root"])
     func = _load(job, proto)
     if func is None:
         return
     code = getattr(func, "__code__", None)  # where the function the module exports was written (for annotations)
-    _send(proto, event="loaded", **({"defined_at": [code.co_filename, code.co_firstlineno]} if code else {}))
+    _send(proto, event=protocol.LOADED, **({"defined_at": [code.co_filename, code.co_firstlineno]} if code else {}))
     for index in range(job["start"], len(job["calls"])):
-        _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto, job.get("scaling"))
+        _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto, job["scaling"])
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from theinference.proc import protocol
 from theinference.proc.interrupt import kill_group
 from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
 
@@ -131,7 +132,7 @@ class SubprocessLauncher:
         return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"])
 
     def _student_env(self, args: list[str], cwd: str, env: dict, proto_fd: int) -> dict:
-        env = {**env, "THEINFERENCE_PROTOCOL_FD": str(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**env, protocol.PROTOCOL_FD_ENV: str(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
         if self._sandbox is not None:
             env["TMPDIR"] = os.path.dirname(args[0])  # the one writable place
         if self.isolation.run_as is None:

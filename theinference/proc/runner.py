@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference.proc import interrupt
+from theinference.proc import interrupt, protocol
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.trust import allowed_env
 
@@ -31,8 +31,6 @@ OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
 DEFAULT_MEMORY_MB = 6144  # address space per student process: room for 124M weights, copies and BLAS
 FILE_CAP = 1 << 30  # bytes any one file the student's process writes may reach (its output included)
 MESSAGE_CAP = 1 << 20  # bytes of one protocol message
-_EVENTS = ("loaded", "load-error", "start", "done")
-_DONE_STATUSES = ("ok", "not-started", "error", "bad-output")
 
 
 class ProtocolError(Exception):
@@ -137,11 +135,11 @@ class _Child:
     def __init__(self, job: AdapterJob, start: int, work: Path):
         job_file = work / f"job-{start}.json"
         with os.fdopen(_create(job_file)[0], "w") as f:
-            f.write(json.dumps({
-            "course_root": str(job.course_root), "adapters": str(job.adapters), "names": list(job.names),
-            "calls": [list(c) for c in job.calls], "start": start, "out_dir": str(work), "scaling": job.scaling,
-            "limits": {"memory_bytes": job.memory_mb * 2**20 if job.memory_mb else None, "file_bytes": FILE_CAP},
-            }))
+            f.write(json.dumps(protocol.Job(
+                course_root=str(job.course_root), adapters=str(job.adapters), names=list(job.names),
+                calls=[list(c) for c in job.calls], start=start, out_dir=str(work), scaling=job.scaling,
+                limits=protocol.Limits(memory_bytes=job.memory_mb * 2**20 if job.memory_mb else None, file_bytes=FILE_CAP),
+            )))
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.untrusted else dict(os.environ)
         env = {**base, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
@@ -177,7 +175,7 @@ class _Child:
             message = json.loads(line)
         except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
             raise ProtocolError(f"a line that is not JSON: {line[:80]!r}") from None
-        if not isinstance(message, dict) or message.get("event") not in _EVENTS:
+        if not isinstance(message, dict) or message.get("event") not in protocol.EVENTS:
             raise ProtocolError(f"a message that is not one of the protocol's: {line[:80]!r}")
         return message
 
@@ -267,13 +265,13 @@ def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | 
 
 def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None, scaling: dict | None) -> CallOutcome:
     status, seconds = message.get("status"), message.get("seconds", 0.0)
-    if status not in _DONE_STATUSES:
+    if status not in protocol.DONE_STATUSES:
         raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
     if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
         raise ProtocolError(f"'seconds' of case {index} is not a duration")
     outcome = CallOutcome(status=status, message=_text(message, "message"), traceback=_text(message, "traceback"),
                           seconds=float(seconds), timing=_timing(message, index, scaling))
-    if status == "ok":
+    if status == protocol.OK:
         value = _load_output(message.get("file"), index, work, cap)
         if isinstance(value, CallOutcome):
             return dataclasses.replace(value, seconds=float(seconds))
@@ -337,14 +335,14 @@ def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, w
             outcomes: dict[int, CallOutcome]) -> CallOutcome | None:
     """Apply one message in the order the protocol allows; return a load failure, raise ProtocolError otherwise."""
     event = message["event"]
-    if event == "load-error" and not state.loaded:
+    if event == protocol.LOAD_ERROR and not state.loaded:
         return CallOutcome(status="error", message=_text(message, "message"), traceback=_text(message, "traceback"))
-    if event == "loaded" and not state.loaded:
+    if event == protocol.LOADED and not state.loaded:
         state.loaded, state.defined_at = True, _defined_at(message)
-    elif event == "start" and state.loaded and not state.started and _is_case(message, state.current):
+    elif event == protocol.START and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
-    elif event == "done" and state.started and _is_case(message, state.current):
-        returned = message.get("status") == "ok"  # the cap asks the oracle: only for a case that returned an array
+    elif event == protocol.DONE and state.started and _is_case(message, state.current):
+        returned = message.get("status") == protocol.OK  # the cap asks the oracle: only for a case that returned an array
         cap = job.output_cap(state.current) if job.output_cap and returned else None
         outcome = _outcome_from_done(message, state.current, work, cap, job.scaling)
         child.attach_output(outcome, state.case_output, _offsets(message))
