@@ -29,6 +29,7 @@ from theinference.report.terminal import render_run
 from theinference.grading.progress import record_progress
 from theinference.grading.session import UsageError, choose_stages, open_session
 from theinference.grading.watch import Watch
+from theinference.cli.options import CourseOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
 
 app = typer.Typer(
     cls=ConfigErrorsExit,
@@ -52,8 +53,6 @@ class Format(str, Enum):
     github = "github"
 
 
-CourseOpt = Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: the nearest ancestor holding theinference.toml or tests/adapters.py).")]
-StagesDirOpt = Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files (repeatable).")]
 
 
 def _weights_notice(session) -> None:
@@ -90,13 +89,13 @@ def test(
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Stage id to grade (repeatable).")] = None,
     all_stages: Annotated[bool, typer.Option("--all", help="Grade every stage (default: the first stage not yet passed).")] = False,
     course: CourseOpt = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="model.safetensors (or its directory) to grade against.")] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds each adapter call may take, overriding the stage's.")] = None,
+    weights: WeightsOpt = None,
+    timeout: TimeoutOpt = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.rich,
     output: Annotated[Optional[Path], typer.Option("--output", help="Write the report to this file instead of stdout.")] = None,
     stages_dir: StagesDirOpt = None,
     seed: Annotated[Optional[str], typer.Option("--seed", help="Add random cases: an integer seed, or 'random' (recorded in the results).")] = None,
-    memory_limit: Annotated[int, typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
+    memory_limit: MemoryLimitOpt = DEFAULT_MEMORY_MB,
     watch: Annotated[bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")] = False,
     poll: Annotated[bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")] = False,
     untrusted: Annotated[bool, typer.Option("--untrusted", help="Grade as `grade` does: ignore the course's stages, weights and timeout; allow-listed environment (implied by CI=true and --format gradescope).")] = False,

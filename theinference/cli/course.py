@@ -4,7 +4,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,6 +15,7 @@ from theinference.report.terminal import render_run
 from theinference.bundled import data_dir
 from theinference.grading.session import RunOptions, open_session, select_stages
 from theinference.errors import ConfigError
+from theinference.cli.options import WeightsOpt
 
 # A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
 # a jump under the copy heads of synthetic weights v2; see the README).
@@ -39,7 +40,7 @@ def init_command(
 
 
 def demo_command(
-    weights: Annotated[Optional[str], typer.Option("--weights", help="As for `test` (default: synthetic GPT-2-shape weights).")] = None,
+    weights: WeightsOpt = None,
 ) -> None:
     """Grade the bundled reference solution (every stage passes), then a buggy copy of it (a diagnosed failure)."""
     console = console_for(sys.stdout)

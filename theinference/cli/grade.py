@@ -24,6 +24,7 @@ from theinference.proc.runner import DEFAULT_MEMORY_MB
 from theinference.grading.session import Session, select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
+from theinference.cli.options import DEFAULT_JOBS, JobsOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
 
 
 SUBMISSION_TIMEOUT = 600.0  # seconds: a hung submission cannot hold up a batch for longer
@@ -63,13 +64,13 @@ def grade_command(
     submission_dirs: Annotated[list[Path], typer.Argument(metavar="SUBMISSION_DIR...", help="Course directories to grade (or: merge SHARD.csv...).")],
     out: Annotated[Path, typer.Option("--out", help="Where to write the grades.")] = Path("grades.csv"),
     fmt: Annotated[BatchFormat, typer.Option("--format", help="csv: one row per submission, written as each finishes; json: every run's full results; gradescope: one submission's results.json.")] = BatchFormat.csv,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Submissions graded at once.")] = os.cpu_count() or 1,
+    jobs: JobsOpt = DEFAULT_JOBS,
     shard_spec: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Grade only the I-th of N deterministic slices.")] = None,
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Grade only this stage (repeatable; default all).")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="Weights to grade against (default: as for `test`).")] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call.")] = None,
-    memory_limit: Annotated[int, typer.Option("--memory-limit", min=0, help="Address-space cap per student process, MB (0: none).")] = DEFAULT_MEMORY_MB,
+    stages_dir: StagesDirOpt = None,
+    weights: WeightsOpt = None,
+    timeout: TimeoutOpt = None,
+    memory_limit: MemoryLimitOpt = DEFAULT_MEMORY_MB,
     seed: Annotated[Optional[str], typer.Option("--seed", help="Random extra cases (same for every submission).")] = None,
     all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
     submission_timeout: Annotated[float, typer.Option("--submission-timeout", min=0, help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).")] = SUBMISSION_TIMEOUT,

@@ -12,15 +12,16 @@ from theinference.grading.export import oracle_arrays
 from theinference.grading.session import UsageError, select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
+from theinference.cli.options import CourseOpt, StagesDirOpt, WeightsOpt
 
 
 def oracle_command(
     stage: Annotated[str, typer.Option("--stage", help="The stage whose cases to export.")],
     out: Annotated[Path, typer.Option("--out", help="The .npz file to write.")],
     case: Annotated[Optional[list[str]], typer.Option("--case", help="Only this case (repeatable).")] = None,
-    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="As for `test`.")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+    course: CourseOpt = None,
+    weights: WeightsOpt = None,
+    stages_dir: StagesDirOpt = None,
 ) -> None:
     """Write the oracle's inputs and expected outputs for a stage's cases to FILE.npz.
 

@@ -1,6 +1,5 @@
 """`theinference stages`: list the stages a course has."""
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -19,14 +18,15 @@ from theinference.bundled import data_dir
 from theinference.grading.session import select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import StageError, load_stages, stage_dirs
+from theinference.cli.options import CourseOpt, DEFAULT_JOBS, JobsOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
 
 stages_app = typer.Typer(help="List and check stages.", no_args_is_help=True)
 
 
 @stages_app.command("list")
 def list_stages(
-    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+    course: CourseOpt = None,
+    stages_dir: StagesDirOpt = None,
 ) -> None:
     """List every stage in course order: id, title, cases, points, where it is defined."""
     root = course.resolve() if course else find_course_root(Path.cwd())
@@ -46,8 +46,8 @@ def list_stages(
 @stages_app.command("show")
 def show(
     stage_id: Annotated[str, typer.Argument(metavar="ID", help="The stage whose lesson to show.")],
-    course: Annotated[Optional[Path], typer.Option("--course", help="Course directory (default: found from here).")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
+    course: CourseOpt = None,
+    stages_dir: StagesDirOpt = None,
 ) -> None:
     """Show a stage's lesson, with its adapter, tolerance and cases."""
     root = course.resolve() if course else find_course_root(Path.cwd())
@@ -67,10 +67,10 @@ def show(
 def check(
     source: Annotated[Optional[Path], typer.Option("--source", help="Course source holding solution/, starter/, mutants/ (default: the bundled course).")] = None,
     stage: Annotated[Optional[list[str]], typer.Option("--stage", help="Check only this stage (repeatable).")] = None,
-    stages_dir: Annotated[Optional[list[Path]], typer.Option("--stages-dir", help="Another directory of stage files.")] = None,
-    weights: Annotated[Optional[str], typer.Option("--weights", help="Weights to check against (default: as for `test`).")] = None,
-    timeout: Annotated[Optional[float], typer.Option("--timeout", min=0.001, help="Seconds per adapter call.")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", min=1, help="Subjects graded at once.")] = os.cpu_count() or 1,
+    stages_dir: StagesDirOpt = None,
+    weights: WeightsOpt = None,
+    timeout: TimeoutOpt = None,
+    jobs: JobsOpt = DEFAULT_JOBS,
 ) -> None:
     """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
     exactly the stages its manifest names, with the named diagnosis. Exit 1 on any mismatch."""

@@ -4,7 +4,7 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -14,6 +14,7 @@ from theinference.course import find_course_root, load_course
 from theinference.model.weights_choice import resolve_weights
 from theinference.model.synth import PRESETS, write_synthetic
 from theinference.model.weights import expected_shapes, inspect_checkpoint, locate_checkpoint, synthetic_description
+from theinference.cli.options import WeightsOpt
 
 weights_app = typer.Typer(help="Show, make and inspect GPT-2 weights.", invoke_without_command=True)
 
@@ -24,7 +25,7 @@ class Preset(str, Enum):
 
 
 @weights_app.callback()
-def which(ctx: typer.Context, weights: Annotated[Optional[str], typer.Option("--weights", help="As for `test`.")] = None) -> None:
+def which(ctx: typer.Context, weights: WeightsOpt = None) -> None:
     """Without a subcommand: which weights `test` would grade against, from where, and why."""
     if ctx.invoked_subcommand is not None:
         return
