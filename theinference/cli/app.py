@@ -56,9 +56,9 @@ class Format(str, Enum):
 
 
 def _weights_notice(session) -> None:
-    if session.made_weights:
+    if session.grader.made_weights:
         err_console().print(
-            f"[yellow]note:[/yellow] made synthetic GPT-2-shape weights at {session.model.path} "
+            f"[yellow]note:[/yellow] made synthetic GPT-2-shape weights at {session.grader.model.path} "
             "(every identity holds for them; generated text is gibberish). For real GPT-2: "
             "`hf download openai-community/gpt2 model.safetensors config.json`, or pass --weights PATH.",
             soft_wrap=True,
@@ -112,17 +112,15 @@ def test(
         raise UsageError("--watch trusts the course directory; it cannot be combined with untrusted grading "
                          "(--untrusted, CI=true or --format gradescope)")
     options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
-    session = open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted)
-    try:
+    with open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted) as session:
         # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
         wanted = [] if all_stages else (stage or ([] if untrusted else None))
         if output:
-            session.launcher.hide(output)
+            session.grader.launcher.hide(output)
         _weights_notice(session)
         if watch:
             show = lambda r: render_regrade(r, session.course.root)  # noqa: E731
-            raise typer.Exit(run_watch(Watch(session, wanted, show, extra_stage_dirs=stages_dir or [],
-                                             options=options, poll=poll, on_fingerprint=show)))
+            raise typer.Exit(run_watch(Watch(session, wanted, show, options=options, poll=poll, on_fingerprint=show)))
         selected = choose_stages(session, wanted)
         if wanted is None and len(selected) == 1:
             err_console().print(f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
@@ -132,8 +130,6 @@ def test(
             notice = record_progress(session.course.root, run)
             if notice:
                 err_console().print(notice, markup=False, soft_wrap=True)
-    finally:
-        session.close()
     _emit(run, fmt, output)
     raise typer.Exit(0 if run.passed else EXIT_FAIL)
 

@@ -16,6 +16,7 @@ from theinference.bundled import data_dir
 from theinference.grading.session import RunOptions, open_session, select_stages
 from theinference.errors import ConfigError
 from theinference.cli.options import WeightsOpt
+from theinference.course import load_course
 
 # A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
 # a jump under the copy heads of synthetic weights v2; see the README).
@@ -49,18 +50,13 @@ def demo_command(
         shutil.copytree(data_dir("course") / "solution", solution)
         [mutant] = [m for m in load_mutants(data_dir("course") / "mutants") if m.name == DEMO_MUTANT]
         buggy = build_mutant(mutant, solution, Path(tmp) / "buggy")
-        session = open_session(solution, weights, [], progress=synth_progress())
-        try:
+        with open_session(solution, weights, [], progress=synth_progress()) as session:
             console.rule("1. the reference solution")
-            good = session.run(session.stages, RunOptions())
+            good = session.grader.grade(session.course, session.stages, RunOptions())
             render_run(console, good, __version__)
             console.rule(f"2. the same code with one bug: {mutant.description}")
-            stage_ids = list(mutant.expect)
-            session.course = session.course.__class__(root=buggy, adapters=buggy / "tests" / "adapters.py")
-            bad = session.run(select_stages(session.stages, stage_ids), RunOptions())
+            bad = session.grader.grade(load_course(buggy), select_stages(session.stages, list(mutant.expect)), RunOptions())
             render_run(console, bad, __version__)
-        finally:
-            session.close()
     diagnosed = all(s.diagnosis and s.diagnosis.shape in mutant.expect[s.id] for s in bad.stages)
     console.print("\nnext: `theinference init my-course` starts the course." if good.passed and diagnosed else "")
     raise typer.Exit(0 if good.passed and diagnosed else EXIT_FAIL)

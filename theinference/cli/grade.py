@@ -21,10 +21,11 @@ from theinference.report.gradescope import render_gradescope, render_gradescope_
 from theinference.report.jsonout import run_document
 from theinference.report.untrusted import for_terminal
 from theinference.proc.runner import DEFAULT_MEMORY_MB
-from theinference.grading.session import Session, select_stages
+from theinference.grading.session import select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
 from theinference.cli.options import DEFAULT_JOBS, JobsOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.grading.grader import Grader
 
 
 SUBMISSION_TIMEOUT = 600.0  # seconds: a hung submission cannot hold up a batch for longer
@@ -42,14 +43,12 @@ def _progress_line(done: int, total: int, result: SubmissionResult) -> str:
     return for_terminal(f"[{done}/{total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}")
 
 
-def _base_session(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
+def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
     choice, model, _ = obtain_weights(weights, None, synth_progress())
-    # The base session only carries what every submission shares: weights, oracle cache, launcher.
-    # No course: each submission brings its own.
-    return Session(course=None, stages=stages, weights=choice, model=model,  # type: ignore[arg-type]
-                   launcher=default_launcher(student_env, untrusted=True), untrusted=True,
-                   extra_stage_dirs=list(stages_dir)), stages
+    # One grader for every submission: weights, oracle cache, launcher.
+    return Grader(weights=choice, model=model, launcher=default_launcher(student_env, untrusted=True), untrusted=True,
+                  extra_stage_dirs=list(stages_dir)), stages
 
 
 def _merge(parts: list[Path], out: Path) -> None:
@@ -93,12 +92,10 @@ def grade_command(
         raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
     if shard_spec:
         subs = shard(subs, *parse_shard(shard_spec))
-    base, stages = _base_session(weights, stages_dir or [], stage or [], student_env)
-    base.launcher.hide(out)
-    try:
-        results, stopped = _run(subs, base, stages, options, jobs, out, fmt)
-    finally:
-        base.close()
+    grader, stages = _grader(weights, stages_dir or [], stage or [], student_env)
+    with grader:
+        grader.launcher.hide(out)
+        results, stopped = _run(subs, grader, stages, options, jobs, out, fmt)
     if stopped:
         err_console().print(f"{stopped}; the {len(results)} graded are in {out}", soft_wrap=True, markup=False)
         raise typer.Exit(interrupt.exit_code() or 130)
@@ -107,7 +104,7 @@ def grade_command(
                         + (f" (seed {options.seed})" if options.seed is not None else ""))
 
 
-def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> tuple[list[SubmissionResult], str]:
+def _run(subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat) -> tuple[list[SubmissionResult], str]:
     """Grade and write the results; also how the batch was interrupted ("" if it was not)."""
     stage_ids = [s.id for s in stages]
     writer = CsvWriter(out, stage_ids) if fmt is BatchFormat.csv else None
@@ -128,7 +125,7 @@ def _run(subs, base, stages, options, jobs, out: Path, fmt: BatchFormat) -> tupl
     stopped = ""
     with progress:
         try:
-            results = grade_batch(subs, base, stages, options, jobs, on_result)
+            results = grade_batch(subs, grader, stages, options, jobs, on_result)
         except BatchInterrupted as e:
             results, stopped = e.results, str(e)
     if writer:

@@ -19,6 +19,7 @@ from theinference.grading.session import select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import StageError, load_stages, stage_dirs
 from theinference.cli.options import CourseOpt, DEFAULT_JOBS, JobsOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.grading.grader import Grader
 
 stages_app = typer.Typer(help="List and check stages.", no_args_is_help=True)
 
@@ -81,10 +82,7 @@ def check(
     choice, model, _ = obtain_weights(weights, None, synth_progress())
     console = console_for(sys.stdout)
     console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
-    launcher = default_launcher()
-    try:
-        result = check_course(source, all_stages, selected, model, timeout=timeout, jobs=jobs, launcher=launcher)
-    finally:
-        launcher.close()
+    with Grader(weights=choice, model=model, launcher=default_launcher()) as grader:
+        result = check_course(source, all_stages, selected, grader, timeout=timeout, jobs=jobs)
     render_check(console, result)
     raise typer.Exit(0 if result.ok else EXIT_FAIL)

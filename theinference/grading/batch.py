@@ -15,17 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theinference.proc import interrupt
-from theinference.grading import scaling
 from theinference.course import CourseError, load_course
-from theinference.grading.grade import OracleCache, check_case_fits
 from theinference.proc.launch import ConfinementError
-from theinference.grading.oracle_registry import resolve_oracle
-from theinference.grading.randomcases import with_random_cases
 from theinference.grading.results import RunResult
-from theinference.grading.session import RunOptions, Session
-from theinference.grading.stages import TOKEN_COMPARES, StageSpec
+from theinference.grading.grader import Grader, RunOptions
+from theinference.grading.stages import StageSpec
 from theinference.trust import untrusted_course
-from theinference.model.weights import Model
 from theinference.errors import ConfigError
 
 
@@ -91,34 +86,21 @@ def shard(items: list[Submission], index: int, count: int) -> list[Submission]:
     return items[index - 1 :: count]
 
 
-def warm_oracle(model: Model, cache: OracleCache, stages: list[StageSpec]) -> None:
-    """Compute every case's oracle output once, before student processes compete for the CPU."""
-    for stage in stages:
-        spec = resolve_oracle(stage.oracle, stage.source)
-        stage = scaling.fit_to_context(stage, model.config.n_ctx)  # as grade() does, before checking the fit
-        for case in stage.cases:
-            check_case_fits(stage, case, model)
-            if stage.compare not in TOKEN_COMPARES:  # greedy tokens are verified on each student's own path
-                cache.get(model, stage, spec, case)
-
-
-def _grade_one(sub: Submission, base: Session, stages: list[StageSpec], options: RunOptions) -> SubmissionResult:
+def _grade_one(sub: Submission, grader: Grader, stages: list[StageSpec], options: RunOptions) -> SubmissionResult:
     started = time.perf_counter()
     try:
         course, notices = untrusted_course(load_course(sub.path))
     except CourseError as e:
         return SubmissionResult(sub.id, str(sub.path), None, error=str(e), seconds=time.perf_counter() - started)
     # A submission chooses nothing: not its stages, weights or timeouts (see theinference.trust).
-    session = Session(course=course, stages=stages, weights=base.weights, model=base.model, cache=base.cache,
-                      launcher=base.launcher, untrusted=True, extra_stage_dirs=base.extra_stage_dirs, notices=notices)
     try:
-        run = session.run(stages, options)
+        run = grader.grade(course, stages, options, notices)
     except ConfinementError as e:  # e.g. a submission directory its confined user cannot read
         return SubmissionResult(sub.id, str(sub.path), None, error=str(e), seconds=time.perf_counter() - started)
     return SubmissionResult(sub.id, str(sub.path), run, seconds=time.perf_counter() - started)
 
 
-def grade_batch(subs: list[Submission], base: Session, stages: list[StageSpec], options: RunOptions, jobs: int,
+def grade_batch(subs: list[Submission], grader: Grader, stages: list[StageSpec], options: RunOptions, jobs: int,
                 on_result: Callable[[SubmissionResult], None]) -> list[SubmissionResult]:
     """Grade every submission (jobs at a time); on_result is called as each finishes.
 
@@ -126,13 +108,13 @@ def grade_batch(subs: list[Submission], base: Session, stages: list[StageSpec], 
     the submissions finished until then.
     """
     if options.seed is not None:
-        stages = [with_random_cases(s, options.seed, base.model.config) for s in stages]
+        stages = grader.with_seed(stages, options)
         options = dataclasses.replace(options, seed=None)
     lock = threading.Lock()
     results = []
 
     def work(sub: Submission) -> None:
-        result = _grade_one(sub, base, stages, options)
+        result = _grade_one(sub, grader, stages, options)
         with lock:
             if not interrupt.cancelled():  # a submission whose processes were killed midway has no grade
                 results.append(result)
@@ -140,7 +122,7 @@ def grade_batch(subs: list[Submission], base: Session, stages: list[StageSpec], 
 
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        warm_oracle(base.model, base.cache, stages)
+        grader.warm(stages)
         for future in [pool.submit(work, sub) for sub in subs]:
             future.result()
     except KeyboardInterrupt as e:

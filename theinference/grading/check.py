@@ -7,12 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.course import load_course
-from theinference.grading.grade import GradeContext, OracleCache, grade
-from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.grading.mutants import Mutant, MutantError, build_mutant, load_mutants
 from theinference.grading.results import StageResult
 from theinference.grading.stages import SHAPES, StageSpec
-from theinference.model.weights import Model
+from theinference.grading.grader import Grader, RunOptions
 
 
 @dataclass(frozen=True)
@@ -64,12 +62,11 @@ def _first_message(result: StageResult) -> str:
     return f"{case.name}: {case.message}" if case else ""
 
 
-def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list[StageSpec], ctx_args: dict,
-                   fingerprints: dict) -> list[CheckCell]:
-    ctx = GradeContext(course=load_course(course_dir), **ctx_args)
+def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list[StageSpec], grader: Grader,
+                   options: RunOptions, fingerprints: dict) -> list[CheckCell]:
+    run = grader.grade(load_course(course_dir), stages, options)
     cells = []
-    for stage in stages:
-        result = grade(stage, ctx)
+    for stage, result in zip(stages, run.stages):
         cells.append(CheckCell(subject=name, stage=stage.id, expected=expectations.get(stage.id, ("pass",)),
                                got=observed(result), message=_first_message(result),
                                expected_bugs=fingerprints.get(stage.id), got_bugs=named_bugs(result)))
@@ -85,10 +82,10 @@ def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) ->
     return {s: shape for s, shape in mutant.expect.items() if s in selected}, unknown
 
 
-def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], model: Model,
-                 timeout: float | None = None, jobs: int = 2, launcher: Launcher | None = None) -> CheckResult:
+def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], grader: Grader,
+                 timeout: float | None = None, jobs: int = 2) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations."""
-    ctx_args = {"model": model, "cache": OracleCache(), "timeout": timeout, "launcher": launcher or SubprocessLauncher()}
+    options = RunOptions(timeout=timeout)
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
     if not (solution / "tests" / "adapters.py").is_file():
@@ -109,8 +106,8 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
             result.problems.append(str(e))
         result.subjects = [name for name, *_ in subjects]
         # The solution first and alone: it fills the oracle cache every other subject reuses.
-        result.cells.extend(_grade_subject(*subjects[0][:3], stages, ctx_args, subjects[0][3]))
+        result.cells.extend(_grade_subject(*subjects[0][:3], stages, grader, options, subjects[0][3]))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for cells in pool.map(lambda s: _grade_subject(s[0], s[1], s[2], stages, ctx_args, s[3]), subjects[1:]):
+            for cells in pool.map(lambda s: _grade_subject(s[0], s[1], s[2], stages, grader, options, s[3]), subjects[1:]):
                 result.cells.extend(cells)
     return result

@@ -107,7 +107,6 @@ class Watch:
     session: Session
     stage_ids: list[str] | None  # None: the first stage not yet passed, re-chosen at every re-grade
     on_regrade: Callable[[Regrade], None]
-    extra_stage_dirs: list[Path] = field(default_factory=list)
     options: RunOptions = field(default_factory=RunOptions)
     poll: bool = False
     debounce: float = DEBOUNCE
@@ -190,10 +189,11 @@ class Watch:
         if BACK in changed or any(Path(p).name == "theinference.toml" for p in changed):
             session.course = load_course(session.course.root)
         if BACK in changed or any(p.endswith(".toml") for p in changed):
-            session.stages = load_stages(stage_dirs(session.course.root, [*session.course.stages_dirs, *self.extra_stage_dirs]))
-        if session.model.is_stale():
-            session.model = load_model(session.model.path)
-            session.cache.entries.clear()  # entries of the old file can never hit again
+            session.stages = load_stages(stage_dirs(session.course.root, [*session.course.stages_dirs, *session.grader.extra_stage_dirs]))
+        grader = session.grader
+        if grader.model.is_stale():
+            grader.model = load_model(grader.model.path)
+            grader.cache.entries.clear()  # entries of the old file can never hit again
 
     def regrade(self, changed: list[str]) -> Regrade:
         """Grade the watched stages once; a configuration error is shown, not raised."""
@@ -216,7 +216,7 @@ class Watch:
     def _fingerprint(self, stages, report: Regrade) -> None:
         assert report.result is not None and self.on_fingerprint is not None, "only a failing run is fingerprinted"
         try:
-            self.session.fingerprint_run(stages, report.result, self.options)
+            self.session.grader.fingerprint(stages, report.result, self.options)
         except CONFIG_ERRORS as e:
             report.error = str(e)
         report.fingerprinting = False
