@@ -3,43 +3,13 @@ and catches every mutant with the diagnosis its manifest names."""
 
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.course import load_course
 from theinference.grading.mutants import Mutant, MutantError, build_mutant, load_mutants
-from theinference.grading.results import StageResult
-from theinference.grading.stages import SHAPES, StageSpec
+from theinference.grading.results import CheckCell, CheckResult, StageResult
+from theinference.grading.stages import StageSpec
 from theinference.grading.grader import Grader, RunOptions
-
-
-@dataclass(frozen=True)
-class CheckCell:
-    subject: str  # solution | starter | a mutant's name
-    stage: str
-    expected: tuple[str, ...]  # acceptable outcomes: pass | not-started | failure shapes
-    got: str  # what the grader reported: a status, or the failing stage's shape
-    message: str = ""
-    expected_bugs: frozenset | None = None  # the bugs the fingerprint must name (None: not checked)
-    got_bugs: frozenset = frozenset()  # the bugs it named
-
-    @property
-    def ok(self) -> bool:
-        bugs_ok = self.expected_bugs is None or self.got == "pass" or self.got_bugs == self.expected_bugs
-        shape_ok = self.got in self.expected or ("fail" in self.expected and self.got in (*SHAPES, "wrong-shape"))
-        return shape_ok and bugs_ok
-
-
-@dataclass
-class CheckResult:
-    stages: list[str]
-    subjects: list[str]
-    cells: list[CheckCell] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # missing lessons, broken manifests, ...
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and all(c.ok for c in self.cells)
 
 
 def observed(result: StageResult) -> str:

@@ -22,7 +22,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from theinference.grading.stages import SHAPES
+from theinference.grading.diagnose import SHAPES
 from theinference.errors import ConfigError
 
 OBSERVABLES = (*SHAPES, "wrong-shape", "error", "pass", "fail")  # what a manifest may expect of a stage

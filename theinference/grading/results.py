@@ -179,3 +179,37 @@ class RunResult:
     @property
     def points(self) -> tuple[float, float]:
         return sum(s.points for s in self.stages), sum(s.max_points for s in self.stages)
+
+
+@dataclass(frozen=True)
+class CheckCell:
+    """One subject × stage of `stages check`: what the manifest expected and what grading showed."""
+
+    subject: str  # solution | starter | a mutant's name
+    stage: str
+    expected: tuple[str, ...]  # acceptable outcomes: pass | not-started | failure shapes
+    got: str  # what the grader reported: a status, or the failing stage's shape
+    message: str = ""
+    expected_bugs: frozenset | None = None  # the bugs the fingerprint must name (None: not checked)
+    got_bugs: frozenset = frozenset()  # the bugs it named
+
+    @property
+    def ok(self) -> bool:
+        bugs_ok = self.expected_bugs is None or self.got == "pass" or self.got_bugs == self.expected_bugs
+        # "fail" accepts any failure shape: whatever observed() reports that is not a status
+        shape_ok = self.got in self.expected or ("fail" in self.expected and self.got not in tuple(Status))
+        return shape_ok and bugs_ok
+
+
+@dataclass
+class CheckResult:
+    """`stages check`: every cell, and the problems found on the way."""
+
+    stages: list[str]
+    subjects: list[str]
+    cells: list[CheckCell] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # missing lessons, broken manifests, ...
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(c.ok for c in self.cells)

@@ -55,22 +55,12 @@ from pathlib import Path
 
 from theinference.model import tokenizer
 from theinference.grading.bugs import BUILTIN_BUGS
+from theinference.grading.diagnose import SHAPES
 from theinference.grading.oracle_registry import BUILTIN_ORACLES, COUNT_INPUTS, ID_INPUTS, TOKEN_INPUTS
 from theinference.bundled import data_dir
 from theinference.errors import ConfigError
 
 FORMAT_VERSION = 1
-SHAPES = (
-    "error-grows",
-    "all-rows-off",
-    "first-ok-then-flat",
-    "first-decode-row-off",
-    "shifted-by-one",
-    "nonfinite-row",
-    "no-pattern",
-    "token-mismatch",
-    "no-cache",
-)
 COMPARES = ("rows", "tokens", "scaling")
 TOKEN_COMPARES = ("tokens", "scaling")  # stages whose output is greedy token ids, checked with [tie]
 _ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
