@@ -89,11 +89,10 @@ def linear(x, weight, bias):  # [n_seq, n_in] -> [n_seq, n_out]; Conv1D stores w
     return out
 
 
-def softmax(x):  # [..., n] -> [..., n], in place
-    x -= x.max(axis=-1, keepdims=True)
-    np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
-    return x
+def softmax(x):  # [..., n] -> [..., n]; x is left as it was (instructors' oracles build on these functions)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    e /= e.sum(axis=-1, keepdims=True)
+    return e
 
 
 def attention_keys(n_seq, defects):  # -> [n_seq, n_seq] bool: which keys each row's query sees
