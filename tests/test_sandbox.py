@@ -137,6 +137,7 @@ def listener():
         yield server.getsockname()[1]
 
 
+@pytest.mark.slow
 @needs_sandbox
 @pytest.mark.parametrize("probe", list(PROBES))
 def test_sandbox_hides_the_grader_network_and_filesystem(cli, tmp_path, tiny_path, monkeypatch, listener, probe):
