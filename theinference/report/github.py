@@ -2,7 +2,7 @@
 
 import os
 
-from theinference.report.text import case_summary
+from theinference.report.text import case_summary, run_summary
 from theinference.report.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
 from theinference.grading.results import RunResult
 
@@ -29,9 +29,7 @@ def render_annotations(run: RunResult) -> str:
         lines.append(f"::error {where},title={title}::{workflow_data(chr(10).join(failing))}")
     for line in run.course_supplied:
         lines.append(f"::warning title={workflow_property('theinference: not the instructor')}::{workflow_data(line)}")
-    earned, possible = run.points
-    lines.append(f"::notice title=theinference::{sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
-                 f"stages passed, {earned:g}/{possible:g} points; isolation: {run.isolation}")
+    lines.append(f"::notice title=theinference::{run_summary(run)}; isolation: {run.isolation}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,14 @@
 """Short plain-text summaries of results, shared by the CI renderers."""
 
 from theinference.report.untrusted import for_terminal
-from theinference.grading.results import CaseResult, StageResult
+from theinference.grading.results import CaseResult, RunResult, StageResult
+
+
+def run_summary(run: RunResult) -> str:
+    """The run in one line: "N of M stages passed, X/Y points"."""
+    earned, possible = run.points
+    passed = sum(s.status == "pass" for s in run.stages)
+    return f"{passed} of {len(run.stages)} stages passed, {earned:g}/{possible:g} points"
 
 
 def scaling_summary(case: CaseResult) -> str:
