@@ -3,6 +3,7 @@
 import os
 import sys
 import tempfile
+from types import MappingProxyType
 from pathlib import Path
 
 import typer
@@ -14,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from theinference.grading.randomcases import resolve_seed
 from theinference.errors import ConfigError, UsageError
 from theinference.grading.session import RunOptions
+from theinference.proc.limits import Limits
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -84,11 +86,12 @@ def synth_progress() -> _SynthProgress:
 
 
 def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False,
-                all_cases: bool = False, submission_timeout: float | None = None):
+                all_cases: bool = False, submission_timeout: float | None = None, env: dict | None = None) -> RunOptions:
     """RunOptions from command-line values; untrusted grading (and CI) gives students an allow-listed environment."""
     try:
         resolved = resolve_seed(seed)
     except ValueError:
         raise UsageError(f"--seed takes an integer or 'random', not {seed!r}") from None
-    return RunOptions(timeout=timeout, memory_mb=memory_limit_mb or None, untrusted=untrusted or in_ci(), seed=resolved,
-                      all_cases=all_cases, submission_timeout=submission_timeout or None)
+    limits = Limits(timeout=timeout, memory_mb=memory_limit_mb or None, untrusted=untrusted or in_ci(),
+                    env=MappingProxyType(dict(env or {})))
+    return RunOptions(limits=limits, seed=resolved, all_cases=all_cases, submission_timeout=submission_timeout or None)

@@ -85,8 +85,8 @@ def grade_command(
         return _merge(submission_dirs[1:], out)
     # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
     student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
-    options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
-                                              submission_timeout=submission_timeout), env=student_env)
+    options = run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
+                          submission_timeout=submission_timeout, env=student_env)
     subs = submissions(submission_dirs)
     if fmt is BatchFormat.gradescope and len(subs) != 1:
         raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")

@@ -10,6 +10,7 @@ from theinference.grading.mutants import Mutant, MutantError, build_mutant, load
 from theinference.grading.results import CheckCell, CheckResult, StageResult
 from theinference.grading.stages import StageSpec
 from theinference.grading.grader import Grader, RunOptions
+from theinference.proc.limits import Limits
 
 
 def observed(result: StageResult) -> str:
@@ -55,7 +56,7 @@ def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) ->
 def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], grader: Grader,
                  timeout: float | None = None, jobs: int = 2) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations."""
-    options = RunOptions(timeout=timeout)
+    options = RunOptions(limits=Limits(timeout=timeout))
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
     if not (solution / "tests" / "adapters.py").is_file():

@@ -15,7 +15,8 @@ from theinference.grading.fingerprint import fingerprint_stage
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.grading.oracle_registry import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
 from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
-from theinference.proc.runner import DEFAULT_MEMORY_MB, AdapterJob, CallOutcome, run_adapter
+from theinference.proc.limits import Limits
+from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
 from theinference.grading.stages import TOKEN_COMPARES, CaseSpec, StageSpec
 from theinference.grading.verification import verify_tokens
 from theinference.model.weights import Model
@@ -49,11 +50,8 @@ class GradeContext:
     course: Course
     model: Model
     cache: OracleCache = field(default_factory=OracleCache)
-    timeout: float | None = None  # overrides every stage's timeout
-    env: dict = field(default_factory=dict)  # extra environment for the student's process
+    limits: Limits = field(default_factory=Limits)  # the student's process: timeout override, memory, environment
     launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
-    memory_mb: int | None = DEFAULT_MEMORY_MB  # address-space cap per student process
-    untrusted: bool = False  # only the allow-listed environment for the student's process
     fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
     all_cases: bool = False  # keep running a stage's cases after one timed out
     deadline: float | None = None  # time.monotonic() by which the whole submission must be done
@@ -217,8 +215,8 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     job = AdapterJob(
         course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
-        weights=ctx.model.path, timeout=ctx.timeout or ctx.course.timeout or stage.timeout, env=ctx.env,
-        launcher=ctx.launcher, memory_mb=ctx.memory_mb, untrusted=ctx.untrusted, scaling=scaling.job_scaling(stage),
+        weights=ctx.model.path, timeout=ctx.limits.timeout or ctx.course.timeout or stage.timeout, limits=ctx.limits,
+        launcher=ctx.launcher, scaling=scaling.job_scaling(stage),
         output_cap=output_cap, consume=consume, all_cases=ctx.all_cases, case_names=tuple(c.name for c in stage.cases),
         deadline=ctx.deadline, deadline_budget=ctx.budget,
     )

@@ -22,19 +22,16 @@ from theinference.grading.stages import TOKEN_COMPARES, StageSpec
 from theinference.model.weights import Model
 from theinference.model.weights_choice import WeightsChoice
 from theinference.proc.launch import Launcher, default_launcher
-from theinference.proc.runner import DEFAULT_MEMORY_MB
+from theinference.proc.limits import Limits
 from theinference.trust import stage_origin
 
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How to grade: per-call timeout override, memory cap, trust, random extra cases."""
+    """How to grade: the student processes' limits, random extra cases, fingerprinting, budgets."""
 
-    timeout: float | None = None
-    memory_mb: int | None = DEFAULT_MEMORY_MB
-    untrusted: bool = False  # student processes get only the allow-listed environment (theinference.trust)
+    limits: Limits = field(default_factory=Limits)  # passed unchanged to every student process
     seed: int | None = None
-    env: dict = field(default_factory=dict)  # extra environment for student processes
     fingerprint: bool = True  # False: leave it to Grader.fingerprint (watch shows the verdict first)
     all_cases: bool = False  # keep running a stage's cases after one timed out
     submission_timeout: float | None = None  # wall seconds for the whole run, after which the rest times out
@@ -65,9 +62,8 @@ class Grader:
         """Grade the stages in order on the course (with the seed's random cases added, if any)."""
         options = options or RunOptions()
         budget = options.submission_timeout
-        untrusted = self.untrusted or options.untrusted
-        ctx = GradeContext(course=course, model=self.model, cache=self.cache, timeout=options.timeout, env=options.env,
-                           launcher=self.launcher, memory_mb=options.memory_mb, untrusted=untrusted,
+        untrusted = self.untrusted or options.limits.untrusted
+        ctx = GradeContext(course=course, model=self.model, cache=self.cache, limits=options.limits, launcher=self.launcher,
                            fingerprint=options.fingerprint, all_cases=options.all_cases, budget=budget,
                            deadline=time.monotonic() + budget if budget else None)
         results = [dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
@@ -109,6 +105,6 @@ class Grader:
             lines.append("stages from the course directory: " + ", ".join(f"{s.id} ({s.max_points:g} points)" for s in ours))
         if self.weights.source == "theinference.toml":
             lines.append(f"weights from the course's theinference.toml: {self.model.path}")
-        if course.timeout and options.timeout is None:
+        if course.timeout and options.limits.timeout is None:
             lines.append(f"timeout from the course's theinference.toml: {course.timeout:g} s per call")
         return lines

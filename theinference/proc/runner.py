@@ -25,10 +25,10 @@ import numpy as np
 
 from theinference.proc import interrupt, protocol
 from theinference.proc.launch import Launcher, SubprocessLauncher
+from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
 from theinference.trust import allowed_env
 
 OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
-DEFAULT_MEMORY_MB = 6144  # address space per student process: room for 124M weights, copies and BLAS
 FILE_CAP = 1 << 30  # bytes any one file the student's process writes may reach (its output included)
 MESSAGE_CAP = 1 << 20  # bytes of one protocol message
 
@@ -44,11 +44,9 @@ class AdapterJob:
     names: tuple[str, ...]  # the function's name, then its accepted aliases
     calls: tuple[tuple, ...]  # the arguments of each call
     weights: Path
-    timeout: float  # seconds per call (and for importing the adapters)
-    env: dict = field(default_factory=dict)
+    timeout: float  # seconds per call (and for importing the adapters): limits.timeout, else the stage's
+    limits: Limits = field(default_factory=Limits)
     launcher: Launcher = field(default_factory=SubprocessLauncher)
-    memory_mb: int | None = DEFAULT_MEMORY_MB  # None: no cap
-    untrusted: bool = False  # the student's process gets only the allow-listed environment
     scaling: dict | None = None  # cache-scaling: {"lengths", "repeats"} to time each call at (theinference.proc.timing)
     # The bytes call i's returned array may hold (larger: "too-large", not read); asked only once it returned.
     output_cap: Callable[[int], int] | None = None
@@ -138,11 +136,11 @@ class _Child:
             f.write(json.dumps(protocol.Job(
                 course_root=str(job.course_root), adapters=str(job.adapters), names=list(job.names),
                 calls=[list(c) for c in job.calls], start=start, out_dir=str(work), scaling=job.scaling,
-                limits=protocol.Limits(memory_bytes=job.memory_mb * 2**20 if job.memory_mb else None, file_bytes=FILE_CAP),
+                limits=job.limits.for_worker(FILE_CAP),
             )))
         read_fd, write_fd = os.pipe()
-        base = allowed_env(os.environ) if job.untrusted else dict(os.environ)
-        env = {**base, **job.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
+        base = allowed_env(os.environ) if job.limits.untrusted else dict(os.environ)
+        env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
         (out_fd, self.stdout_id), (err_fd, self.stderr_id) = _create(self.stdout_path), _create(self.stderr_path)
         try:
