@@ -11,6 +11,7 @@ from theinference.grading.stages import load_stages
 from theinference.model.synth import SYNTH_VERSION
 
 
+@pytest.mark.slow
 def test_reference_solution_passes_every_stage(cli, solution_course, tiny_path):
     result = cli("test", "--all", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 0, result.stdout

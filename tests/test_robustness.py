@@ -36,6 +36,7 @@ def _stage(path: Path) -> dict:
     return json.loads(path.read_text())["stages"][0]
 
 
+@pytest.mark.slow
 def test_huge_output_is_refused_unread_and_grader_memory_stays_bounded(tmp_path, tiny_path, quick_stages):
     course = tmp_path / "course"
     write_adapters(course, HUGE)
@@ -81,6 +82,7 @@ def test_after_a_timeout_the_stage_s_other_cases_are_skipped(cli, tmp_path, tiny
     assert {c["message"] for c in every} == {"timed out after 0.5 s while running"}
 
 
+@pytest.mark.slow
 def test_a_batch_with_a_hung_submission_costs_one_timeout_per_stage(cli, tmp_path, tiny_path):
     root = tmp_path / "submissions"
     for name in ("a", "b", "c"):

@@ -65,6 +65,7 @@ def run_layer_equiv(seq_ids):
 """
 
 
+@pytest.mark.slow
 @needs_linux
 @pytest.mark.parametrize("mode", ["zygote", "subprocess", "untrusted"])
 def test_an_escaped_descendant_dies_before_the_grader_exits_and_the_results_stay_intact(tmp_path, tiny_path, mode):
@@ -174,6 +175,7 @@ def run_layer_equiv(seq_ids):
     assert result.exit_code == 0, json.loads(result.stdout)["stages"][0]["cases"][0]["message"]
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_the_solution_passes_every_stage_under_the_sandbox_and_the_header_says_so(cli, solution_course, tiny_path, monkeypatch):
     monkeypatch.setenv("CI", "true")

@@ -28,6 +28,7 @@ def test_greedy_continuations_vary(seeded_tiny, case):
     assert len(set(tokens)) >= len(tokens) / 2, tokens
 
 
+@pytest.mark.slow
 def test_some_greedy_case_generates_end_of_text(seeded_tiny):
     generated = [
         oracle.greedy(seeded_tiny.params, c.inputs["prompt"], c.inputs["n_new"], seeded_tiny.config.n_head)

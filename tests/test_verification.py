@@ -34,6 +34,7 @@ def _recomputed_verdicts(model, prompt: list[int], tokens: list[int]) -> list[st
     return verdicts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("subject", SUBJECTS)
 def test_teacher_forced_verdicts_equal_recompute(subject, tiny_model, tmp_path):
     course = COURSE / "solution"
