@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from theinference.launch import blas_env
-from theinference.resources import data_dir
-from theinference.synth import write_synthetic
+from theinference.proc.launch import blas_env
+from theinference.bundled import data_dir
+from theinference.model.synth import write_synthetic
 
 
 def timed_grade(subs: list[Path], weights: Path, jobs: int, out: Path, env: dict | None = None) -> float:

@@ -20,13 +20,13 @@ import tempfile
 from pathlib import Path
 
 from theinference.course import load_course
-from theinference.grade import GradeContext, grade
-from theinference.launch import SubprocessLauncher
-from theinference.mutants import build_mutant, load_mutants
-from theinference.resources import data_dir
-from theinference.stages import load_stages
-from theinference.synth import write_synthetic
-from theinference.weights import load_model
+from theinference.grading.grade import GradeContext, grade
+from theinference.proc.launch import SubprocessLauncher
+from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.bundled import data_dir
+from theinference.grading.stages import load_stages
+from theinference.model.synth import write_synthetic
+from theinference.model.weights import load_model
 
 _RECOMPUTE = '''
 import functools

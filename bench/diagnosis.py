@@ -21,17 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference.bugs import BUILTIN_BUGS, bug_output
-from theinference.check import check_course
-from theinference.fingerprint import fingerprint_stage
-from theinference.grade import OracleCache, _case_result, cross_case_diagnosis
-from theinference.oracles import resolve_oracle
-from theinference.resources import data_dir
-from theinference.results import StageResult
-from theinference.runner import CallOutcome
-from theinference.stages import load_stages, stage_dirs
-from theinference.synth import write_synthetic
-from theinference.weights import load_model
+from theinference.grading.bugs import BUILTIN_BUGS, bug_output
+from theinference.grading.check import check_course
+from theinference.grading.fingerprint import fingerprint_stage
+from theinference.grading.grade import OracleCache, _case_result, cross_case_diagnosis
+from theinference.grading.oracle_registry import resolve_oracle
+from theinference.bundled import data_dir
+from theinference.grading.results import StageResult
+from theinference.proc.runner import CallOutcome
+from theinference.grading.stages import load_stages, stage_dirs
+from theinference.model.synth import write_synthetic
+from theinference.model.weights import load_model
 
 
 def fingerprinted_stages():

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference import oracle
-from theinference.resources import data_dir
-from theinference.results import CaseResult
-from theinference.stages import load_stages
-from theinference.synth import write_synthetic
-from theinference.verification import verify_tokens
-from theinference.weights import load_model
+from theinference.model import gpt2 as oracle
+from theinference.bundled import data_dir
+from theinference.grading.results import CaseResult
+from theinference.grading.stages import load_stages
+from theinference.model.synth import write_synthetic
+from theinference.grading.verification import verify_tokens
+from theinference.model.weights import load_model
 
 
 def bare_matmuls(params, n_seq: int, n_head: int) -> None:
@@ -63,7 +63,7 @@ def median_seconds(fn, repeat: int) -> float:
 _MEMORY_PROBE = """
 import json, resource, sys
 from pathlib import Path
-from theinference.session import open_session, select_stages
+from theinference.grading.session import open_session, select_stages
 session = open_session(Path(sys.argv[1]), sys.argv[2], [])
 run = session.run(select_stages(session.stages, ["per-step-identity"]))
 print(json.dumps({"status": run.stages[0].status, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))

@@ -33,7 +33,8 @@ def measure_child(out: str, argv: list[str]) -> None:
     """In the grading process: run the CLI with run_adapter timed as described above; write totals to out."""
     import atexit
 
-    from theinference import cli, grade
+    from theinference.cli import app as cli
+    from theinference.grading import grade
 
     totals = {"inside": 0.0, "callbacks": 0.0, "stages": 0}
     real_run = grade.run_adapter
@@ -77,7 +78,7 @@ def timed_run(course: Path, weights: Path, cache: Path, out: Path) -> dict:
 
 
 def default_weights() -> Path:
-    from theinference.sources import ensure_weights, resolve_weights
+    from theinference.model.weights_choice import ensure_weights, resolve_weights
 
     choice = resolve_weights(None, None)
     ensure_weights(choice, lambda done, total: print(f"\rmaking {choice.path}: {done}/{total} tensors", end=""))
@@ -92,7 +93,7 @@ def main() -> None:
     parser.add_argument("--weights", type=Path, help="model.safetensors (default: the default synthetic gpt2 shape)")
     parser.add_argument("--runs", type=int, default=2, help="runs in all: the first cold, the others warm")
     args = parser.parse_args()
-    from theinference.resources import data_dir
+    from theinference.bundled import data_dir
 
     weights = args.weights or default_weights()
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:

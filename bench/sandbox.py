@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from theinference.launch import SubprocessLauncher, ZygoteLauncher
-from theinference.runner import AdapterJob, run_adapter
-from theinference.sandbox import strongest_isolation
+from theinference.proc.launch import SubprocessLauncher, ZygoteLauncher
+from theinference.proc.runner import AdapterJob, run_adapter
+from theinference.proc.sandbox import strongest_isolation
 
 ADAPTER = "import numpy as np\n\ndef run_layer_equiv(seq_ids):\n    return np.zeros(1)\n"
 
@@ -50,7 +50,7 @@ def main() -> None:
         launchers = {"zygote (fork)": ZygoteLauncher(), "fresh interpreter": SubprocessLauncher()}
         if isolation.level == "sandbox":
             launchers["sandbox (bwrap)"] = SubprocessLauncher(isolation)
-        results = {name: statistics.median(s := measure(launcher, course, weights, args.runs)) for name, launcher in launchers.items()}
+        results = {name: statistics.median(measure(launcher, course, weights, args.runs)) for name, launcher in launchers.items()}
         for name, median in results.items():
             print(f"{name:18s} median {median * 1000:7.1f} ms per student process")
         base, fresh = results["zygote (fork)"], results["fresh interpreter"]

@@ -25,12 +25,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from theinference.launch import SubprocessLauncher, ZygoteLauncher
+from theinference.proc.launch import SubprocessLauncher, ZygoteLauncher
 from theinference.report.terminal import render_run
-from theinference.resources import data_dir
-from theinference.session import open_session
-from theinference.synth import write_synthetic
-from theinference.watch import Watch
+from theinference.bundled import data_dir
+from theinference.grading.session import open_session
+from theinference.model.synth import write_synthetic
+from theinference.grading.watch import Watch
 
 STAGE = "prove-one-layer"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from theinference.cli import app
-from theinference.resources import data_dir
-from theinference.synth import write_synthetic
-from theinference.weights import load_model
+from theinference.cli.app import app
+from theinference.bundled import data_dir
+from theinference.model.synth import write_synthetic
+from theinference.model.weights import load_model
 
 
 @pytest.fixture(scope="session")

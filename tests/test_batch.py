@@ -91,8 +91,8 @@ def test_shards_merged_equal_the_unsharded_result(cli, batch, tiny_path, tmp_pat
 
 
 def test_csv_is_written_incrementally(tmp_path):
-    from theinference.batch import CsvWriter, GradedWith, SubmissionResult
-    from theinference.stages import load_stages, stage_dirs
+    from theinference.grading.batch import CsvWriter, GradedWith, SubmissionResult
+    from theinference.grading.stages import load_stages, stage_dirs
 
     out = tmp_path / "grades.csv"
     writer = CsvWriter(out, load_stages(stage_dirs(None))[:1], GradedWith("0", "sha256:0", "sha256:0", None))
@@ -102,7 +102,7 @@ def test_csv_is_written_incrementally(tmp_path):
 
 
 def test_adapters_may_not_import_the_oracle(cli, tmp_path, tiny_path):
-    write_adapters(tmp_path / "c", "from theinference import oracle\n\ndef run_layer_equiv(seq_ids):\n    return oracle.layer0_attn_sublayer\n")
+    write_adapters(tmp_path / "c", "from theinference.model import gpt2 as oracle\n\ndef run_layer_equiv(seq_ids):\n    return oracle.layer0_attn_sublayer\n")
     result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", "prove-one-layer", "--format", "json")
     case = json.loads(result.stdout)["stages"][0]["cases"][0]
     assert result.exit_code == 1 and case["status"] == "error"
@@ -185,7 +185,7 @@ def test_progress_goes_to_stderr_a_line_per_submission(cli, batch, tiny_path, tm
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])
 def test_merge_reads_both_formats_and_refuses_other_weights(cli, batch, tiny_path, tmp_path, fmt):
-    from theinference.synth import write_synthetic
+    from theinference.model.synth import write_synthetic
 
     write_synthetic(tmp_path / "seed1", preset="tiny", seed=1)
     subs = [batch / "pass-a", batch / "pass-b", batch / "syntax"]

@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from conftest import write_quick_scaling_stage
-from theinference.mutants import build_mutant, load_mutants
-from theinference.resources import data_dir
-from theinference.stages import load_stages
+from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.bundled import data_dir
+from theinference.grading.stages import load_stages
 
 
 # Output stages: the timed stage is checked below at test-sized lengths (a recompute of the
@@ -30,6 +30,7 @@ def _table_rows(out: str) -> dict[str, str]:
     return rows
 
 
+@pytest.mark.slow
 def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path):
     result = cli("stages", "check", "--weights", tiny_path, *(arg for s in OUTPUT_STAGES for arg in ("--stage", s)))
     assert result.exit_code == 0, result.stdout
@@ -49,6 +50,7 @@ def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path):
     assert "✘" not in out
 
 
+@pytest.mark.slow
 def test_no_cache_mutants_pass_every_output_stage_and_fail_only_on_cost(cli, tiny_path, tmp_path):
     mutants = [m for m in load_mutants(data_dir("course") / "mutants") if "cache-scaling" in m.expect]
     no_cache = {m.name for m in mutants if m.expect["cache-scaling"] == ("no-cache",)}
@@ -89,6 +91,7 @@ def test_the_greedy_loop_bugs_fail_greedy_only():
     assert expected["greedy-stops-at-eot"]["greedy"] == ("wrong-shape",)
 
 
+@pytest.mark.slow
 def test_the_runner_up_once_fails_every_greedy_case(cli, tiny_path, tmp_path):
     mutant = next(m for m in load_mutants(data_dir("course") / "mutants") if m.name == "greedy-runner-up-once")
     course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / mutant.name)
@@ -129,7 +132,7 @@ def test_a_stale_edit_is_reported(cli, tiny_path, tmp_path):
 def test_oracle_export(cli, tiny_path, tiny_model, solution_course, tmp_path):
     import numpy as np
 
-    from theinference import oracle
+    from theinference.model import gpt2 as oracle
 
     out = tmp_path / "expected.npz"
     result = cli("oracle", "--stage", "per-step-identity", "--case", "sentence", "--course", solution_course,

@@ -7,8 +7,8 @@ import pytest
 import typer
 
 from theinference import __version__
-from theinference.cli import app
-from theinference.cli_common import EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, EXIT_OK
+from theinference.cli.app import app
+from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, EXIT_OK
 
 
 def _commands(command, path=()):

@@ -5,12 +5,13 @@ import shutil
 
 import pytest
 
-from theinference.resources import data_dir
-from theinference.stages import load_stages
+from theinference.bundled import data_dir
+from theinference.grading.stages import load_stages
 
 ALL_STAGES = tuple(s.id for s in load_stages([data_dir("stages")]))
 
 
+@pytest.mark.slow
 def test_init_then_everything_is_not_started_then_the_solution_passes(cli, tmp_path, tiny_path):
     course = tmp_path / "my-course"
     result = cli("init", course)
@@ -81,6 +82,7 @@ def test_corrupt_progress_file_is_ignored_with_a_notice_and_rewritten(cli, solut
     assert json.loads(progress.read_text())["stages"][ALL_STAGES[0]]["status"] == "pass"
 
 
+@pytest.mark.slow
 def test_demo_shows_a_pass_and_a_named_diagnosis(cli, tiny_path):
     result = cli("demo", "--weights", tiny_path)
     assert result.exit_code == 0, result.stdout

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from theinference.diagnose import classify_rows, diagnose_rows
-from theinference.results import RowStats
+from theinference.grading.diagnose import classify_rows, diagnose_rows
+from theinference.grading.results import RowStats
 
 ATOL = 1e-3
 

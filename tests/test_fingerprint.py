@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from conftest import write_adapters
-from theinference.mutants import build_mutant, load_mutant
-from theinference.resources import data_dir
+from theinference.grading.mutants import build_mutant, load_mutant
+from theinference.bundled import data_dir
 
 MUTANTS = data_dir("course") / "mutants"
 
@@ -89,6 +89,7 @@ def test_an_unknown_bug_falls_back_to_the_shape_and_says_so(cli, tiny_path, tmp_
     assert_no_unproven_cause(text)
 
 
+@pytest.mark.slow
 def test_the_issues_five_cases_state_no_cause_without_a_match(cli, tiny_path, tmp_path):
     """The five reports that once stated a wrong cause as fact (issue 11)."""
     for name, stage in [("missing-attn-scale", "prove-one-layer"), ("c-proj-transposed", "per-step-identity"),

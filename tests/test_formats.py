@@ -82,7 +82,7 @@ def test_gradescope_scores(cli, courses, tiny_path, tmp_path):
 def test_per_case_credit_gives_partial_points(cli, courses, tiny_path, tmp_path):
     stages = tmp_path / "stages"
     stages.mkdir()
-    from theinference.resources import data_dir
+    from theinference.bundled import data_dir
 
     text = (data_dir("stages") / "prove-one-layer.toml").read_text()
     text = text.replace('id = "prove-one-layer"', 'id = "partial-layer"').replace("points = 10", 'points = 8\ncredit = "per-case"')
@@ -129,9 +129,9 @@ def test_json_records_the_seed_and_random_cases(cli, courses, tiny_path):
 
 
 def test_hard_coded_answers_fail_the_random_cases(cli, courses, tiny_path, tmp_path):
-    from theinference.export import oracle_arrays
-    from theinference.stages import load_stages, stage_dirs
-    from theinference.weights import load_model
+    from theinference.grading.export import oracle_arrays
+    from theinference.grading.stages import load_stages, stage_dirs
+    from theinference.model.weights import load_model
 
     stage = next(s for s in load_stages(stage_dirs(None)) if s.id == "prove-one-layer")
     arrays = oracle_arrays(stage, load_model(tiny_path), list(stage.cases))

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from theinference.resources import data_dir
+from theinference.bundled import data_dir
 
 MLP_STAGE = """\
 format_version = 1
@@ -37,7 +37,7 @@ seq = "The quick brown fox jumps over the lazy dog, and then it sleeps for a whi
 """
 
 MLP_ORACLE = """\
-from theinference import oracle
+from theinference.model import gpt2 as oracle
 
 
 def mlp_sublayer(model, seq):
@@ -165,9 +165,9 @@ def test_a_failing_bug_oracle_names_the_bug_and_its_stage_file(cli, instructor_c
 def test_editing_the_oracle_file_invalidates_cached_outputs(instructor_course, tiny_model):
     import numpy as np
 
-    from theinference.grade import OracleCache
-    from theinference.oracles import resolve_oracle
-    from theinference.stages import load_stage
+    from theinference.grading.grade import OracleCache
+    from theinference.grading.oracle_registry import resolve_oracle
+    from theinference.grading.stages import load_stage
 
     stage = load_stage(instructor_course / "stages" / "mlp.toml")
     cache = OracleCache()

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from theinference import oracle
+from theinference.model import gpt2 as oracle
 
 IDS = [464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13, 50256, 40]
 
@@ -101,3 +101,11 @@ def test_layer_norm_uses_eps_1e5():
     got = oracle.layer_norm(x, np.ones(2, np.float32), np.zeros(2, np.float32))
     np.testing.assert_allclose(got, _ln(x.astype(np.float64), 1.0, 0.0), rtol=1e-5)
     assert abs(got[0, 1]) < 0.31  # with eps 1e-12 it would be 1.0
+
+
+def test_softmax_leaves_its_argument_as_it_was():
+    scores = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 0.0]], dtype=np.float32)
+    before = scores.copy()
+    probs = oracle.softmax(scores)
+    assert np.array_equal(scores, before)
+    assert np.allclose(probs.sum(axis=-1), 1.0) and probs.dtype == np.float32

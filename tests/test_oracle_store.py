@@ -6,13 +6,13 @@ import os
 import numpy as np
 import pytest
 
-from theinference import oracle
-from theinference.cli_common import OracleProgress
-from theinference.oracle_store import OracleStore
-from theinference.resources import data_dir
-from theinference.sources import user_cache_dir
-from theinference.stages import load_stages
-from theinference.synth import write_synthetic
+from theinference.model import gpt2 as oracle
+from theinference.cli.common import OracleProgress
+from theinference.grading.oracle_store import OracleStore
+from theinference.bundled import data_dir
+from theinference.model.weights_choice import user_cache_dir
+from theinference.grading.stages import load_stages
+from theinference.model.synth import write_synthetic
 
 
 @pytest.fixture

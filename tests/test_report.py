@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from theinference.advice import advise
-from theinference.diagnose import diagnose_rows, diagnose_tokens
-from theinference.mutants import build_mutant, load_mutants
+from theinference.grading.advice import advise
+from theinference.grading.diagnose import diagnose_rows, diagnose_tokens
+from theinference.grading.mutants import build_mutant, load_mutants
 from theinference.report.terminal import render_run, sparkline
-from theinference.resources import data_dir
-from theinference.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
-from theinference.session import RunOptions, open_session
+from theinference.bundled import data_dir
+from theinference.grading.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
+from theinference.grading.session import RunOptions, open_session
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 HINTS = {"error-grows": "Your position counter isn't advancing.", "token-mismatch": "Check the decode loop."}

@@ -10,14 +10,14 @@ import pytest
 
 from conftest import write_adapters
 from test_runner import quick_stage_dir
-from theinference.stages import load_stages, stage_dirs
+from theinference.grading.stages import load_stages, stage_dirs
 
 HUGE = "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.ones(600 * 2**20 // 8)\n"
 HANG = "import time\ndef run_layer_equiv(seq_ids):\n    time.sleep(600)\n"
 # Prints its RSS high-water mark after running the CLI in this very process: the grader's own peak.
 MEASURE = """\
 import resource, sys
-from theinference.cli import main
+from theinference.cli.app import main
 sys.argv = ["theinference", *sys.argv[1:]]
 try:
     main()
@@ -36,6 +36,7 @@ def _stage(path: Path) -> dict:
     return json.loads(path.read_text())["stages"][0]
 
 
+@pytest.mark.slow
 def test_huge_output_is_refused_unread_and_grader_memory_stays_bounded(tmp_path, tiny_path, quick_stages):
     course = tmp_path / "course"
     write_adapters(course, HUGE)
@@ -55,7 +56,7 @@ def test_huge_output_is_refused_unread_and_grader_memory_stays_bounded(tmp_path,
 
 def test_output_over_the_file_cap_is_the_students_without_grader_frames(cli, tmp_path, tiny_path, quick_stages,
                                                                          monkeypatch):
-    monkeypatch.setattr("theinference.runner.FILE_CAP", 16 * 2**20)  # the 1 GB cap, scaled down to save the disk
+    monkeypatch.setattr("theinference.proc.runner.FILE_CAP", 16 * 2**20)  # the 1 GB cap, scaled down to save the disk
     course = tmp_path / "course"
     write_adapters(course, "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.ones(5 * 2**20)\n")
     result = cli("test", "--course", course, "--weights", tiny_path, "--stages-dir", quick_stages,
@@ -86,6 +87,7 @@ def test_after_a_timeout_the_stage_s_other_cases_are_skipped(cli, tmp_path, tiny
                                               f"timed out: the stage's time budget of {0.5 * (len(every) + 1):g} s ran out"}
 
 
+@pytest.mark.slow
 def test_a_batch_with_a_hung_submission_costs_one_timeout_per_stage(cli, tmp_path, tiny_path):
     root = tmp_path / "submissions"
     for name in ("a", "b", "c"):

@@ -244,7 +244,7 @@ n_new = 4
 
 
 def test_greedy_mismatch_marks_the_step_and_shows_both_paths(tmp_path, tiny_path, tiny_model, cli):
-    from theinference import oracle
+    from theinference.model import gpt2 as oracle
 
     expected = oracle.greedy(tiny_model.params, [464, 2068], 4, tiny_model.config.n_head)
     wrong = expected[:2] + [(expected[2] + 1) % 50257, expected[3]]

@@ -14,8 +14,8 @@ import pytest
 import theinference
 from conftest import write_adapters
 from test_runner import SOLUTION_IMPORTS
-from theinference.resources import data_dir
-from theinference.sandbox import strongest_isolation
+from theinference.bundled import data_dir
+from theinference.proc.sandbox import strongest_isolation
 
 STAGE = "prove-one-layer"
 SANDBOX = strongest_isolation()
@@ -65,6 +65,7 @@ def run_layer_equiv(seq_ids):
 """
 
 
+@pytest.mark.slow
 @needs_linux
 @pytest.mark.parametrize("mode", ["zygote", "subprocess", "untrusted"])
 def test_an_escaped_descendant_dies_before_the_grader_exits_and_the_results_stay_intact(tmp_path, tiny_path, mode):
@@ -105,17 +106,17 @@ PROBES = {
     "oracle-import": """\
 import sys
 sys.meta_path[:] = [f for f in sys.meta_path if "Guard" not in type(f).__name__]  # the guard falls to one line
-import theinference.oracle
-return 'imported theinference.oracle'""",
+import theinference.model.gpt2
+return 'imported theinference.model.gpt2'""",
     "oracle-file": f"""\
 import importlib.util
-spec = importlib.util.spec_from_file_location("o", {str(Path(theinference.__file__).parent / "oracle.py")!r})
+spec = importlib.util.spec_from_file_location("o", {str(Path(theinference.__file__).parent / "model" / "gpt2.py")!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 return 'loaded oracle.py by path'""",
     "oracle-subprocess": """\
 import subprocess, sys
-done = subprocess.run([sys.executable, "-c", "from theinference import oracle"], capture_output=True)
+done = subprocess.run([sys.executable, "-c", "from theinference.model import gpt2 as oracle"], capture_output=True)
 return 'a subprocess imported the oracle' if done.returncode == 0 else None""",
     "solution-source": f"open({str(data_dir('course') / 'solution' / 'src' / 'kvcache.py')!r}).read()\nreturn 'read the reference solution'",
     "network": """\
@@ -137,6 +138,7 @@ def listener():
         yield server.getsockname()[1]
 
 
+@pytest.mark.slow
 @needs_sandbox
 @pytest.mark.parametrize("probe", list(PROBES))
 def test_sandbox_hides_the_grader_network_and_filesystem(cli, tmp_path, tiny_path, monkeypatch, listener, probe):
@@ -173,6 +175,7 @@ def run_layer_equiv(seq_ids):
     assert result.exit_code == 0, json.loads(result.stdout)["stages"][0]["cases"][0]["message"]
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_the_solution_passes_every_stage_under_the_sandbox_and_the_header_says_so(cli, solution_course, tiny_path, monkeypatch):
     monkeypatch.setenv("CI", "true")
@@ -194,7 +197,7 @@ def test_a_students_own_loop_says_it_is_not_sandboxed(cli, solution_course, tiny
 @needs_linux
 @pytest.mark.parametrize("missing", ["bwrap", "bwrap+unshare"])
 def test_without_bubblewrap_untrusted_runs_fall_back_and_say_so(cli, tmp_path, tiny_path, monkeypatch, listener, missing):
-    from theinference import sandbox
+    from theinference.proc import sandbox
 
     monkeypatch.setattr(sandbox, "_working_bwrap", lambda: None)
     if missing == "bwrap+unshare":

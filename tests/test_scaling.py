@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from conftest import write_adapters, write_quick_scaling_stage
-from theinference.resources import data_dir
+from theinference.bundled import data_dir
 
 MODEL = """\
 import functools
@@ -71,6 +71,7 @@ def test_the_solution_passes_and_shows_the_table_and_its_speedup(cli, solution_c
     assert "your cache: 224 tokens in" in result.stdout and "faster" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_recompute_fails_as_no_cache_with_its_growth_in_numbers(cli, tmp_path, tiny_path, quick_stages):
     course = tmp_path / "recompute"
     write_adapters(course, RECOMPUTE)
@@ -100,6 +101,7 @@ def test_the_starter_is_not_started(cli, tmp_path, tiny_path):
     assert "not started: run_greedy()" in result.stdout
 
 
+@pytest.mark.slow
 def test_fast_wrong_tokens_fail_on_tokens_not_on_timing(cli, tmp_path, tiny_path, quick_stages):
     course = tmp_path / "wrong"
     write_adapters(course, WRONG_TOKEN)
@@ -109,6 +111,7 @@ def test_fast_wrong_tokens_fail_on_tokens_not_on_timing(cli, tmp_path, tiny_path
     assert "CPU ms/token" not in result.stdout and "no-cache" not in result.stdout
 
 
+@pytest.mark.slow
 def test_the_verdicts_hold_while_another_process_burns_cpu(cli, solution_course, tmp_path, tiny_path, quick_stages):
     recompute = tmp_path / "recompute"
     write_adapters(recompute, RECOMPUTE)

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from theinference.resources import data_dir
-from theinference.stages import StageError, load_stage, load_stages, stage_dirs
+from theinference.bundled import data_dir
+from theinference.grading.stages import StageError, load_stage, load_stages, stage_dirs
 
 VALID = """\
 format_version = 1

@@ -8,12 +8,12 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from conftest import write_adapters
-from theinference import oracle
+from theinference.model import gpt2 as oracle
 from theinference.course import load_course
-from theinference.grade import GradeContext, grade
-from theinference.mutants import build_mutant, load_mutants
-from theinference.resources import data_dir
-from theinference.stages import load_stages
+from theinference.grading.grade import GradeContext, grade
+from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.bundled import data_dir
+from theinference.grading.stages import load_stages
 
 COURSE = data_dir("course")
 GREEDY = next(s for s in load_stages([data_dir("stages")]) if s.id == "greedy")
@@ -34,6 +34,7 @@ def _recomputed_verdicts(model, prompt: list[int], tokens: list[int]) -> list[st
     return verdicts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("subject", SUBJECTS)
 def test_teacher_forced_verdicts_equal_recompute(subject, tiny_model, tmp_path):
     course = COURSE / "solution"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import write_adapters
-from theinference.resources import data_dir
-from theinference.session import open_session
-from theinference.watch import Watch, is_relevant
+from theinference.bundled import data_dir
+from theinference.grading.session import open_session
+from theinference.grading.watch import Watch, is_relevant
 
 SLOW_ADAPTER = """\
 import time
@@ -215,8 +215,8 @@ def test_ctrl_c_exits_cleanly_with_code_0(solution_course, tiny_path):
 
 
 def test_a_failing_native_observer_suggests_polling(solution_course, tiny_path, monkeypatch, capsys):
-    from theinference import watch as watch_module
-    from theinference.cli_watch import run_watch
+    from theinference.grading import watch as watch_module
+    from theinference.cli.watch import run_watch
 
     def refuse(self):
         raise OSError("inotify watch limit reached")
@@ -233,26 +233,26 @@ def test_a_failing_native_observer_suggests_polling(solution_course, tiny_path, 
 
 
 def test_changed_weights_are_reloaded_at_the_next_regrade(solution_course, tiny_dir, tmp_path):
-    from theinference.synth import write_synthetic
+    from theinference.model.synth import write_synthetic
 
     weights_dir = tmp_path / "weights"
     shutil.copytree(tiny_dir, weights_dir)
     h = Harness(solution_course, weights_dir / "model.safetensors")
     try:
-        before = h.session.model.stamp
+        before = h.session.grader.model.stamp
         write_synthetic(weights_dir, preset="tiny", seed=1)  # not a course file: no re-grade by itself
         assert h.settle(0.3) == 0
         touch(solution_course / "src" / "kvcache.py")
         h.wait_for(2)
-        assert h.session.model.stamp != before and not h.session.model.is_stale()
+        assert h.session.grader.model.stamp != before and not h.session.grader.model.is_stale()
         assert h.regrades[1].result.stages[0].status == "pass"
     finally:
         h.close()
 
 
 def test_the_waiting_screen_says_what_happened(capsys, tmp_path):
-    from theinference.cli_watch import render_regrade
-    from theinference.watch import Regrade
+    from theinference.cli.watch import render_regrade
+    from theinference.grading.watch import Regrade
 
     render_regrade(Regrade(changed=[], at=0.0, waiting=True, error=f"{tmp_path} is gone (renamed or deleted): "
                            "waiting for it to come back"), tmp_path)
@@ -261,7 +261,7 @@ def test_the_waiting_screen_says_what_happened(capsys, tmp_path):
 
 
 def test_the_verdict_shows_before_the_fingerprint(tmp_path, tiny_path):
-    from theinference.mutants import build_mutant, load_mutant
+    from theinference.grading.mutants import build_mutant, load_mutant
     mutant = load_mutant(data_dir("course") / "mutants" / "wpe-base-off-by-one" / "manifest.toml")
     course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / "course")
     session = open_session(course, str(tiny_path), [])

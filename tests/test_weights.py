@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from theinference.sources import find_hf_gpt2, resolve_weights
-from theinference.synth import PRESETS, write_synthetic
-from theinference.weights import WeightsError, expected_shapes, load_model
+from theinference.model.weights_choice import find_hf_gpt2, resolve_weights
+from theinference.model.synth import PRESETS, write_synthetic
+from theinference.model.weights import WeightsError, expected_shapes, load_model
 
 
 def _rewrite(src_dir: Path, dest_dir: Path, edit) -> Path:

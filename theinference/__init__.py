@@ -1,7 +1,7 @@
 """theinference: the grader for the course *Build your own KV cache*."""
 
 # The sandbox copies this file as the `theinference` that student code sees: keep it free of
-# imports from the package (theinference.sandbox).
+# imports from the package (theinference.proc.sandbox).
 import os
 
 __version__ = "0.1.0"

@@ -1,3 +1,3 @@
-from theinference.cli import main
+from theinference.cli.app import main
 
 main()

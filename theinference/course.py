@@ -15,12 +15,14 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from theinference.errors import ConfigError
+
 CONFIG_NAME = "theinference.toml"
 DEFAULT_ADAPTERS = "tests/adapters.py"
-_FIELDS = {"weights": str, "adapters": str, "stages_dirs": list, "timeout": (int, float)}
+_FIELDS: dict[str, type | tuple[type, ...]] = {"weights": str, "adapters": str, "stages_dirs": list, "timeout": (int, float)}
 
 
-class CourseError(Exception):
+class CourseError(ConfigError):
     """The course directory or its configuration is unusable."""
 
 

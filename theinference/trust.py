@@ -13,7 +13,7 @@ from pathlib import Path
 
 from theinference import WEIGHTS_ENV
 from theinference.course import Course, CourseError
-from theinference.resources import data_dir
+from theinference.bundled import data_dir
 
 # Variables a student process (and the zygote it is forked from) may see in untrusted mode:
 # what the interpreter, locale and BLAS need (PWD: bubblewrap sets it to the working directory).

@@ -2,9 +2,9 @@
 
 import os
 
-from theinference.report.text import case_summary, group_cases, grouped_summary, repeated_note
-from theinference.report.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
-from theinference.results import RunResult, StageResult
+from theinference.report.text import case_summary, group_cases, grouped_summary, repeated_note, run_summary
+from theinference.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
+from theinference.grading.results import RunResult, StageResult
 
 
 def _relative(path: str) -> str:
@@ -34,9 +34,7 @@ def render_annotations(run: RunResult) -> str:
         lines.append(f"::error {_location(run, stage)},title={title}::{workflow_data(chr(10).join(failing))}")
     for line in run.course_supplied:
         lines.append(f"::warning title={workflow_property('theinference: not the instructor')}::{workflow_data(line)}")
-    earned, possible = run.points
-    lines.append(f"::notice title=theinference::{sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
-                 f"stages passed, {earned:g}/{possible:g} points; isolation: {run.isolation}")
+    lines.append(f"::notice title=theinference::{run_summary(run)}; isolation: {run.isolation}")
     return "\n".join(lines) + "\n"
 
 

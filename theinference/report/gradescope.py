@@ -2,9 +2,9 @@
 
 import json
 
-from theinference.report.text import stage_summary
-from theinference.results import RunResult
-from theinference.stages import StageSpec
+from theinference.report.text import run_summary, stage_summary
+from theinference.grading.results import RunResult
+from theinference.grading.stages import StageSpec
 
 
 def render_gradescope(run: RunResult, version: str) -> str:
@@ -25,8 +25,7 @@ def render_gradescope(run: RunResult, version: str) -> str:
         "score": round(earned, 4),
         "max_score": possible,
         "execution_time": round(sum(s.seconds for s in run.stages), 3),
-        "output": f"theinference {version}: {sum(s.status == 'pass' for s in run.stages)} of {len(run.stages)} "
-                  f"stages passed, {earned:g}/{possible:g} points (weights: {run.weights_path}{seed}; "
+        "output": f"theinference {version}: {run_summary(run)} (weights: {run.weights_path}{seed}; "
                   f"isolation: {run.isolation}: {run.isolation_summary})"
                   + "".join(f"\nnot the instructor's: {line}" for line in run.course_supplied),
         "visibility": "visible",

@@ -4,7 +4,10 @@ import dataclasses
 import json
 import math
 
-from theinference.results import CaseResult, RunResult, ScalingResult, StageResult
+from theinference import __version__
+from theinference.grading.batch import BATCH_SCHEMA, BATCH_SCHEMA_VERSION, GradedWith, SubmissionResult, first_errors
+from theinference.grading.results import CaseResult, RunResult, ScalingResult, StageResult
+from theinference.grading.stages import StageSpec
 
 SCHEMA = "theinference.results"
 SCHEMA_VERSION = 1
@@ -87,3 +90,17 @@ def run_document(run: RunResult, version: str) -> dict:
 
 def render_json(run: RunResult, version: str) -> str:
     return json.dumps(run_document(run, version), indent=2, allow_nan=False) + "\n"
+
+
+def batch_document(results: list[SubmissionResult], stages: list[StageSpec], graded: GradedWith,
+                   interrupted: str = "") -> dict:
+    """The batch JSON document (schema "theinference.batch", see README): every run's full results."""
+    docs = []
+    for r in results:
+        earned, possible = r.points(stages)
+        docs.append({"id": r.id, "path": r.path, "status": r.status, "points": earned, "max_points": possible,
+                     "error": first_errors(r), "seconds": r.seconds,
+                     "results": run_document(r.run, __version__) if r.run else None})
+    return {"schema": BATCH_SCHEMA, "schema_version": BATCH_SCHEMA_VERSION, "graded_with": dataclasses.asdict(graded),
+            "stages": [s.id for s in stages], "seed": graded.seed, "interrupted": interrupted or None,
+            "submissions": docs}

@@ -3,10 +3,8 @@
 import xml.etree.ElementTree as ET
 
 from theinference.report.text import case_summary, scaling_summary
-from theinference.report.untrusted import for_terminal
-from theinference.results import RunResult
-
-_ERROR_STATUSES = ("error", "timeout", "crash")
+from theinference.untrusted import for_terminal
+from theinference.grading.results import NO_ANSWER, RunResult
 
 
 def _scaling_properties(scaling) -> list[ET.Element]:
@@ -41,7 +39,7 @@ def render_junit(run: RunResult, version: str) -> str:
                 if case.scaling:  # a failure's text carries these numbers; a pass shows them here
                     ET.SubElement(element, "system-out").text = scaling_summary(case)
                 continue
-            tag = "error" if case.status in _ERROR_STATUSES else "failure"
+            tag = "error" if case.status in NO_ANSWER else "failure"
             message = case.diagnosis.summary if case.diagnosis else (for_terminal(case.message) or case.status)
             detail = ET.SubElement(element, tag, type=case.status, message=message)
             detail.text = case_summary(case)

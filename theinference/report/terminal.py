@@ -2,6 +2,7 @@
 stage of one-row cases), a summary line and what to do next."""
 
 import math
+from typing import Literal
 
 from rich import box
 from rich.cells import cell_len
@@ -10,19 +11,21 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from theinference import tokenizer
-from theinference.report.untrusted import for_terminal
-from theinference.results import CaseResult, Diagnosis, RowStats, RunResult, StageResult
+from theinference.model import tokenizer
+from theinference.untrusted import for_terminal
+from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, RowStats, RunResult, StageResult, Status
 
 FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
 FOLD_LIMIT = 16  # cases with more rows than this are folded
 _SPARKS = "▁▂▃▄▅▆▇█"
 _ASCII_SPARKS = "_.-:=+*#"
-_MARK = {"pass": "✔", "fail": "✘", "not-started": "·", "error": "✘", "timeout": "⏱", "crash": "✘"}
-_STYLE = {"pass": "green", "fail": "red", "not-started": "yellow", "error": "red", "timeout": "red", "crash": "red"}
-_WORDS = {
-    "pass": "passed", "fail": "failed", "not-started": "not started", "error": "error",
-    "timeout": "timed out", "crash": "crashed",
+_MARK: dict[str, str] = {Status.PASS: "✔", Status.FAIL: "✘", Status.NOT_STARTED: "·", Status.ERROR: "✘", Status.TIMEOUT: "⏱",
+         Status.CRASH: "✘"}
+_STYLE: dict[str, str] = {Status.PASS: "green", Status.FAIL: "red", Status.NOT_STARTED: "yellow", Status.ERROR: "red",
+          Status.TIMEOUT: "red", Status.CRASH: "red"}
+_WORDS: dict[str, str] = {
+    Status.PASS: "passed", Status.FAIL: "failed", Status.NOT_STARTED: "not started", Status.ERROR: "error",
+    Status.TIMEOUT: "timed out", Status.CRASH: "crashed",
 }
 
 
@@ -102,7 +105,7 @@ def _visible_rows(case: CaseResult) -> tuple[list[RowStats], list[RowStats]]:
 
 
 # Divergence-table columns in display order: (key, title, justify).
-_COLUMNS = {
+_COLUMNS: dict[str, tuple[str, Literal["left", "right"]]] = {
     "row": ("row", "right"), "pos": ("pos", "right"), "case": ("case", "left"), "token": ("token", "left"),
     "max_abs": ("max |Δ|", "right"), "max_rel": ("max rel Δ", "right"), "out": ("out of tol", "right"),
     "worst": ("worst: expected vs got", "left"), "verdict": ("", "left"),
@@ -220,6 +223,7 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
     for title in ("tokens", "CPU ms/token", "marginal ms/token"):
         table.add_column(title, justify="right", no_wrap=True)
     t = case.scaling
+    assert t is not None, "called for cache-scaling cases only"
     for n, per, marginal in zip(t.lengths, t.ms_per_token, t.marginal_ms):
         table.add_row(str(n), f"{per:.2f}", "" if marginal is None else f"{marginal:.2f}")
     return table
@@ -228,6 +232,7 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
 def scaling_lines(case: CaseResult) -> list[Text]:
     """How the timing was taken, the ratio, and (on a pass) the speed-up over the oracle's recompute."""
     t = case.scaling
+    assert t is not None, "called for cache-scaling cases only"
     threads = "one BLAS thread" if t.blas_threads == 1 else f"{t.blas_threads} BLAS threads (could not limit to one)"
     lines = [Text(f"  timed in your process: CPU time, {threads}, fastest of repeated calls · "
                   f"per-token cost ×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
@@ -239,7 +244,7 @@ def scaling_lines(case: CaseResult) -> list[Text]:
 
 
 def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int) -> list:
-    parts = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
+    parts: list[Text | Table] = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
                            (f" — {for_terminal(case.message)}" if case.message else "", ""))]
     if case.rows and case.status == "fail":
         parts.append(rows_table(case, vocab, plain, width))
@@ -256,7 +261,7 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int) -> list:
     if case.traceback:
         parts.append(Text(for_terminal(case.traceback.rstrip()), style="dim"))
     output = (case.stdout + case.stderr).strip()
-    if output and case.status in ("error", "crash", "timeout"):
+    if output and case.status in NO_ANSWER:
         parts.append(Text("  output of your code:\n" + for_terminal(output[-2000:]), style="dim"))
     return parts
 
@@ -282,7 +287,7 @@ def _greedy_text(case: CaseResult) -> list[Text]:
 
 def _same_failure(a: CaseResult, b: CaseResult) -> bool:
     """Errors that repeat case after case (an import error, the same exception) are shown once."""
-    return a.status in ("error", "timeout", "crash", "not-started") and (a.status, a.message, a.traceback) == (
+    return (a.status in NO_ANSWER or a.status == Status.NOT_STARTED) and (a.status, a.message, a.traceback) == (
         b.status, b.message, b.traceback)
 
 
@@ -335,7 +340,7 @@ def _print_cross_case(console: Console, stage: StageResult, n_vocab: int) -> Non
     console.print(Text(f"  {failed} of {len(numeric)} cases off; each gives one row, so they are read together, "
                        "ordered by position:"))
     console.print(cases_table(numeric, vocab, is_plain(console), console.width))
-    for line in diagnosis_lines(stage.cross_case):
+    for line in diagnosis_lines(stage.cross_case) if stage.cross_case else []:
         console.print(line)
 
 

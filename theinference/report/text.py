@@ -1,12 +1,20 @@
 """Short plain-text summaries of results, shared by the CI renderers."""
 
-from theinference.report.untrusted import for_terminal
-from theinference.results import CaseResult, StageResult
+from theinference.untrusted import for_terminal
+from theinference.grading.results import CaseResult, RunResult, StageResult
+
+
+def run_summary(run: RunResult) -> str:
+    """The run in one line: "N of M stages passed, X/Y points"."""
+    earned, possible = run.points
+    passed = sum(s.status == "pass" for s in run.stages)
+    return f"{passed} of {len(run.stages)} stages passed, {earned:g}/{possible:g} points"
 
 
 def scaling_summary(case: CaseResult) -> str:
     """cache-scaling's numbers in one line: ms per token at each length, the ratio, the speed-up."""
     t = case.scaling
+    assert t is not None, "called for cache-scaling cases only"
     per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
     faster = f"; {t.speedup:.1f}× faster than the oracle's recompute (estimated)" if t.speedup is not None else ""
     return (f"CPU time per token ({t.blas_threads} BLAS thread(s)): {per}; ratio {t.ratio:.2f} "

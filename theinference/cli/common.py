@@ -1,0 +1,160 @@
+"""Pieces the CLI's command modules share: exit codes, consoles, error reporting, progress."""
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from types import MappingProxyType
+from pathlib import Path
+
+import typer
+from typer.core import TyperGroup
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from theinference.grading.randomcases import resolve_seed
+from theinference.errors import ConfigError, UsageError
+from theinference.grading.session import RunOptions
+from theinference.proc.limits import Limits
+
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
+
+
+def console_for(stream) -> Console:
+    """A console on stream; plain (no colour) when not a terminal, in CI or with NO_COLOR."""
+    plain = in_ci() or not stream.isatty()
+    return Console(file=stream, no_color=plain or None, highlight=False, soft_wrap=False,
+                   force_terminal=False if plain else None, width=None if stream.isatty() else 160)
+
+
+def err_console() -> Console:
+    return console_for(sys.stderr)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a results file whole or not at all: a temporary file beside it, renamed over it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def config_error(e: Exception) -> typer.Exit:
+    """Print a usage/configuration error and return the Exit to raise (code 2)."""
+    err_console().print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
+    return typer.Exit(EXIT_CONFIG)
+
+
+class ConfigErrorsExit(TyperGroup):
+    """The top-level command group: a ConfigError raised by any command is printed once and exits 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as e:
+            raise config_error(e) from None
+
+
+class ItemProgress:
+    """Progress of counted work on stderr: a rich bar on a terminal; elsewhere (CI logs, pipes) plain
+    lines, one per finished item or, with `lines`, about that many in all, so a log keeps moving."""
+
+    def __init__(self, label: str, unit: str, lines: int | None = None):
+        self.label, self.unit, self.lines = label, unit, lines
+        self.plain = in_ci() or not sys.stderr.isatty()
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
+
+    def __call__(self, done: int, total: int, item: str = "") -> None:
+        if self.plain:
+            if self.lines is None or done == total or done * self.lines // total > (done - 1) * self.lines // total:
+                what = f": {item}" if item else ""
+                err_console().print(f"{self.label} [{done}/{total} {self.unit}]{what}", markup=False, soft_wrap=True)
+            return
+        if self.bar is None:
+            self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
+                                TimeElapsedColumn(), console=err_console())
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total)
+        assert self.task is not None
+        self.bar.update(self.task, completed=done)
+        if done == total:
+            self.close()
+
+    def close(self) -> None:
+        """Take the bar off the terminal (also when the work stopped early)."""
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def synth_progress() -> ItemProgress:
+    """Progress of making synthetic weights: about ten plain lines when stderr is not a terminal."""
+    return ItemProgress("making synthetic weights", "tensors", lines=10)
+
+
+class OracleProgress:
+    """Told by the oracle cache when it computes an output it does not hold (minutes on the gpt2 shape, once).
+
+    On a terminal, a computation that lasts over DELAY seconds shows a status line on stderr; elsewhere, a
+    line is printed whenever the computations not yet reported have taken DELAY seconds, so CI logs move.
+    """
+
+    DELAY = 1.0
+
+    def __init__(self):
+        self.console = err_console()
+        self.live = self.console.is_terminal and not in_ci()
+        self.count, self.began = 0, 0.0
+        self.unsaid = [0, 0.0]  # outputs computed and their seconds since the last line printed
+        self.timer, self.status = None, None
+
+    def start(self, label: str) -> None:
+        self.began = time.monotonic()
+        if self.live:
+            self.timer = threading.Timer(self.DELAY, self._show, [label])
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _show(self, label: str) -> None:
+        self.status = self.console.status(f"oracle: computing {escape(label)} ({self.count} done)")
+        self.status.start()
+
+    def finish(self, label: str) -> None:
+        seconds = time.monotonic() - self.began
+        self.count += 1
+        self.unsaid = [self.unsaid[0] + 1, self.unsaid[1] + seconds]
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer.join()  # a status being shown right now is stopped below, not left behind
+            self.timer = None
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+        if not self.live and self.unsaid[1] >= self.DELAY:  # about a line per DELAY seconds of computing
+            count, spent = self.unsaid
+            text = f"{label} in {spent:.1f} s" if count == 1 else f"{count} outputs in {spent:.1f} s, the last {label}"
+            self.console.print(f"oracle: computed {text}", markup=False, highlight=False, soft_wrap=True)
+            self.unsaid = [0, 0.0]
+
+
+def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False,
+                all_cases: bool = False, submission_timeout: float | None = None, env: dict | None = None) -> RunOptions:
+    """RunOptions from command-line values; untrusted grading (and CI) gives students an allow-listed environment."""
+    try:
+        resolved = resolve_seed(seed)
+    except ValueError:
+        raise UsageError(f"--seed takes an integer or 'random', not {seed!r}") from None
+    limits = Limits(timeout=timeout, memory_mb=memory_limit_mb or None, untrusted=untrusted or in_ci(),
+                    env=MappingProxyType(dict(env or {})))
+    return RunOptions(limits=limits, seed=resolved, all_cases=all_cases, submission_timeout=submission_timeout or None)

@@ -1,0 +1,62 @@
+"""`theinference init` (start a course) and `theinference demo` (see a pass and a diagnosis)."""
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from theinference import __version__
+from theinference.cli.common import EXIT_FAIL, console_for, synth_progress
+from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.report.terminal import render_run
+from theinference.bundled import data_dir
+from theinference.grading.session import RunOptions, open_session, select_stages
+from theinference.errors import ConfigError
+from theinference.cli.options import WeightsOpt
+from theinference.course import load_course
+
+# A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
+# a jump under the copy heads of synthetic weights v2; see the README).
+DEMO_MUTANT = "position-stuck"
+
+
+def init_command(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Where to create the course.")],
+    force: Annotated[bool, typer.Option("--force", help="Copy into DIR even if it is not empty (existing files are overwritten).")] = False,
+) -> None:
+    """Start the course: copy the starter (src/, tests/adapters.py, theinference.toml) into DIR."""
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{directory} exists and is not a directory")
+    if directory.is_dir() and any(directory.iterdir()) and not force:
+        raise ConfigError(f"{directory} is not empty; pass --force to copy the starter into it anyway")
+    shutil.copytree(data_dir("course") / "starter", directory, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    console = console_for(sys.stdout)
+    console.print(f"created the course in {directory}: src/gpt2.py, src/kvcache.py, tests/adapters.py", soft_wrap=True)
+    console.print(f"next:  cd {directory} && theinference stages show single-step-attention && theinference test --watch",
+                  soft_wrap=True)
+
+
+def demo_command(
+    weights: WeightsOpt = None,
+) -> None:
+    """Grade the bundled reference solution (every stage passes), then a buggy copy of it (a diagnosed failure)."""
+    console = console_for(sys.stdout)
+    with tempfile.TemporaryDirectory(prefix="theinference-demo-") as tmp:
+        solution = Path(tmp) / "solution"
+        shutil.copytree(data_dir("course") / "solution", solution)
+        [mutant] = [m for m in load_mutants(data_dir("course") / "mutants") if m.name == DEMO_MUTANT]
+        buggy = build_mutant(mutant, solution, Path(tmp) / "buggy")
+        with open_session(solution, weights, [], progress=synth_progress()) as session:
+            console.rule("1. the reference solution")
+            good = session.grader.grade(session.course, session.stages, RunOptions())
+            render_run(console, good, __version__)
+            console.rule(f"2. the same code with one bug: {mutant.description}")
+            bad = session.grader.grade(load_course(buggy), select_stages(session.stages, list(mutant.expect)), RunOptions())
+            render_run(console, bad, __version__)
+    diagnosed = all(s.diagnosis and s.diagnosis.shape in mutant.expect[s.id] for s in bad.stages)
+    console.print("\nnext: `theinference init my-course` starts the course." if good.passed and diagnosed else "")
+    raise typer.Exit(0 if good.passed and diagnosed else EXIT_FAIL)

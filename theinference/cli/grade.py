@@ -1,0 +1,202 @@
+"""`theinference grade`: batch-grade many submissions; `theinference grade merge`: combine shards."""
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from typer.core import TyperCommand
+
+from theinference import __version__
+from theinference.proc import interrupt
+from theinference.grading.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, first_errors,
+                                        grade_batch, graded_with, parse_shard, shard, submissions)
+from theinference.cli.common import err_console, in_ci, run_options, synth_progress, write_atomic
+from theinference.proc.launch import blas_env, default_launcher
+from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
+from theinference.untrusted import for_terminal
+from theinference.proc.runner import DEFAULT_MEMORY_MB
+from theinference.grading.session import select_stages
+from theinference.grading.shards import merge_shards
+from theinference.model.weights_choice import obtain_weights
+from theinference.grading.stages import load_stages, stage_dirs
+from theinference.cli.options import DEFAULT_JOBS, JobsOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.grading.grader import Grader
+from theinference.report.jsonout import batch_document
+
+
+SUBMISSION_TIMEOUT = 600.0  # seconds: a hung submission cannot hold up a batch for longer
+LINE_ERROR_CHARS = 200  # of a submission's errors on its progress line (the CSV and JSON keep more)
+
+
+class BatchFormat(str, Enum):
+    csv = "csv"
+    json = "json"
+    gradescope = "gradescope"
+
+
+DEFAULT_OUT = {BatchFormat.csv: "grades.csv", BatchFormat.json: "grades.json", BatchFormat.gradescope: "results.json"}
+
+
+class BatchProgress:
+    """`grade`'s progress on stderr: a rich bar on a terminal; else a line per warmed stage and per graded submission."""
+
+    def __init__(self, total: int, stages: list):
+        self.plain = in_ci() or not sys.stderr.isatty()
+        self.stages, self.total, self.done, self.started = stages, total, 0, time.perf_counter()
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=err_console(), disable=self.plain)
+        self.oracle_task: TaskID | None = None
+        self.grade_task = self.bar.add_task("grading", total=total)
+
+    def say(self, line: str) -> None:
+        if self.plain:
+            err_console().print(for_terminal(line), soft_wrap=True, markup=False, highlight=False)
+
+    def oracle_case(self, stage_id: str, done: int, total: int) -> None:
+        """One more case's oracle output computed (before any submission runs)."""
+        if done == total:
+            self.say(f"oracle outputs for {stage_id}: {total} cases ready ({time.perf_counter() - self.started:.1f} s)")
+        if self.oracle_task is None:
+            self.oracle_task = self.bar.add_task("oracle", total=total)
+        self.bar.update(self.oracle_task, description=f"oracle {stage_id}", completed=done, total=total)
+
+    def submission(self, result: SubmissionResult) -> None:
+        """One more submission graded."""
+        self.done += 1
+        self.bar.update(self.grade_task, advance=1)
+        points = "{:g}/{:g}".format(*result.points(self.stages))
+        errors = first_errors(result)
+        why = f" ({errors[:LINE_ERROR_CHARS]}{'…' if len(errors) > LINE_ERROR_CHARS else ''})" if errors else ""
+        self.say(f"[{self.done}/{self.total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}")
+
+
+def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
+    stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
+    choice, model, _ = obtain_weights(weights, None, synth_progress())
+    # One grader for every submission: weights, oracle cache, launcher.
+    return Grader(weights=choice, model=model, launcher=default_launcher(student_env, untrusted=True), untrusted=True,
+                  extra_stage_dirs=list(stages_dir)), stages
+
+
+def merge_command(
+    parts: Annotated[list[Path], typer.Argument(metavar="SHARD...", help="The files `grade --shard I/N` wrote: all CSV or all JSON.")],
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", help="Where to write the merged grades (default: grades.csv, or grades.json for JSON shards).")] = None,
+) -> None:
+    """Combine the CSV or JSON files of `theinference grade --shard I/N` runs into one, sorted by id.
+
+    Refuses an interrupted shard, a submission in two shards, and shards graded differently (on other stages, or with another theinference version, weights, stage files or --seed: every shard records them), naming the difference.
+
+    Exit 0 when merged, 2 when refused.
+    """
+    missing = [p for p in parts if not p.is_file()]
+    if missing:
+        raise BatchError(f"grade merge needs shard files; not found: {', '.join(map(str, missing))}")
+    out, count = merge_shards(parts, out)
+    err_console().print(f"merged {len(parts)} shard(s), {count} submissions, into {out}", markup=False)
+
+
+_merge_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+_merge_app.command("merge")(merge_command)
+
+
+class GradeCommand(TyperCommand):
+    """`grade`, except that `grade merge ...` is the merge command, with its own arguments and --help."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        if args and args[0] == "merge":
+            merge = typer.main.get_command(_merge_app)
+            return merge.make_context(f"{info_name} merge", args[1:], parent=parent, **extra)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+
+def grade_command(
+    submission_dirs: Annotated[list[Path], typer.Argument(metavar="SUBMISSION_DIR...", help="Course directories to grade.")],
+    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", help="Where to write the grades (default: grades.csv; grades.json for json; results.json for gradescope).")] = None,
+    fmt: Annotated[BatchFormat, typer.Option("--format", help="csv: one row per submission, written as each finishes; json: every run's full results; gradescope: one submission's results.json.")] = BatchFormat.csv,
+    jobs: JobsOpt = DEFAULT_JOBS,
+    shard_spec: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Grade only the I-th of N deterministic slices.")] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Grade only this stage (repeatable; default all).")] = None,
+    stages_dir: StagesDirOpt = None,
+    weights: WeightsOpt = None,
+    timeout: TimeoutOpt = None,
+    memory_limit: MemoryLimitOpt = DEFAULT_MEMORY_MB,
+    seed: Annotated[Optional[str], typer.Option("--seed", metavar="SEED", help="Random extra cases (same for every submission).")] = None,
+    all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
+    submission_timeout: Annotated[float, typer.Option("--submission-timeout", metavar="SECONDS", min=0, help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).")] = SUBMISSION_TIMEOUT,
+) -> None:
+    """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
+
+    Submissions are untrusted: their stages/, and the weights, stages_dirs and timeout of their
+    theinference.toml, are ignored; student processes get only an allow-listed environment.
+    Progress goes to stderr: a bar on a terminal, else a line per finished submission.
+    Exit 0 once every submission is graded, whatever their grades; 2 on a configuration error.
+    `theinference grade merge SHARD... [--out FILE]` combines the CSV or JSON files of --shard
+    runs (see `theinference grade merge --help`).
+    """
+    out = out or Path(DEFAULT_OUT[fmt])
+    # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
+    student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
+    options = run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
+                          submission_timeout=submission_timeout, env=student_env)
+    subs = submissions(submission_dirs)
+    if fmt is BatchFormat.gradescope and len(subs) != 1:
+        raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
+    if shard_spec:
+        subs = shard(subs, *parse_shard(shard_spec))
+    grader, stages = _grader(weights, stages_dir or [], stage or [], student_env)
+    with grader:
+        grader.launcher.hide(out)
+        results, stopped = _run(subs, grader, stages, options, jobs, out, fmt)
+    if stopped:
+        err_console().print(f"{stopped}; the {len(results)} graded are in {out}", soft_wrap=True, markup=False)
+        raise typer.Exit(interrupt.exit_code() or 130)
+    graded = sum(r.run is not None for r in results)
+    err_console().print(f"graded {graded} of {len(results)} submissions into {out}"
+                        + (f" (seed {options.seed})" if options.seed is not None else ""))
+
+
+def _run(subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat) -> tuple[list[SubmissionResult], str]:
+    """Grade and write the results; also how the batch was interrupted ("" if it was not)."""
+    progress = BatchProgress(len(subs), stages)
+    progress.say(f"grading {len(subs)} submission(s), {jobs} at a time, against {grader.model.path}")
+    graded = graded_with(grader.model, stages, options.seed)
+    writer = CsvWriter(out, stages, graded) if fmt is BatchFormat.csv else None
+
+    def on_result(result: SubmissionResult) -> None:
+        if writer:
+            writer.add(result)
+        progress.submission(result)
+
+    stopped = ""
+    with progress.bar:
+        try:
+            results = grade_batch(subs, grader, stages, options, jobs, on_result, progress.oracle_case)
+        except BatchInterrupted as e:
+            results, stopped = e.results, str(e)
+    if writer:
+        writer.finish(results, stopped)
+    elif fmt is BatchFormat.gradescope:
+        if results:
+            _write_gradescope(results[0], stages, out, options.seed)
+        else:
+            write_atomic(out, render_gradescope_ungraded(stages, f"grading was {stopped}", __version__))
+    else:
+        write_atomic(out, json.dumps(batch_document(results, stages, graded, stopped), indent=2) + "\n")
+    return results, stopped
+
+
+def _write_gradescope(result: SubmissionResult, stages, out: Path, seed: int | None) -> None:
+    # The batch applies the seed to the stages itself; the report still names it, for `test --seed`.
+    text = (render_gradescope(dataclasses.replace(result.run, seed=seed), __version__) if result.run
+            else render_gradescope_ungraded(stages, result.error, __version__))
+    # Atomically: Gradescope must never read a half-written results.json.
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(out)

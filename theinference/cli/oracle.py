@@ -1,0 +1,43 @@
+"""`theinference oracle`: write a stage's oracle inputs and expected arrays to an .npz file."""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from theinference.cli.common import err_console, synth_progress
+from theinference.course import find_course_root, load_course
+from theinference.grading.export import oracle_arrays
+from theinference.grading.session import UsageError, select_stages
+from theinference.model.weights_choice import obtain_weights
+from theinference.grading.stages import load_stages, stage_dirs
+from theinference.cli.options import CourseOpt, StagesDirOpt, WeightsOpt
+
+
+def oracle_command(
+    stage: Annotated[str, typer.Option("--stage", metavar="ID", help="The stage whose cases to export.")],
+    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="The .npz file to write.")],
+    case: Annotated[Optional[list[str]], typer.Option("--case", metavar="NAME", help="Only this case (repeatable).")] = None,
+    course: CourseOpt = None,
+    weights: WeightsOpt = None,
+    stages_dir: StagesDirOpt = None,
+) -> None:
+    """Write the oracle's inputs and expected outputs for a stage's cases to FILE.npz.
+
+    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return),
+    for greedy also '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
+    """
+    root = course.resolve() if course else find_course_root(Path.cwd())
+    course_obj = load_course(root) if root else None
+    extra = [*(course_obj.stages_dirs if course_obj else ()), *(stages_dir or [])]
+    [spec] = select_stages(load_stages(stage_dirs(root, extra)), [stage])
+    names = [c.name for c in spec.cases]
+    for wanted in case or []:
+        if wanted not in names:
+            raise UsageError(f"stage '{stage}' has no case '{wanted}' (cases: {', '.join(names)})")
+    cases = [c for c in spec.cases if not case or c.name in case]
+    choice, model, _ = obtain_weights(weights, course_obj.weights if course_obj else None, synth_progress())
+    arrays = oracle_arrays(spec, model, cases)
+    np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub does not take **arrays
+    err_console().print(f"wrote {out}: {len(cases)} case(s) of {stage} against {choice.path}", soft_wrap=True)

@@ -1,0 +1,119 @@
+"""`theinference stages`: list, show, check and scaffold the stages a course has."""
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markdown import Markdown
+from rich.table import Table
+
+from theinference.grading.check import check_course
+from theinference.cli.common import EXIT_FAIL, ItemProgress, config_error, console_for, synth_progress
+from theinference.course import find_course_root
+from theinference.proc.launch import default_launcher
+from theinference.grading.grade import OracleCache
+from theinference.grading.oracle_store import default_store
+from theinference.grading.progress import describe_entry, load_progress, next_stage
+from theinference.report.check import render_check
+from theinference.bundled import data_dir
+from theinference.grading.scaffold import adapter_snippets, scaffold_stage
+from theinference.grading.session import select_stages
+from theinference.model.weights_choice import obtain_weights
+from theinference.grading.stages import StageError, load_stages, stage_dirs
+from theinference.cli.options import CourseOpt, DEFAULT_JOBS, JobsOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.grading.grader import Grader
+
+stages_app = typer.Typer(help="List, show, check and scaffold stages.", no_args_is_help=True)
+
+
+@stages_app.command("list")
+def list_stages(
+    course: CourseOpt = None,
+    stages_dir: StagesDirOpt = None,
+) -> None:
+    """List every stage in course order: id, title, cases, points, where it is defined."""
+    root = course.resolve() if course else find_course_root(Path.cwd())
+    stages = load_stages(stage_dirs(root, stages_dir or []))
+    progress = load_progress(root) if root else {}
+    upcoming = next_stage(stages, progress) if root else None
+    table = Table(show_edge=False)
+    for column in ("stage", "status", "title", "adapter", "cases", "points", "defined in"):
+        table.add_column(column, no_wrap=column == "status")  # "pass (tiny weights, --timeout 5)" reads whole
+    for s in stages:
+        status = describe_entry(progress[s.id]) if s.id in progress else "not graded"
+        marker = " ◀ next" if upcoming is not None and s.id == upcoming.id else ""
+        table.add_row(s.id, status + marker, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
+    console_for(sys.stdout).print(table)
+
+
+@stages_app.command("show")
+def show(
+    stage_id: Annotated[str, typer.Argument(metavar="ID", help="The stage whose lesson to show.")],
+    course: CourseOpt = None,
+    stages_dir: StagesDirOpt = None,
+) -> None:
+    """Show a stage's lesson, with its adapter, tolerance and cases."""
+    root = course.resolve() if course else find_course_root(Path.cwd())
+    try:
+        [stage] = select_stages(load_stages(stage_dirs(root, stages_dir or [])), [stage_id])
+        lesson = stage.lesson.read_text(encoding="utf-8")
+    except OSError as e:
+        raise StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}") from None
+    console = console_for(sys.stdout)
+    console.print(Markdown(lesson))
+    tolerance = f"tie rtol {stage.tie_rtol:g}" if stage.tie_rtol is not None else f"atol {stage.atol:g} rtol {stage.rtol:g}"
+    console.print(f"\nadapter {stage.adapter}() · {tolerance} · "
+                  f"{len(stage.cases)} cases · {stage.points:g} points · timeout {stage.timeout:g} s", style="dim")
+
+
+@stages_app.command("check")
+def check(
+    source: Annotated[Optional[Path], typer.Option("--source", metavar="DIR", help="Course source holding solution/, starter/, mutants/ (default: the bundled course).")] = None,
+    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Check only this stage (repeatable).")] = None,
+    stages_dir: StagesDirOpt = None,
+    weights: WeightsOpt = None,
+    timeout: TimeoutOpt = None,
+    jobs: JobsOpt = DEFAULT_JOBS,
+) -> None:
+    """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
+    exactly the stages its manifest names, with the named diagnosis. Exit 1 on any mismatch."""
+    source = (source or data_dir("course")).resolve()
+    extra = [*(stages_dir or []), *([source / "stages"] if (source / "stages").is_dir() else [])]
+    all_stages = load_stages(stage_dirs(None, extra))
+    selected = select_stages(all_stages, stage or [])
+    choice, model, _ = obtain_weights(weights, None, synth_progress())
+    console = console_for(sys.stdout)
+    console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
+    progress = ItemProgress("checking", "cells")
+    # The instructor's own subjects: the persistent oracle store may serve them (see grading.oracle_store).
+    with Grader(weights=choice, model=model, launcher=default_launcher(), cache=OracleCache(store=default_store())) as grader:
+        try:
+            result = check_course(source, all_stages, selected, grader, timeout=timeout, jobs=jobs, progress=progress)
+        finally:
+            progress.close()
+    render_check(console, result)
+    raise typer.Exit(0 if result.ok else EXIT_FAIL)
+
+
+@stages_app.command("new")
+def new(
+    stage_id: Annotated[str, typer.Argument(metavar="ID", help="The new stage's id: lowercase words joined by '-'.")],
+    stages_dir: Annotated[Optional[Path], typer.Option("--stages-dir", metavar="DIR", help="Directory to write the stage into (default: ./stages).")] = None,
+) -> None:
+    """Scaffold a new stage: stage file, oracle file and lesson stub that load as they are, and
+    print the adapter to add to the solution's and the starter's tests/adapters.py."""
+    directory = stages_dir or Path("stages")
+    try:
+        existing = load_stages(stage_dirs(None, [directory] if directory.is_dir() else []))
+        written = scaffold_stage(directory, stage_id, existing)
+    except (StageError, OSError) as e:
+        raise config_error(e)
+    solution, starter = adapter_snippets(stage_id)
+    console = console_for(sys.stdout)
+    console.print("wrote\n" + "".join(f"  {p}\n" for p in written), markup=False, soft_wrap=True)
+    console.print(f"Add to the solution's tests/adapters.py (what the oracle's template computes):\n\n{solution}\n"
+                  f"and to the starter's tests/adapters.py:\n\n{starter}\n"
+                  f"Then: theinference stages show {stage_id} --stages-dir {directory}\n"
+                  f"      theinference stages check --source COURSE_SOURCE --stages-dir {directory} --stage {stage_id}\n"
+                  "(docs/authoring.md walks through each step)", markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,60 @@
+"""The screen of `theinference test --watch`: cleared and redrawn after every re-grade."""
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.markup import escape
+
+from theinference import __version__
+from theinference.cli.common import console_for, err_console
+from theinference.report.terminal import render_run
+from theinference.grading.watch import Regrade, Watch
+
+
+def render_regrade(report: Regrade, root) -> None:
+    console = console_for(sys.stdout)
+    console.clear()
+    when = time.strftime("%H:%M:%S", time.localtime(report.at))
+    if report.waiting:
+        console.print(f"[dim]{when}[/dim] [bold yellow]{escape(report.error)}[/bold yellow] — Ctrl-C exits", soft_wrap=True)
+        return
+    what = ", ".join(_relative(p, root) for p in report.changed) if report.changed else "first run"
+    console.print(f"[dim]{when} · {escape(what)} · graded in {report.seconds:.2f} s[/dim]", soft_wrap=True)
+    if report.error:
+        console.print(f"[bold red]error:[/bold red] {escape(report.error)}", soft_wrap=True)
+    elif report.result is not None:
+        render_run(console, report.result, __version__)
+    if report.notice:
+        console.print(report.notice, markup=False, soft_wrap=True)
+    if report.fingerprinting:
+        console.print("[dim]matching the failure against known bugs…[/dim]")
+    keys = "Enter re-runs, q+Enter quits, " if sys.stdin.isatty() else ""
+    console.print(f"\n[dim]watching {escape(str(root))} for changes — {keys}Ctrl-C exits[/dim]", soft_wrap=True)
+
+
+def _relative(path: str, root) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return path
+
+
+def run_watch(watch: Watch) -> int:
+    """Watch until q or Ctrl-C; exit code 0 either way, 2 if the file watcher cannot start."""
+    try:
+        watch.start_observer()
+    except OSError as e:
+        hint = "" if watch.poll else " Try --poll (polling works on WSL2 Windows mounts and network filesystems)."
+        err_console().print(f"[bold red]error:[/bold red] cannot watch {watch.session.course.root}: {e}.{hint}", soft_wrap=True)
+        return 2
+    if sys.stdin.isatty():
+        watch.start_keys()
+    try:
+        watch.loop(threading.Event())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        watch.stop_observer()
+    return 0

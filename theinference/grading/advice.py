@@ -1,0 +1,43 @@
+"""What the report's footer suggests next: the fast loop on tiny weights, and the stage to read next."""
+
+from theinference.grading.progress import next_stage
+from theinference.grading.results import RunResult
+from theinference.grading.stages import StageSpec
+from theinference.model.synth import PRESETS
+
+# Above this much student compute per run the fast loop is worth offering (tiny weights take about 2 s
+# for the whole course).
+SLOW_SECONDS = 5.0
+
+
+def student_seconds(run: RunResult) -> float:
+    """The students' own compute time over every case of the run."""
+    return sum(case.seconds for stage in run.stages for case in stage.cases)
+
+
+def fast_loop_hint(run: RunResult) -> str:
+    """On a slow run on weights larger than the tiny preset: that `--weights tiny` gives the same verdicts; else ""."""
+    tiny = PRESETS["tiny"]
+    larger = run.config.get("n_layer", 0) * run.config.get("n_embd", 0) > tiny.n_layer * tiny.n_embd
+    seconds = student_seconds(run)
+    if not larger or seconds <= SLOW_SECONDS:
+        return ""
+    return (f"your code took {seconds:.0f} s on these {run.config['n_layer']}-layer weights: `--weights tiny` gives the "
+            "same verdicts in seconds (the identities hold for any weights); keep these for a final check")
+
+
+def next_stage_line(stages: list[StageSpec], progress: dict[str, dict]) -> str:
+    """After a pass: the first stage not yet passed and how to read its lesson, or that the course is complete."""
+    upcoming = next_stage(stages, progress)
+    if upcoming is None:
+        return f"every stage of the course has passed ({len(stages)} of {len(stages)}): the course is complete"
+    return f"next stage: {upcoming.id} ({upcoming.title}) · its lesson: `theinference stages show {upcoming.id}`"
+
+
+def advise(run: RunResult, stages: list[StageSpec], progress: dict[str, dict] | None) -> list[str]:
+    """The footer's lines: the fast loop after a slow run; after a pass, the next stage (progress None: not tracked)."""
+    lines = [fast_loop_hint(run)]
+    if progress is not None and any(s.status == "pass" for s in run.stages):
+        graded = {s.id: {"status": s.status} for s in run.stages}  # this run counts even if progress could not be saved
+        lines.append(next_stage_line(stages, {**progress, **graded}))
+    return [line for line in lines if line]

@@ -1,0 +1,151 @@
+"""Fingerprinting: does a failing stage's output equal GPT-2 computed with one of the known bugs?
+
+Runs only for stages with failing cases that produced numbers. Each candidate bug (the stage's
+`bugs`) is computed with one forward per case, cheapest failing case first, so most candidates
+are ruled out by one small forward; outputs are cached like the oracle's. A bug matches when the
+student's output equals its output at the stage's tolerance in every case read, and its output
+differs from GPT-2's (otherwise the bug is not visible in these cases). A match becomes the
+diagnosis, stated with its numbers; no match keeps the shape's list of suspects and says that
+the bug is not one of the known ones.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from theinference.grading.bugs import Bug, bug_output, is_inert, resolve_bug
+from theinference.grading.oracle_store import oracle_version
+from theinference.grading.oracle_registry import OracleSpec, resolve_oracle
+from theinference.grading.results import CaseResult, Diagnosis, StageResult, Status
+from theinference.grading.stages import StageSpec
+from theinference.model.weights import Model
+
+UNKNOWN = "not one of the known bugs"
+
+
+@dataclass(frozen=True)
+class Match:
+    bug: Bug
+    max_abs: float  # largest |your output - this bug's output| over the cases read
+
+
+def _frozen(inputs: dict) -> tuple:
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in inputs.items())
+
+
+def _key(model: Model, stage: StageSpec, bug: Bug, inputs: dict, history: list) -> tuple:
+    before = tuple(map(_frozen, history)) if bug.uses_history else ()
+    return (str(model.path), model.stamp, "bug", stage.oracle, bug.name, bug.stamp, _frozen(inputs), before)
+
+
+def _durable(stage: StageSpec, spec: OracleSpec, bug: Bug, inputs: dict, history: list) -> tuple:
+    """What besides the weights' content determines a bug's output, for the persistent store."""
+    return ("bug", stage.oracle, oracle_version(spec.stamp), bug.name, oracle_version(bug.stamp), inputs,
+            history if bug.uses_history else [])
+
+
+def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return float(np.nanmax(diff)) if np.isfinite(diff).any() else float("inf")
+
+
+def _close(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> bool:
+    return got.shape == target.shape and bool(np.allclose(got, target, atol=stage.atol, rtol=stage.rtol, equal_nan=True))
+
+
+def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
+    """Failing cases first, smallest first: most candidates fail on the cheapest forward."""
+    return sorted(cases, key=lambda c: (c.status == "pass", np.asarray(c.output).size))
+
+
+def _match(bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec, model: Model, cache,
+           histories: dict) -> Match | None:
+    worst, visible = 0.0, False
+    for case in cases:
+        got = np.asarray(case.output)
+        expected = cache.get(model, stage, spec, case)
+        history = histories[case.name]
+        out = expected if is_inert(bug, spec, case.inputs) else cache.memo(
+            _key(model, stage, bug, case.inputs, history),
+            lambda: bug_output(bug, spec, stage.oracle, model, case.inputs, history), model=model,
+            durable=_durable(stage, spec, bug, case.inputs, history), label=f"{stage.id}: {case.name} with {bug.name}")
+        if not _close(got, out, stage):
+            return None
+        visible = visible or not _close(out, expected, stage)
+        worst = max(worst, _max_abs(got, out))
+    return Match(bug, worst) if visible else None
+
+
+def find_matches(stage: StageSpec, cases: list[CaseResult], model: Model, cache, histories: dict) -> list[Match]:
+    """The stage's known bugs whose output the student's output equals in every one of these cases."""
+    spec = resolve_oracle(stage.oracle, stage.source)
+    ordered = _read_order(cases)
+    for case in ordered:  # once, not once per candidate bug
+        case.output = np.asarray(case.output, dtype=np.float32)
+    matches = (_match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories)
+               for name in stage.bugs)
+    return [m for m in matches if m is not None]
+
+
+def _finding(matches: list[Match], cases: list[CaseResult], stage: StageSpec) -> Diagnosis:
+    off = max((r.max_abs for c in cases for r in c.rows), default=0.0)
+    where = f"at every position of {len(cases)} case(s)"
+    if len(matches) == 1:
+        evidence = (f"your output equals GPT-2 with {matches[0].bug.finding}, to {matches[0].max_abs:.2g} {where}; "
+                    f"the correct output differs by up to {off:.3g}")
+    else:
+        each = "; ".join(f"{m.bug.finding} (to {m.max_abs:.2g})" for m in matches)
+        evidence = (f"your output equals GPT-2 with each of these bugs {where}, which these cases cannot tell apart: "
+                    f"{each}; the correct output differs by up to {off:.3g}")
+    hint = " ".join(stage.bug_hints[m.bug.name] for m in matches if stage.bug_hints.get(m.bug.name))
+    return Diagnosis(shape="", summary="", hint=hint, bug=", ".join(m.bug.name for m in matches), evidence=evidence)
+
+
+def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: int) -> Diagnosis:
+    if found is None:
+        return dataclasses.replace(diagnosis, evidence=f"{UNKNOWN} ({checked} checked): the shape alone cannot name the cause")
+    return dataclasses.replace(diagnosis, hint=found.hint or diagnosis.hint, bug=found.bug, evidence=found.evidence)
+
+
+def _histories(cases: list[CaseResult]) -> dict:
+    """The earlier cases whose calls ran in the same student process before each case's (the
+    runner starts a fresh process after a crash or a timeout)."""
+    histories: dict[str, list] = {}
+    earlier: list = []
+    for case in cases:
+        histories[case.name] = list(earlier)
+        earlier = [] if case.status in (Status.CRASH, Status.TIMEOUT) else [*earlier, case.inputs]
+    return histories
+
+
+def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
+    """Turn the failing diagnoses of a graded stage into findings where a known bug's output matches.
+
+    The students' arrays are dropped afterwards: a batch keeps every result until it ends.
+    """
+    try:
+        _fingerprint(stage, result, model, cache)
+    finally:
+        for case in result.cases:
+            case.output = None
+
+
+def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
+    numeric = [c for c in result.cases if c.rows and c.output is not None]
+    failing = [c for c in numeric if c.status == "fail"]
+    if not stage.bugs or not failing or stage.compare != "rows":
+        return
+    # Read across cases, every case with numbers must match; otherwise the failing ones.
+    cases = numeric if result.cross_case is not None else failing
+    histories = _histories(result.cases)
+    matches = find_matches(stage, cases, model, cache, histories)
+    found = _finding(matches, cases, stage) if matches else None
+    if result.cross_case is not None:
+        result.cross_case = _apply(result.cross_case, found, len(stage.bugs))
+    for case in failing:
+        if case.diagnosis is not None:
+            case.diagnosis = _apply(case.diagnosis, found, len(stage.bugs))
+        elif found is not None and result.cross_case is None:  # a one-row case has no shape, but the bug explains it too
+            case.diagnosis = found

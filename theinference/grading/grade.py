@@ -1,0 +1,264 @@
+"""grade(stage, context): oracle + runner + compare + diagnose -> StageResult."""
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from theinference.grading import scaling
+from theinference.grading.compare import compare_rows, shape_problem
+from theinference.course import Course
+from theinference.grading.diagnose import diagnose_rows
+from theinference.grading.fingerprint import fingerprint_stage
+from theinference.grading.frames import course_file, deepest_course_frame
+from theinference.grading.oracle_store import OracleStore, oracle_version
+from theinference.proc.launch import Launcher, SubprocessLauncher
+from theinference.grading.oracle_registry import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
+from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
+from theinference.proc.limits import Limits
+from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
+from theinference.grading.stages import TOKEN_COMPARES, CaseSpec, StageSpec
+from theinference.grading.verification import verify_tokens
+from theinference.model.weights import Model
+from theinference.errors import ConfigError
+
+
+class GradeError(ConfigError):
+    """The stage cannot be graded against these weights (a configuration error, exit 2)."""
+
+
+@dataclass
+class OracleCache:
+    """Oracle outputs per (weights file, oracle, case inputs); lives as long as a watch or batch session.
+
+    With a store (trusted runs only: see theinference.grading.oracle_store), outputs also outlive the session.
+    """
+
+    entries: dict = field(default_factory=dict)
+    store: OracleStore | None = None
+    progress: object = None  # told when an output is computed (slow on the gpt2 shape): start(label), finish(label)
+
+    def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
+        inputs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items())
+        key = (str(model.path), model.stamp, stage.oracle, spec.stamp, inputs)
+        return self.memo(key, lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'"), model=model,
+                         durable=("oracle", stage.oracle, oracle_version(spec.stamp), case.inputs),
+                         label=f"{stage.id}: {case.name}")
+
+    def memo(self, key: tuple, compute, model: Model | None = None, durable: tuple = (), label: str = "") -> np.ndarray:
+        """Any output computed from these weights (the oracle's, a bug oracle's), once per key.
+
+        durable: what besides the weights' content determines the output (the oracle's name and version, the
+        inputs); given with model, the output is also kept in the store across runs.
+        """
+        if key not in self.entries:
+            counted = self._counted(compute, label) if label else compute
+            if self.store is not None and model is not None and durable:
+                self.entries[key] = self.store.output(model, durable, counted)
+            else:
+                self.entries[key] = counted()
+        return self.entries[key]
+
+    def _counted(self, compute, label: str):
+        def run():
+            if self.progress is None:
+                return compute()
+            self.progress.start(label)
+            try:
+                return compute()
+            finally:
+                self.progress.finish(label)
+        return run
+
+
+@dataclass
+class GradeContext:
+    course: Course
+    model: Model
+    cache: OracleCache = field(default_factory=OracleCache)
+    limits: Limits = field(default_factory=Limits)  # the student's process: timeout override, memory, environment
+    launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
+    fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
+    all_cases: bool = False  # keep running a stage's cases after one timed out
+    deadline: float | None = None  # time.monotonic() by which the whole submission must be done
+    budget: float | None = None  # the seconds that deadline allowed, for messages
+
+
+def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
+    """Raise GradeError if a case needs more context or a token id the model does not have."""
+    config = model.config
+    needed = positions_needed(case.inputs)
+    if needed > config.n_ctx:
+        raise GradeError(f"{stage.source}: case '{case.name}' needs {needed} positions; the weights have n_ctx={config.n_ctx}")
+    for name, value in case.inputs.items():
+        ids = value if isinstance(value, list) else [value] if name in ID_INPUTS else []
+        if ids and max(ids) >= config.n_vocab:
+            raise GradeError(f"{stage.source}: case '{case.name}': token id {max(ids)} in '{name}' is >= n_vocab={config.n_vocab}")
+
+
+def _consumed_tokens(inputs: dict, positions: list[int]) -> list[int | None]:
+    tail = [inputs["next_id"]] if "next_id" in inputs else list(inputs.get("cont", []))
+    sequence = inputs.get("seq") or list(inputs.get("prompt", [])) + tail
+    return [sequence[p] if 0 <= p < len(sequence) else None for p in positions]
+
+
+def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expected: np.ndarray, got: np.ndarray) -> None:
+    problem = shape_problem(expected.shape, got)
+    if problem:
+        result.status, result.detail, result.message = "fail", "wrong-shape", problem
+        return
+    if stage.bugs:  # kept until fingerprinted: a match must hold on every case with numbers, passing ones too
+        result.output = got
+    positions = spec.positions(result.inputs) or list(range(len(expected)))
+    result.rows = compare_rows(expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions))
+    if all(r.ok for r in result.rows):
+        result.status = "pass"
+        return
+    bad = sum(not r.ok for r in result.rows)
+    result.status, result.message = "fail", f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}"
+    if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
+        result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
+
+
+_FAILED_OUTCOMES = NO_ANSWER | {Status.NOT_STARTED}
+# A returned array may hold this many times the expected output's float64 bytes (plus a floor)
+# before the grader refuses to read it: its memory stays bounded whatever the student returns.
+_OUTPUT_SLACK = 4
+_OUTPUT_FLOOR = 1 << 20
+
+
+def _expected_shape(stage: StageSpec, spec: OracleSpec, case: CaseSpec, ctx: GradeContext) -> tuple[int, ...]:
+    """The shape of the case's right answer (greedy token ids need no oracle output to know it)."""
+    if stage.compare in TOKEN_COMPARES:
+        return (case.inputs["n_new"],)
+    return ctx.cache.get(ctx.model, stage, spec, case).shape
+
+
+def _output_cap(shape: tuple[int, ...]) -> int:
+    return _OUTPUT_SLACK * int(np.prod(shape)) * 8 + _OUTPUT_FLOOR
+
+
+def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec) -> CaseResult:
+    result = CaseResult(name=case.name, status=outcome.status, message=outcome.message, inputs=case.inputs,
+                        texts=case.texts, traceback=outcome.traceback, stdout=outcome.stdout, stderr=outcome.stderr,
+                        seconds=outcome.seconds, at=deepest_course_frame(outcome.traceback, ctx.course.root))
+    # A timed generation that outlasts its budget has no cache; a hang while importing, or a case
+    # skipped for the stage's or submission's budget, says nothing about the cache.
+    if outcome.status == "timeout" and stage.scaling is not None and outcome.message.endswith("while running"):
+        scaling.judge_timeout(result, stage)
+        return result
+    if outcome.status in _FAILED_OUTCOMES:
+        return result
+    if outcome.status == "bad-output":
+        result.status, result.detail = "fail", "non-numeric"
+        return result
+    if outcome.status == "too-large":
+        result.status, result.detail = "fail", "wrong-shape"
+        result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
+        return result
+    assert outcome.value is not None, "an \"ok\" outcome carries the adapter's array"
+    if stage.compare in TOKEN_COMPARES:  # verified on the student's own path: no oracle continuation needed
+        assert stage.tie_rtol is not None, "the loader requires [tie] for token stages"
+        verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints, ctx.cache,
+                      f"{stage.id}: {case.name}")
+        # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
+        if stage.scaling is not None and result.status == "pass" and not outcome.timing:
+            result.status, result.message = "fail", "the adapter's process reported no timings"
+        elif stage.scaling is not None and result.status == "pass" and outcome.timing:
+            recompute = scaling.recompute_seconds(ctx.cache, ctx.model, case.inputs["prompt"], case.inputs["n_new"])
+            scaling.judge_timing(result, stage, outcome.timing, recompute)
+    else:
+        _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
+    return result
+
+
+def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis | None:
+    """For a stage whose cases each give one row: the shape of those rows ordered by position."""
+    compared = [c for c in cases if c.rows]  # cases that errored or returned no numbers say nothing
+    if stage.compare != "rows" or len(compared) < 3 or any(len(c.rows) != 1 for c in compared):
+        return None
+    if all(c.status == "pass" for c in compared):
+        return None
+    rows = sorted((c.rows[0] for c in compared), key=lambda r: r.position)
+    rows = [dataclasses.replace(r, row=i) for i, r in enumerate(rows)]
+    diagnosis = diagnose_rows(rows, stage.hints)
+    read = f" (read across the {len(compared)} of {len(cases)} cases that returned numbers)"
+    return dataclasses.replace(diagnosis, summary=diagnosis.summary + read)
+
+
+def _stage_status(cases: list[CaseResult]) -> str:
+    return next((c.status for c in cases if c.status != "pass"), "pass")
+
+
+def _points(stage: StageSpec, cases: list[CaseResult]) -> float:
+    passed = sum(c.status == "pass" for c in cases)
+    if stage.credit == "per-case":
+        return stage.points * passed / len(cases)
+    return stage.points if passed == len(cases) else 0.0
+
+
+def adapter_definition(course: Course, outcomes: list[CallOutcome], names: tuple[str, ...]) -> tuple[str, int | None]:
+    """The file and line of the function the adapters module exports, as its process reported them (when
+    that file lies in the course directory); else the first `def NAME(` in the adapters file."""
+    root = course.root.resolve()
+    for found in (o.defined_at for o in outcomes if o.defined_at):
+        path = course_file(root, found[0])  # the child's word only
+        if path is not None:
+            return str(path), found[1]
+    return "", adapter_line(course.adapters, names)
+
+
+def adapter_line(path: Path, names: tuple[str, ...]) -> int | None:
+    """The line where the first of names is defined in the adapters file (for CI annotations)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for name in names:
+        for number, line in enumerate(lines, 1):
+            if line.lstrip().startswith(f"def {name}("):
+                return number
+    return None
+
+
+def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
+    """Grade one stage of the course against the oracle; student faults become results, never exceptions."""
+    started = time.perf_counter()
+    spec = resolve_oracle(stage.oracle, stage.source)
+    stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
+    for case in stage.cases:
+        check_case_fits(stage, case, ctx.model)
+    graded: dict[int, CaseResult] = {}
+
+    def output_cap(index: int) -> int:  # the oracle runs only for cases that returned something
+        return _output_cap(_expected_shape(stage, spec, stage.cases[index], ctx))
+
+    def consume(index: int, outcome: CallOutcome) -> None:  # compared as it arrives, then its array is dropped
+        graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
+
+    job = AdapterJob(
+        course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
+        calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
+        weights=ctx.model.path, timeout=ctx.limits.timeout or ctx.course.timeout or stage.timeout, limits=ctx.limits,
+        launcher=ctx.launcher, scaling=scaling.job_scaling(stage),
+        output_cap=output_cap, consume=consume, all_cases=ctx.all_cases, case_names=tuple(c.name for c in stage.cases),
+        deadline=ctx.deadline, deadline_budget=ctx.budget,
+    )
+    outcomes = run_adapter(job)
+    cases = [graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
+             for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))]
+    source, line = adapter_definition(ctx.course, outcomes, stage.adapter_names)
+    result = StageResult(
+        id=stage.id, title=stage.title, status=_stage_status(cases), cases=cases,
+        points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
+        adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
+        compare=stage.compare, tie_rtol=stage.tie_rtol, seconds=time.perf_counter() - started,
+        adapter_line=line, adapter_source=source,
+        cross_case=cross_case_diagnosis(stage, cases),
+    )
+    if ctx.fingerprint:
+        fingerprint_stage(stage, result, ctx.model, ctx.cache)
+        result.seconds = time.perf_counter() - started
+    return result

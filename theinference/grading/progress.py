@@ -1,0 +1,75 @@
+"""The course's progress, like rustlings': which stages have passed, kept in the course directory.
+
+`.theinference/progress.json` holds {"format_version": 1, "stages": {stage id: entry}}; an entry is
+{"status", "at"} plus, since weights and timeouts are recorded, "weights" (a short name of the weights
+graded against: a synthetic preset such as "tiny", "gpt2" for the 124M shape, else the shape) and
+"timeout" (the seconds given with --timeout, or null). Older entries without them still read.
+"""
+
+import json
+import time
+from pathlib import Path
+
+from theinference.grading.results import RunResult
+from theinference.grading.stages import StageSpec
+from theinference.model.synth import PRESETS
+
+PROGRESS_FILE = Path(".theinference") / "progress.json"
+
+
+def read_progress(root: Path) -> tuple[dict[str, dict], str]:
+    """(stage id -> {"status", "at"}, why the file was ignored or ""); no file is no progress, not a problem."""
+    try:
+        data = json.loads((root / PROGRESS_FILE).read_text())
+    except FileNotFoundError:
+        return {}, ""
+    except (OSError, ValueError) as e:
+        return {}, f"not readable JSON ({e})"
+    stages = data.get("stages") if isinstance(data, dict) else None
+    if not isinstance(stages, dict):
+        return {}, "no 'stages' object in it"
+    bad = next((k for k, v in stages.items() if not isinstance(v, dict) or not isinstance(v.get("status"), str)), None)
+    if bad is not None:
+        return {}, f"entry '{bad}' is not a {{\"status\": ...}} object"
+    return stages, ""
+
+
+def load_progress(root: Path) -> dict[str, dict]:
+    """stage id -> {"status", "at"} for every stage graded in this course; {} if none (or unreadable)."""
+    return read_progress(root)[0]
+
+
+def weights_name(run: RunResult) -> str:
+    """A short name for the weights a run was graded against: "tiny", "gpt2", or the shape."""
+    if run.synthetic:  # "tiny preset, seed 0"
+        return run.synthetic.split(" preset")[0]
+    if run.config == PRESETS["gpt2"].as_dict():
+        return "gpt2"
+    return f"{run.config.get('n_layer')}-layer, {run.config.get('n_embd')}-wide"
+
+
+def record_progress(root: Path, run: RunResult, timeout: float | None = None) -> str:
+    """Remember each graded stage's status, weights and --timeout; return a notice if a corrupt file was replaced, else ""."""
+    stages, problem = read_progress(root)
+    for stage in run.stages:
+        stages[stage.id] = {"status": stage.status, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                            "weights": weights_name(run), "timeout": timeout}
+    try:
+        (root / PROGRESS_FILE).parent.mkdir(exist_ok=True)
+        (root / PROGRESS_FILE).write_text(json.dumps({"format_version": 1, "stages": stages}, indent=2) + "\n")
+    except OSError:
+        return ""  # a read-only course just keeps no progress
+    return f"notice: ignored {PROGRESS_FILE} ({problem}) and wrote it anew" if problem else ""
+
+
+def describe_entry(entry: dict) -> str:
+    """'pass (tiny weights, --timeout 5)': a stage's recorded status and what it was graded with."""
+    found = [f"{entry['weights']} weights"] if isinstance(entry.get("weights"), str) else []
+    if isinstance(entry.get("timeout"), (int, float)):
+        found.append(f"--timeout {entry['timeout']:g}")
+    return f"{entry['status']} ({', '.join(found)})" if found else entry["status"]
+
+
+def next_stage(stages: list[StageSpec], progress: dict[str, dict]) -> StageSpec | None:
+    """The first stage, in course order, that has not passed; None when all have."""
+    return next((s for s in stages if progress.get(s.id, {}).get("status") != "pass"), None)

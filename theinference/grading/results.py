@@ -1,0 +1,217 @@
+"""Plain result objects passed from grading to the renderers (which never compute)."""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """The verdict of a case or a stage: a str, so JSON, CSV and `status == "pass"` read it unchanged."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    NOT_STARTED = "not-started"  # the adapter still raises NotImplementedError
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+
+
+# The student's code gave no answer to judge (JUnit says <error>, not <failure>).
+NO_ANSWER = frozenset({Status.ERROR, Status.TIMEOUT, Status.CRASH})
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """How one output row (one position) compares with the oracle."""
+
+    row: int
+    position: int
+    token: int | None  # the token at that position (the one consumed there), if any
+    max_abs: float  # inf when the row holds NaN/inf
+    max_rel: float
+    n_bad: int  # elements outside atol + rtol*|oracle|
+    n: int
+    n_nonfinite: int
+    worst_index: int
+    expected: float
+    got: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """One greedy step checked along the student's own path."""
+
+    step: int
+    position: int
+    got: int
+    expected: int  # the oracle's argmax at this step (on the student's path so far)
+    gap: float  # oracle logit of its argmax minus oracle logit of the student's token
+    verdict: str  # match | near-tie | mismatch
+    allowed: float = 0.0  # the largest gap accepted as a near-tie at this step (tie rtol * max|logit|)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    shape: str
+    summary: str  # what the shape is, in words
+    hint: str  # the stage's hint for it ("" if the stage has none)
+    bug: str = ""  # the known bug(s) the output was fingerprinted as, comma-separated; "" if none
+    evidence: str = ""  # the numbers behind the finding, or that the bug is not one of the known ones
+
+
+@dataclass(frozen=True)
+class ScalingResult:
+    """cache-scaling: CPU time of the student's generation at each length, timed in their process."""
+
+    lengths: tuple[int, ...]  # n_new values timed, ascending
+    seconds: tuple[float, ...]  # fastest CPU seconds of one call at each length
+    max_ratio: float  # the stage's threshold on ratio
+    blas_threads: int  # BLAS threads in the student's process while timing (the grader asks for 1)
+    oracle_seconds: float | None = None  # estimated CPU seconds of the oracle's full recompute at the longest length
+
+    @property
+    def ms_per_token(self) -> tuple[float, ...]:
+        return tuple(1000 * s / n for s, n in zip(self.seconds, self.lengths))
+
+    @property
+    def marginal_ms(self) -> tuple[float | None, ...]:
+        """CPU ms per extra token between each length and the one before (None for the first)."""
+        pairs = zip(self.lengths, self.lengths[1:], self.seconds, self.seconds[1:])
+        return (None, *(1000 * (s1 - s0) / (n1 - n0) for n0, n1, s0, s1 in pairs))
+
+    @property
+    def ratio(self) -> float:
+        """Per-token cost at the longest length over that at the shortest."""
+        first, last = self.ms_per_token[0], self.ms_per_token[-1]
+        return last / first if first > 0 else float("inf")
+
+    @property
+    def speedup(self) -> float | None:
+        """The oracle's recompute time over the student's, at the longest length."""
+        if self.oracle_seconds is None or self.seconds[-1] <= 0:
+            return None
+        return self.oracle_seconds / self.seconds[-1]
+
+
+@dataclass
+class CaseResult:
+    name: str
+    status: str  # a Status
+    message: str = ""
+    detail: str = ""  # finer kind: wrong-shape, non-numeric, syntax, import, missing-function, ...
+    inputs: dict = field(default_factory=dict)  # input name -> ids or count
+    texts: dict = field(default_factory=dict)  # input name -> the text it was given as
+    rows: list[RowStats] = field(default_factory=list)
+    steps: list[TokenStep] = field(default_factory=list)
+    expected_tokens: list[int] = field(default_factory=list)
+    got_tokens: list[int] = field(default_factory=list)
+    diagnosis: Diagnosis | None = None
+    traceback: str = ""
+    stdout: str = ""
+    stderr: str = ""
+    seconds: float = 0.0  # the adapter's own compute time
+    scaling: ScalingResult | None = None  # cache-scaling: the timings, when they were measured
+    at: tuple[str, int] | None = None  # the traceback's deepest frame in the course: (path relative to it, line)
+    # The student's array, kept for fingerprinting a failing case; never rendered.
+    output: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def first_bad_row(self) -> int | None:
+        return next((r.row for r in self.rows if not r.ok), None)
+
+
+@dataclass
+class StageResult:
+    id: str
+    title: str
+    status: str  # a Status
+    cases: list[CaseResult]
+    points: float
+    max_points: float
+    adapter: str
+    adapters_file: str
+    lesson: str
+    atol: float
+    rtol: float
+    compare: str
+    seconds: float = 0.0
+    tie_rtol: float | None = None  # "tokens" stages: the near-tie tolerance, relative to max|logit|
+    adapter_line: int | None = None  # where the adapter function starts in adapter_source, for annotations
+    adapter_source: str = ""  # the file defining the function the adapters module exports ("": adapters_file)
+    # For stages whose cases return one row each: the shape read across cases, ordered by position.
+    cross_case: Diagnosis | None = None
+    origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course
+
+    @property
+    def passed_cases(self) -> int:
+        return sum(c.status == "pass" for c in self.cases)
+
+    @property
+    def diagnosis(self) -> Diagnosis | None:
+        """The headline diagnosis: across cases, else that of the failing case with the most rows (the most telling)."""
+        if self.cross_case is not None:
+            return self.cross_case
+        diagnosed = [c for c in self.cases if c.diagnosis is not None]
+        best = max(diagnosed, key=lambda c: len(c.rows) + len(c.steps), default=None)
+        return best.diagnosis if best else None
+
+
+@dataclass
+class RunResult:
+    course: str
+    weights_path: str
+    weights_source: str
+    weights_why: str
+    synthetic: str | None
+    config: dict
+    stages: list[StageResult]
+    notices: list[str] = field(default_factory=list)
+    seed: int | None = None  # the seed of the random extra cases, if any
+    untrusted: bool = False  # graded as an untrusted submission (nothing in it chose stages, weights, timeouts)
+    # What the course directory chose instead of the instructor (plain `test` only), one sentence each.
+    course_supplied: list[str] = field(default_factory=list)
+    isolation: str = ""  # how student processes were confined: sandbox | unprivileged | subreaper | process-group
+    isolation_summary: str = ""  # the same in words
+    advice: list[str] = field(default_factory=list)  # what to do next, one line each: the terminal report's footer only
+
+    @property
+    def passed(self) -> bool:
+        return all(s.status == "pass" for s in self.stages)
+
+    @property
+    def points(self) -> tuple[float, float]:
+        return sum(s.points for s in self.stages), sum(s.max_points for s in self.stages)
+
+
+@dataclass(frozen=True)
+class CheckCell:
+    """One subject × stage of `stages check`: what the manifest expected and what grading showed."""
+
+    subject: str  # solution | starter | a mutant's name
+    stage: str
+    expected: tuple[str, ...]  # acceptable outcomes: pass | not-started | failure shapes
+    got: str  # what the grader reported: a status, or the failing stage's shape
+    message: str = ""
+    expected_bugs: frozenset | None = None  # the bugs the fingerprint must name (None: not checked)
+    got_bugs: frozenset = frozenset()  # the bugs it named
+
+    @property
+    def ok(self) -> bool:
+        bugs_ok = self.expected_bugs is None or self.got == "pass" or self.got_bugs == self.expected_bugs
+        # "fail" accepts any failure shape: whatever observed() reports that is not a status
+        shape_ok = self.got in self.expected or ("fail" in self.expected and self.got not in tuple(Status))
+        return shape_ok and bugs_ok
+
+
+@dataclass
+class CheckResult:
+    """`stages check`: every cell, and the problems found on the way."""
+
+    stages: list[str]
+    subjects: list[str]
+    cells: list[CheckCell] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # missing lessons, broken manifests, ...
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(c.ok for c in self.cells)

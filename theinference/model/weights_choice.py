@@ -1,0 +1,95 @@
+"""Which weights to grade against, and why: --weights > env > theinference.toml > HF cache > synthetic."""
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from theinference import WEIGHTS_ENV
+from theinference.model.synth import PRESETS, SYNTH_VERSION, write_synthetic
+from theinference.model.weights import Model, load_model
+
+HF_REPOS = ("models--openai-community--gpt2", "models--gpt2")
+DEFAULT_SYNTH = ("gpt2", 0)  # preset, seed of the checkpoint made on first use
+CHOICE_ORDER = f"--weights > ${WEIGHTS_ENV} > theinference.toml > Hugging Face cache > synthetic GPT-2 shape"
+
+
+@dataclass(frozen=True)
+class WeightsChoice:
+    path: Path
+    source: str  # --weights | synthetic-preset | THEINFERENCE_WEIGHTS | theinference.toml | huggingface-cache | default-synthetic
+    why: str
+    preset: str = ""  # synthetic-preset and default-synthetic: the preset made on first use
+
+
+def hf_hub_dir(environ=os.environ) -> Path:
+    """The Hugging Face hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"])
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]) / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def find_hf_gpt2(environ=os.environ) -> Path | None:
+    """model.safetensors of GPT-2 in the HF cache (refs/main -> snapshots/<rev>/), if present."""
+    hub = hf_hub_dir(environ)
+    for repo in HF_REPOS:
+        ref = hub / repo / "refs" / "main"
+        if ref.is_file():
+            candidate = hub / repo / "snapshots" / ref.read_text().strip() / "model.safetensors"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def user_cache_dir(environ=os.environ) -> Path:
+    """Where theinference keeps what it makes: $THEINFERENCE_CACHE, else $XDG_CACHE_HOME/theinference."""
+    if environ.get("THEINFERENCE_CACHE"):
+        return Path(environ["THEINFERENCE_CACHE"])
+    base = Path(environ["XDG_CACHE_HOME"]) if environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "theinference"
+
+
+def synthetic_path(preset: str, environ=os.environ) -> Path:
+    """Where a synthetic preset's checkpoint is made on first use (seed as DEFAULT_SYNTH's)."""
+    return user_cache_dir(environ) / f"synthetic-{preset}-seed{DEFAULT_SYNTH[1]}-v{SYNTH_VERSION}" / "model.safetensors"
+
+
+def default_synthetic_path(environ=os.environ) -> Path:
+    return synthetic_path(DEFAULT_SYNTH[0], environ)
+
+
+def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=os.environ) -> WeightsChoice:
+    """Pick the weights by the documented order; the default synthetic file may not exist yet."""
+    # Paths are made absolute, never resolved: config.json is read beside a symlink, not beside its target.
+    if cli_path in PRESETS and not Path(cli_path).exists():  # `--weights tiny`; a file or directory so named wins
+        return WeightsChoice(synthetic_path(cli_path, environ), "synthetic-preset",
+                             f"--weights {cli_path}: the synthetic {cli_path} preset, made on first use", cli_path)
+    if cli_path:
+        return WeightsChoice(Path(cli_path).expanduser().absolute(), "--weights", "given with --weights")
+    if environ.get(WEIGHTS_ENV):
+        return WeightsChoice(Path(environ[WEIGHTS_ENV]).expanduser().absolute(), WEIGHTS_ENV, f"${WEIGHTS_ENV} is set")
+    if course_weights is not None:
+        return WeightsChoice(course_weights.absolute(), "theinference.toml", "set in the course's theinference.toml")
+    hf = find_hf_gpt2(environ)
+    if hf is not None:
+        return WeightsChoice(hf, "huggingface-cache", "real GPT-2 found in the Hugging Face cache")
+    return WeightsChoice(default_synthetic_path(environ), "default-synthetic",
+                         "no weights configured: synthetic GPT-2-shape weights", DEFAULT_SYNTH[0])
+
+
+def obtain_weights(cli_path: str | None, course_weights: Path | None,
+                   progress: Callable[[int, int], None] | None = None) -> tuple[WeightsChoice, Model, bool]:
+    """Resolve, make if it is the missing default, and load: (choice, model, whether it was made)."""
+    choice = resolve_weights(cli_path, course_weights, os.environ)
+    made = ensure_weights(choice, progress)
+    return choice, load_model(choice.path), made
+
+
+def ensure_weights(choice: WeightsChoice, progress: Callable[[int, int], None] | None = None) -> bool:
+    """Make the default synthetic checkpoint if it is the choice and missing; True if it was made."""
+    if not choice.preset or choice.path.is_file():
+        return False
+    write_synthetic(choice.path.parent, preset=choice.preset, seed=DEFAULT_SYNTH[1], progress=progress)
+    return True

@@ -1,0 +1,25 @@
+"""Student processes: how they are started, confined, limited, timed and killed.
+
+    grader   runner.py: writes the job file (protocol.Job), starts a worker through a Launcher
+      │        (launch.py), reads its events, loads its arrays, enforces the timeouts
+      │ launcher.start()
+      ▼
+    zygote   zygote.py: numpy pre-imported, forks per run on a Unix-socket request
+      │        ({"pid"}, then {"status"} back); or a fresh `python -m theinference.proc.reaper`
+      │ fork
+      ▼
+    monitor  reaper.py: a child subreaper; reports the exit status only after killing every
+      │        process the worker left behind
+      │ fork (under bubblewrap for untrusted work: sandbox.py)
+      ▼
+    worker   child.py: applies the limits, imports the student's tests/adapters.py, calls it
+
+Channels: the job file goes down; events come up, one JSON object a line, on the pipe whose fd
+is in protocol.PROTOCOL_FD_ENV (loaded | load-error, then start and done per case); each array
+comes back as case-<i>.npy in the run's directory; stdout and stderr go to files the grader
+slices per case. interrupt.py kills every live process group on Ctrl-C or SIGTERM.
+
+The worker side (child.py, protocol.py, timing.py, this file) is copied into the sandbox's stub
+package (sandbox.STUB_FILES), so it imports only the standard library. Nothing in `proc`
+imports grading, reports or the CLI (tests/test_architecture.py).
+"""

@@ -1,0 +1,212 @@
+"""The student's side of the runner: runs in its own process, imports tests/adapters.py, calls it.
+
+Started by theinference.proc.runner as `python -m theinference.proc.child JOB.json`. It reports to the
+grader through a pipe (fd in THEINFERENCE_PROTOCOL_FD), one JSON object a line, and writes each
+returned array to OUT_DIR/case-<i>.npy. Nothing here imports numpy before the student does,
+except to save results.
+"""
+
+import errno
+import importlib.abc
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if __name__ == "__main__":
+    # Run as a script (the sandbox's copy), the package beside this file is the one students import,
+    # and the one this file's own import below must find.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from theinference.proc import protocol, timing  # noqa: E402 - after the path is set, for the sandbox's copy
+
+_GRADER_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def _send(stream, **message) -> None:
+    stream.write(json.dumps(message) + "\n")
+    stream.flush()
+
+
+def _output_offsets() -> list[int]:
+    """Where the student's stdout and stderr files stand now: each case's output is a slice."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return [os.lseek(1, 0, os.SEEK_CUR), os.lseek(2, 0, os.SEEK_CUR)]
+
+
+def _student_traceback(exc: BaseException) -> str:
+    """The traceback without the grader's own frames: the student sees only their code."""
+    te = traceback.TracebackException.from_exception(exc)
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.startswith(_GRADER_DIR) and "importlib._bootstrap" not in f.filename]
+    )
+    return "".join(te.format())
+
+
+def _import_adapters(path: Path):
+    spec = importlib.util.spec_from_file_location("adapters", path)
+    assert spec is not None and spec.loader is not None, "a .py path always has a loader"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["adapters"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _find_function(module, names: list[str]):
+    for name in names:
+        func = getattr(module, name, None)
+        if callable(func):
+            return func
+    return None
+
+
+def _load(job: protocol.Job, proto):
+    """Import the adapters and find the function; report a load error and return None on failure."""
+    path = Path(job["adapters"])
+    try:
+        module = _import_adapters(path)
+    except SyntaxError as e:
+        _send(proto, event=protocol.LOAD_ERROR, kind="syntax", message=f"syntax error in {e.filename}, line {e.lineno}",
+              traceback="".join(traceback.format_exception_only(e)))
+        return None
+    except BaseException as e:  # noqa: BLE001 - anything the student's import does is reported
+        _send(proto, event=protocol.LOAD_ERROR, kind="import", message=f"importing {path.name} failed: {type(e).__name__}: {e}",
+              traceback=_student_traceback(e))
+        return None
+    func = _find_function(module, job["names"])
+    if func is None:
+        expected, aliases = job["names"][0], ", ".join(job["names"][1:])
+        also = f" (also accepted: {aliases})" if aliases else ""
+        _send(proto, event=protocol.LOAD_ERROR, kind="missing",
+              message=f"{path.name} defines no function '{expected}'{also}")
+    return func
+
+
+def _to_array(value):
+    """Accept any array-like of numbers; return (array, None) or (None, why not)."""
+    import numpy as np
+
+    try:
+        array = np.asarray(value)
+    except Exception as e:  # ragged nested lists and the like
+        return None, f"the return value is not an array of numbers ({type(e).__name__}: {e})"
+    if array.dtype.kind not in "biuf":
+        return None, f"the return value is not numeric (got {type(value).__name__} of dtype {array.dtype})"
+    return array, None
+
+
+def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict | None = None) -> None:
+    import numpy as np
+
+    def done(**message):
+        _send(proto, event=protocol.DONE, case=index, output=_output_offsets(), **message)
+
+    _send(proto, event=protocol.START, case=index, output=_output_offsets())
+    started = time.perf_counter()
+    timings = None
+    try:
+        if scaling:  # cache-scaling: args are (prompt, n_new); time the adapter at each length
+            value, timings = timing.measure(func, args[0], scaling["lengths"], scaling["repeats"])
+        else:
+            value = func(*args)
+    except NotImplementedError as e:
+        done(status=protocol.NOT_STARTED, message=f"NotImplementedError: {e}" if str(e) else "NotImplementedError")
+        return
+    except SystemExit as e:
+        done(status=protocol.ERROR, message=f"the adapter called sys.exit({e.code!r})", traceback=_student_traceback(e))
+        return
+    except MemoryError as e:
+        done(status=protocol.ERROR, message=f"out of memory: the adapter exceeded its memory limit (MemoryError: {e})",
+             traceback=_student_traceback(e))
+        return
+    except BaseException as e:  # noqa: BLE001 - the student's exception is the result
+        done(status=protocol.ERROR, message=f"{type(e).__name__}: {e}", traceback=_student_traceback(e))
+        return
+    seconds = time.perf_counter() - started
+    array, problem = _to_array(value)
+    if problem:
+        done(status=protocol.BAD_OUTPUT, message=problem, seconds=seconds)
+        return
+    out = out_dir / f"case-{index}.npy"
+    try:
+        np.save(out, array, allow_pickle=False)
+    except OSError as e:  # CPython ignores SIGXFSZ: a write over the file cap raises EFBIG here instead
+        out.unlink(missing_ok=True)
+        done(status=protocol.ERROR, message=_save_problem(e, array), seconds=seconds)
+        return
+    done(status=protocol.OK, file=str(out), seconds=seconds, **({"timing": timings} if timings else {}))
+
+
+def _save_problem(error: OSError, array) -> str:
+    """Why the returned array could not be handed over, in the student's terms (no grader frames)."""
+    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    # numpy's writer may report the short write without an errno: the array's size tells.
+    if error.errno == errno.EFBIG or (cap != resource.RLIM_INFINITY and array.nbytes >= cap):
+        limit = "the file size limit" if cap == resource.RLIM_INFINITY else \
+            f"{cap >> 30} GB" if cap % 2**30 == 0 else f"{cap >> 20} MB"
+        return (f"the adapter's output exceeded {limit} (it returned {array.nbytes / 1e9:.1f} GB, "
+                f"shape {list(array.shape)}, {array.dtype})")
+    return f"the adapter's output could not be saved: {error}"
+
+
+class _OracleGuard(importlib.abc.MetaPathFinder):
+    """Refuse the grader's own modules: an adapter must compute, not copy the oracle.
+
+    This stops casual copying; it is not a sandbox (student code runs with the user's rights).
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("theinference.") and name != "theinference.proc.child":
+            raise ImportError(f"adapters may not use the grader's oracle ({name} cannot be imported by graded code)")
+        return None
+
+
+def _guard_grader_modules() -> None:
+    for name in [m for m in sys.modules if m.startswith("theinference.") and m != "theinference.proc.child"]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, _OracleGuard())
+
+
+def _apply_limits(limits: protocol.Limits) -> None:
+    """Cap the address space and the size of files written (the captured output included)."""
+    for wanted, which in ((limits["memory_bytes"], resource.RLIMIT_AS), (limits["file_bytes"], resource.RLIMIT_FSIZE)):
+        if wanted:
+            _, hard = resource.getrlimit(which)
+            cap = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+            resource.setrlimit(which, (cap, hard))
+
+
+def _drop_privileges() -> None:
+    """As root, become the unprivileged user the launcher names, before any student code runs."""
+    run_as = os.environ.pop("THEINFERENCE_RUN_AS", None)
+    if run_as:
+        os.setgroups([])
+        os.setgid(int(run_as))
+        os.setuid(int(run_as))
+
+
+def main() -> None:
+    _drop_privileges()
+    job: protocol.Job = json.loads(Path(sys.argv[1]).read_text())
+    fd = int(os.environ.pop(protocol.PROTOCOL_FD_ENV))
+    os.set_inheritable(fd, False)  # processes the student starts do not get the grader's pipe
+    proto = os.fdopen(fd, "w")
+    _apply_limits(job["limits"])
+    _guard_grader_modules()
+    sys.path.insert(0, job["course_root"])
+    func = _load(job, proto)
+    if func is None:
+        return
+    code = getattr(func, "__code__", None)  # where the function the module exports was written (for annotations)
+    _send(proto, event=protocol.LOADED, **({"defined_at": [code.co_filename, code.co_firstlineno]} if code else {}))
+    for index in range(job["start"], len(job["calls"])):
+        _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto, job["scaling"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""How a student process is started: a fresh interpreter, or a fork of a pre-warmed zygote.
+
+Both give a Popen-like handle (pid, returncode, wait(timeout)); the process is the leader of
+its own process group, has stdin closed, and writes stdout/stderr to the given files. Both run
+it under a monitor that is a child subreaper (theinference.proc.reaper): wait() returns only once
+every process the student started is dead. Each launcher's `isolation` says how confined
+student processes are (theinference.proc.sandbox); the fresh-interpreter launcher can sandbox them.
+"""
+
+import atexit
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+from theinference.proc import protocol
+from theinference.proc.interrupt import kill_group
+from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
+
+from theinference.trust import allowed_env
+from theinference.errors import ConfigError
+
+class StudentProcess(Protocol):
+    """A started student process, as the runner sees it."""
+
+    pid: int
+    returncode: int | None
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class Launcher(Protocol):
+    """How student processes start (SubprocessLauncher, ZygoteLauncher): one per grading run, closed at its end."""
+
+    isolation: Isolation
+
+    def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> StudentProcess:
+        """Start `theinference.proc.child ARGS` in cwd with env, its output to stdout/stderr, events to proto_fd."""
+        ...
+
+    def hide(self, path: Path) -> None:
+        """Keep path (a results file) unreadable by student processes."""
+        ...
+
+    def warm(self) -> None:
+        """Start ahead whatever later runs need (a zygote importing numpy), without waiting for it."""
+        ...
+
+    def close(self) -> None:
+        """Stop whatever the launcher keeps running (a zygote, a sandbox's stub)."""
+        ...
+
+
+class ConfinementError(ConfigError):
+    """Student processes cannot run confined as chosen (files unreadable by their user): a setup error."""
+
+
+class ZygoteProcess:
+    """A student process under a monitor; its pid, then its exit status, arrive over the connection."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+        self.buffer = b""
+        self.returncode: int | None = None
+        self.pid = self._read(time.monotonic() + 30)["pid"]
+
+    def _read(self, deadline: float) -> dict:
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.conn], [], [], remaining)[0]:
+                raise subprocess.TimeoutExpired("zygote worker", remaining)
+            chunk = self.conn.recv(4096)
+            if not chunk:
+                raise ConnectionResetError("the student process's monitor went away without a status")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+            try:
+                self.returncode = self._read(deadline)["status"]
+            except ConnectionResetError:  # student code killed its monitor: its process group goes the same way
+                kill_group(self.pid)
+                self.returncode = -signal.SIGKILL
+            self.conn.close()
+        return self.returncode
+
+
+class MonitoredProcess(ZygoteProcess):
+    """A fresh process under `python -m theinference.proc.reaper`, which is reaped with it."""
+
+    def __init__(self, conn: socket.socket, monitor: subprocess.Popen):
+        self.monitor = monitor
+        try:
+            super().__init__(conn)
+        except BaseException:
+            monitor.kill()
+            monitor.wait()
+            raise
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        self.monitor.wait()
+        return code
+
+
+class SubprocessLauncher:
+    """A fresh `python -m theinference.proc.child` per run: slower to start, nothing shared; optionally sandboxed.
+
+    The runner writes the job file into the run's own directory: that directory is the only
+    one a sandboxed student process may write.
+    """
+
+    def __init__(self, isolation: Isolation | None = None):
+        self.isolation = isolation or basic_isolation()
+        self._sandbox = Sandbox(self.isolation) if self.isolation.bwrap else None
+
+    def _command(self, args: list[str], cwd: str, env: dict) -> list[str]:
+        if self._sandbox is None:
+            # -P: the course directory (which the child puts on sys.path itself) cannot shadow the grader's modules.
+            return [*self.isolation.unshare, sys.executable, "-P", "-m", "theinference.proc.child", *args]
+        run_dir = os.path.dirname(args[0])
+        self._sandbox.prepare(run_dir)
+        inner = [sys.executable, "-P", "-B", self._sandbox.child_script, *args]
+        return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"])
+
+    def _student_env(self, args: list[str], cwd: str, env: dict, proto_fd: int) -> dict:
+        env = {**env, protocol.PROTOCOL_FD_ENV: str(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
+        if self._sandbox is not None:
+            env["TMPDIR"] = os.path.dirname(args[0])  # the one writable place
+        if self.isolation.run_as is None:
+            return env
+        if self._sandbox is None:
+            _check_readable(cwd, env["THEINFERENCE_WEIGHTS"])
+            os.chown(os.path.dirname(args[0]), self.isolation.run_as, self.isolation.run_as)
+        return {**env, "THEINFERENCE_RUN_AS": str(self.isolation.run_as)}
+
+    def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> MonitoredProcess:
+        env = self._student_env(args, cwd, env, proto_fd)
+        ours, theirs = socket.socketpair()
+        with theirs:
+            # -P: the monitor is grader code and must not import anything from the course directory.
+            monitor = subprocess.Popen(
+                [sys.executable, "-P", "-m", "theinference.proc.reaper", str(theirs.fileno()), "--", *self._command(args, cwd, env)],
+                cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                pass_fds=(proto_fd, theirs.fileno()), start_new_session=True,
+            )
+        return MonitoredProcess(ours, monitor)
+
+    def warm(self) -> None:
+        """Nothing to start ahead: every run starts its own interpreter."""
+
+    def hide(self, path: Path) -> None:
+        """Keep a results file out of the sandbox's view (it may lie inside the course directory)."""
+        if self._sandbox is not None:
+            self._sandbox.hidden.append(str(path.resolve()))
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+
+
+def _check_readable(course_root: str, weights: str) -> None:
+    for path in (Path(course_root), Path(weights)):
+        if not reachable_by_others(path):
+            raise ConfinementError(f"{path} is not readable by user nobody, whom student code runs as "
+                                   "(make it and its parent directories world-readable, or install bubblewrap)")
+
+
+class ZygoteLauncher:
+    """Forks student processes from a zygote that has numpy imported (Linux).
+
+    `env` is applied to the zygote itself: settings read once when numpy loads (the BLAS
+    thread count) must be in place before the fork. The zygote starts from the allow-listed
+    environment only: every worker inherits its /proc/<pid>/environ, whatever env it is given.
+    """
+
+    def __init__(self, env: dict | None = None):
+        self.isolation = basic_isolation()
+        self._env = env or {}
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._dir: str | None = None
+        self._ready = False
+
+    def warm(self) -> None:
+        """Start the zygote now, without waiting: it imports numpy while the grader loads stages and weights."""
+        with self._lock:
+            if self._proc is None:
+                self._spawn()
+
+    def _spawn(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
+        path = os.path.join(self._dir, "zygote.sock")
+        self._proc = subprocess.Popen([sys.executable, "-m", "theinference.proc.zygote", path],
+                                      env={**allowed_env(os.environ), **self._env},
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self._ready = False
+        atexit.register(self.close)
+
+    def _ensure_started(self) -> str:
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._spawn()
+            assert self._proc is not None and self._dir is not None
+            if not self._ready:
+                if self._proc.stdout is None or self._proc.stdout.readline().strip() != b"ready":
+                    raise RuntimeError("the zygote process did not start")
+                self._ready = True
+            return os.path.join(self._dir, "zygote.sock")
+
+    def hide(self, path: Path) -> None:
+        """Nothing to hide from: zygote workers are not sandboxed."""
+
+    def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> ZygoteProcess:
+        path = self._ensure_started()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode() + b"\n"
+        socket.send_fds(conn, [request], [stdout.fileno(), stderr.fileno(), proto_fd])
+        return ZygoteProcess(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None:
+                if self._proc.stdin is not None:
+                    self._proc.stdin.close()  # the zygote exits when its stdin closes
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                self._proc = None
+            if self._dir:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+
+
+def blas_env(threads: int) -> dict:
+    """Environment that caps the BLAS/OpenMP threads of a student process."""
+    return {name: str(threads) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
+def default_launcher(env: dict | None = None, untrusted: bool = False) -> Launcher:
+    """For untrusted submissions, a fresh interpreter under the strongest isolation available;
+    otherwise the zygote where fork is safe and cheap (Linux), else a fresh interpreter per run.
+
+    THEINFERENCE_LAUNCHER=subprocess (or zygote) overrides the choice for trusted runs only.
+    """
+    if untrusted:
+        return SubprocessLauncher(strongest_isolation())
+    choice = os.environ.get("THEINFERENCE_LAUNCHER") or ("zygote" if sys.platform == "linux" else "subprocess")
+    return ZygoteLauncher(env) if choice == "zygote" else SubprocessLauncher()

@@ -1,0 +1,437 @@
+"""Run a student's adapter in a separate process, one call per case, under a timeout.
+
+Student code never runs in the grader's process: a hang, a crash, a `sys.exit` or a segfault
+is recorded as that case's outcome and the next case runs in a fresh process. Everything the
+student's process sends on the result pipe is untrusted input: a message out of protocol is
+that submission's error, and only the grader's own clock sets deadlines.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from theinference.proc import interrupt, protocol
+from theinference.proc.launch import Launcher, SubprocessLauncher
+from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
+from theinference.trust import allowed_env
+
+OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
+FILE_CAP = 1 << 30  # bytes any one file the student's process writes may reach (its output included)
+MESSAGE_CAP = 1 << 20  # bytes of one protocol message
+
+
+class ProtocolError(Exception):
+    """The student's process sent the grader something theinference.proc.child never sends: that submission's error."""
+
+
+@dataclass(frozen=True)
+class AdapterJob:
+    course_root: Path
+    adapters: Path
+    names: tuple[str, ...]  # the function's name, then its accepted aliases
+    calls: tuple[tuple, ...]  # the arguments of each call
+    weights: Path
+    timeout: float  # seconds per call (and for importing the adapters): limits.timeout, else the stage's
+    limits: Limits = field(default_factory=Limits)
+    launcher: Launcher = field(default_factory=SubprocessLauncher)
+    scaling: dict | None = None  # cache-scaling: {"lengths", "repeats"} to time each call at (theinference.proc.timing)
+    # The bytes call i's returned array may hold (larger: "too-large", not read); asked only once it returned.
+    output_cap: Callable[[int], int] | None = None
+    # Called with (index, outcome) as each case's array arrives; the array is dropped afterwards, so a
+    # stage's outputs are never all in memory at once.
+    consume: Callable | None = None
+    all_cases: bool = False  # run every case even after one timed out (default: skip the stage's rest)
+    case_names: tuple[str, ...] = ()  # for messages; indices where empty
+    deadline: float | None = None  # time.monotonic() past which nothing more runs (the submission's budget)
+    deadline_budget: float | None = None  # the seconds that deadline allowed, for messages
+
+
+@dataclass
+class CallOutcome:
+    # ok | not-started | error | bad-output | too-large | timeout | crash
+    status: str
+    value: np.ndarray | None = None
+    message: str = ""
+    traceback: str = ""
+    seconds: float = 0.0
+    stdout: str = ""
+    stderr: str = ""
+    timing: dict | None = None  # cache-scaling: {"seconds": per length, "blas": pools while timing}
+    defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _create(path: Path) -> tuple[int, tuple[int, int]]:
+    """A new file at path -> (fd, its identity), never through a link the student's process left there.
+
+    The run's directory is writable by the student's processes (under the sandbox it is the only
+    writable place), so a name the grader reuses may meanwhile be a symlink to any file.
+    """
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    info = os.fstat(fd)
+    return fd, (info.st_dev, info.st_ino)
+
+
+def _read_capped(path: Path, identity: tuple[int, int], start: int = 0, end: int | None = None) -> str:
+    """The student's output between two offsets of a capture file, at most OUTPUT_CAP bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return "[output unavailable: the capture file was removed]"
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if (info.st_dev, info.st_ino) != identity:  # replaced by the student's process: not ours to read
+            return "[output unavailable: the capture file was replaced]"
+        f.seek(start)
+        limit = OUTPUT_CAP + 1 if end is None else min(OUTPUT_CAP + 1, end - start)
+        data = f.read(max(limit, 0))
+    text = data[:OUTPUT_CAP].decode("utf-8", errors="replace")
+    if len(data) > OUTPUT_CAP:
+        text += f"\n[... output truncated after {OUTPUT_CAP // 1000} KB]"
+    return text
+
+
+def _kill_group(proc) -> None:
+    interrupt.kill_group(proc.pid)
+    proc.wait()
+
+
+def _exit_message(returncode: int) -> str:
+    if returncode == -signal.SIGXFSZ:
+        return f"the adapter's process was killed for writing a file over {FILE_CAP >> 20} MB (SIGXFSZ)"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the adapter's process was killed by {name}"
+    return f"the adapter's process exited with code {returncode} before returning a result"
+
+
+class _Child:
+    """One child process and the pipe it reports on."""
+
+    def __init__(self, job: AdapterJob, start: int, work: Path):
+        job_file = work / f"job-{start}.json"
+        with os.fdopen(_create(job_file)[0], "w") as f:
+            f.write(json.dumps(protocol.Job(
+                course_root=str(job.course_root), adapters=str(job.adapters), names=list(job.names),
+                calls=[list(c) for c in job.calls], start=start, out_dir=str(work), scaling=job.scaling,
+                limits=job.limits.for_worker(FILE_CAP),
+            )))
+        read_fd, write_fd = os.pipe()
+        base = allowed_env(os.environ) if job.limits.untrusted else dict(os.environ)
+        env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
+        self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
+        (out_fd, self.stdout_id), (err_fd, self.stderr_id) = _create(self.stdout_path), _create(self.stderr_path)
+        try:
+            with os.fdopen(out_fd, "wb") as out, os.fdopen(err_fd, "wb") as err:
+                self.proc = job.launcher.start([str(job_file)], str(job.course_root), env, out, err, write_fd)
+        finally:
+            os.close(write_fd)
+        self.pipe = os.fdopen(read_fd, "rb")
+        self.buffer = b""
+        try:
+            interrupt.track(self.proc.pid)  # so that Ctrl-C or SIGTERM kills it from any thread
+        except interrupt.Cancelled:
+            self.finish(graceful=False)
+            raise
+
+    def next_message(self, deadline: float) -> dict | None:
+        """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed."""
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > MESSAGE_CAP:
+                raise ProtocolError(f"a message longer than {MESSAGE_CAP >> 20} MB")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self.pipe], [], [], remaining)[0]:
+                raise TimeoutError
+            chunk = os.read(self.pipe.fileno(), 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            raise ProtocolError(f"a line that is not JSON: {line[:80]!r}") from None
+        if not isinstance(message, dict) or message.get("event") not in protocol.EVENTS:
+            raise ProtocolError(f"a message that is not one of the protocol's: {line[:80]!r}")
+        return message
+
+    def finish(self, graceful: bool = True) -> int:
+        """Kill what is left of the process group; return the child's exit code.
+
+        graceful: the child has reported everything and should exit by itself; give it a moment.
+        """
+        self.pipe.close()
+        try:
+            self.proc.wait(timeout=2 if graceful else 0)
+        except subprocess.TimeoutExpired:
+            pass
+        returncode = self.proc.returncode
+        _kill_group(self.proc)  # also reaps grandchildren the student left running
+        interrupt.untrack(self.proc.pid)
+        return returncode if returncode is not None else -signal.SIGKILL
+
+    def attach_output(self, outcome: CallOutcome, start: list[int], end: list[int] | None) -> None:
+        """Give the outcome the student's stdout/stderr written between two offset pairs (None: to the end)."""
+        outcome.stdout = _read_capped(self.stdout_path, self.stdout_id, start[0], end[0] if end else None)
+        outcome.stderr = _read_capped(self.stderr_path, self.stderr_id, start[1], end[1] if end else None)
+
+
+def _text(message: dict, key: str) -> str:
+    value = message.get(key, "")
+    if not isinstance(value, str):
+        raise ProtocolError(f"'{key}' of a {message['event']!r} message is not text")
+    return value[:OUTPUT_CAP]
+
+
+def _offsets(message: dict) -> list[int]:
+    """The stdout/stderr offsets a message carries, checked to lie within what a file can hold."""
+    value = message.get("output")
+    if not (isinstance(value, list) and len(value) == 2 and all(type(v) is int and 0 <= v <= FILE_CAP for v in value)):
+        raise ProtocolError(f"'output' of a {message['event']!r} message is not a pair of file offsets")
+    return value
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+
+
+def _read_header(f, name: str) -> tuple[tuple, np.dtype]:
+    """Shape and dtype from a .npy header, without reading the data."""
+    try:
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}[version]
+        shape, _, dtype = read(f)
+    except (OSError, ValueError, EOFError, KeyError) as e:
+        raise ProtocolError(f"{name} is not a .npy array ({type(e).__name__}: {e})") from None
+    if dtype.kind not in "biuf":
+        raise ProtocolError(f"{name} does not hold an array of numbers")
+    return shape, dtype
+
+
+def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | CallOutcome:
+    """The array the child saved for case `index` (only that file in the run's directory, a regular .npy
+    file), read only if its header says it fits `cap` bytes: otherwise a "too-large" outcome. The file is
+    removed once read."""
+    expected = work / f"case-{index}.npy"
+    if file != str(expected):
+        raise ProtocolError(f"the output file {str(file)[:200]!r} is not {expected.name} in the run's directory")
+    try:
+        fd = os.open(expected, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        raise ProtocolError(f"cannot open {expected.name}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > FILE_CAP:
+                raise ProtocolError(f"{expected.name} is not a regular file of at most {FILE_CAP >> 20} MB")
+            shape, dtype = _read_header(f, expected.name)
+            nbytes = math.prod(shape) * dtype.itemsize
+            if cap is not None and nbytes > cap:
+                return CallOutcome(status="too-large", message=f"returned {_size(nbytes)} (shape {list(shape)}, {dtype})")
+            if f.tell() + nbytes > info.st_size:
+                raise ProtocolError(f"{expected.name} is shorter than its header says")
+            f.seek(0)
+            try:
+                return np.load(f, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as e:
+                raise ProtocolError(f"{expected.name} is not a .npy array ({type(e).__name__}: {e})") from None
+    finally:
+        expected.unlink(missing_ok=True)
+
+
+def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None, scaling: dict | None) -> CallOutcome:
+    status, seconds = message.get("status"), message.get("seconds", 0.0)
+    if status not in protocol.DONE_STATUSES:
+        raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
+    if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
+        raise ProtocolError(f"'seconds' of case {index} is not a duration")
+    outcome = CallOutcome(status=status, message=_text(message, "message"), traceback=_text(message, "traceback"),
+                          seconds=float(seconds), timing=_timing(message, index, scaling))
+    if status == protocol.OK:
+        value = _load_output(message.get("file"), index, work, cap)
+        if isinstance(value, CallOutcome):
+            return dataclasses.replace(value, seconds=float(seconds))
+        outcome.value = value
+    return outcome
+
+
+def _defined_at(message: dict) -> tuple[str, int] | None:
+    """The file and line a 'loaded' message says the adapter function starts at, checked for form."""
+    value = message.get("defined_at")
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and len(value[0]) <= 4096
+            and type(value[1]) is int and value[1] >= 0):
+        raise ProtocolError("'defined_at' of the 'loaded' message is not a file and a line")
+    return value[0], value[1]
+
+
+def _timing(message: dict, index: int, scaling: dict | None) -> dict | None:
+    """The cache-scaling timings a done message may carry: CPU seconds per length and the BLAS pools seen."""
+    timing = message.get("timing")
+    if timing is None:
+        return None
+    if scaling is None:
+        raise ProtocolError(f"case {index} reports timings the stage did not ask for")
+    seconds = timing.get("seconds") if isinstance(timing, dict) else None
+    blas = timing.get("blas") if isinstance(timing, dict) else None
+    if not (isinstance(seconds, list) and len(seconds) == len(scaling["lengths"])
+            and all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in seconds)):
+        raise ProtocolError(f"'timing' of case {index} does not hold a list of durations")
+    if not (isinstance(blas, list) and len(blas) <= 64
+            and all(isinstance(b, dict) and type(b.get("threads")) is int for b in blas)):
+        raise ProtocolError(f"'timing' of case {index} does not hold a list of BLAS pools")
+    return timing
+
+
+def _is_case(message: dict, index: int) -> bool:
+    return type(message.get("case")) is int and message["case"] == index
+
+
+def _unexpected(message: dict, current: int, n_calls: int) -> str:
+    case = message.get("case")
+    if "case" in message and not (type(case) is int and 0 <= case < n_calls):
+        return f"a {message['event']!r} message for case {str(case)[:40]}, out of range (the stage has {n_calls} cases)"
+    return f"an unexpected {message['event']!r} message" + (f" for case {case}" if "case" in message else "") + \
+        f" (case {current} was due)"
+
+
+@dataclass
+class _Progress:
+    """Where one child stands in the protocol, as the grader has seen it."""
+
+    current: int
+    defined_at: tuple[str, int] | None = None
+    loaded: bool = False
+    started: bool = False
+    case_output: list[int] = field(default_factory=lambda: [0, 0])
+
+
+def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, work: Path,
+            outcomes: dict[int, CallOutcome]) -> CallOutcome | None:
+    """Apply one message in the order the protocol allows; return a load failure, raise ProtocolError otherwise."""
+    event = message["event"]
+    if event == protocol.LOAD_ERROR and not state.loaded:
+        return CallOutcome(status="error", message=_text(message, "message"), traceback=_text(message, "traceback"))
+    if event == protocol.LOADED and not state.loaded:
+        state.loaded, state.defined_at = True, _defined_at(message)
+    elif event == protocol.START and state.loaded and not state.started and _is_case(message, state.current):
+        state.started, state.case_output = True, _offsets(message)
+    elif event == protocol.DONE and state.started and _is_case(message, state.current):
+        returned = message.get("status") == protocol.OK  # the cap asks the oracle: only for a case that returned an array
+        cap = job.output_cap(state.current) if job.output_cap and returned else None
+        outcome = _outcome_from_done(message, state.current, work, cap, job.scaling)
+        child.attach_output(outcome, state.case_output, _offsets(message))
+        outcome.defined_at = state.defined_at
+        outcomes[state.current] = outcome
+        if job.consume is not None:
+            job.consume(state.current, outcome)
+            outcome.value = None
+        state.current, state.started = state.current + 1, False
+    else:
+        raise ProtocolError(_unexpected(message, state.current, len(job.calls)))
+    return None
+
+
+def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome], stage_deadline: float) -> int:
+    """Run one child from case `start`; fill outcomes; return the next case still to run.
+
+    Deadlines are the grader's: the import and each case get job.timeout from when the grader saw the
+    previous step end, and nothing the child sends moves the stage's deadline.
+    """
+    child = _Child(job, start, work)
+    state, failure, kill_now = _Progress(current=start), None, False
+    try:
+        deadline = min(time.monotonic() + job.timeout, stage_deadline)
+        while state.current < len(job.calls) and failure is None:
+            message = child.next_message(deadline)
+            if message is None:
+                break
+            step = (state.loaded, state.current)
+            failure = _handle(message, state, child, job, work, outcomes)
+            if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
+                deadline = min(time.monotonic() + job.timeout, stage_deadline)
+    except TimeoutError:
+        failure, kill_now = CallOutcome(status="timeout", message=_timeout_message(job, state.loaded, stage_deadline)), True
+    except ProtocolError as e:
+        failure, kill_now = CallOutcome(status="error", message=f"the adapter's process broke the result protocol: {e}"), True
+    except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
+        child.finish(graceful=False)
+        raise
+    returncode = child.finish(graceful=not kill_now)
+    if state.current >= len(job.calls) and failure is None:
+        return state.current
+    if failure is None:
+        failure = CallOutcome(status="crash", message=_exit_message(returncode))
+    child.attach_output(failure, state.case_output, None)
+    # A failure before any case started (import, load) would repeat for every case: record it for all.
+    last = state.current + 1 if state.loaded else len(job.calls)
+    for index in range(state.current, last):
+        outcomes[index] = failure
+    return last
+
+
+def _spent_message(job: AdapterJob) -> str:
+    if job.deadline is not None and time.monotonic() >= job.deadline:
+        return f"timed out: the submission's time budget of {job.deadline_budget or 0:g} s ran out"
+    return f"timed out: the stage's time budget of {_stage_budget(job):g} s ran out"
+
+
+def _timeout_message(job: AdapterJob, loaded: bool, stage_deadline: float) -> str:
+    if time.monotonic() >= stage_deadline:
+        return _spent_message(job)
+    return f"timed out after {job.timeout:g} s while {'running' if loaded else 'importing the adapters'}"
+
+
+def _stage_budget(job: AdapterJob) -> float:
+    """Seconds the whole stage may take: a call's timeout per case, and one more for importing."""
+    return job.timeout * (len(job.calls) + 1)
+
+
+def run_adapter(job: AdapterJob) -> list[CallOutcome]:
+    """Call the adapter once per entry of job.calls, each in a child process; never raises for student faults.
+
+    After a case times out, the stage's remaining cases are not run (unless job.all_cases): a hung
+    submission costs about one timeout per stage, not one per case.
+    """
+    outcomes: dict[int, CallOutcome] = {}
+    stage_deadline = min(time.monotonic() + _stage_budget(job), job.deadline or math.inf)
+    with tempfile.TemporaryDirectory(prefix="theinference-run-") as work:
+        start = 0
+        while start < len(job.calls) and time.monotonic() < stage_deadline:
+            try:
+                start = _run_child(job, start, Path(work), outcomes, stage_deadline)
+            except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
+                interrupt.kill_running()
+                raise
+            over = time.monotonic() >= stage_deadline  # then the rest are reported as over budget instead
+            if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == "timeout":
+                name = job.case_names[start - 1] if job.case_names else start - 1
+                skipped = CallOutcome(status="timeout", message=f"skipped after a timeout in case {name} "
+                                      "(--all-cases runs every case)")
+                outcomes.update((i, skipped) for i in range(start, len(job.calls)))
+                start = len(job.calls)
+    spent = CallOutcome(status="timeout", message=_spent_message(job))
+    return [outcomes.get(i, spent) for i in range(len(job.calls))]

@@ -1,0 +1,187 @@
+"""Confinement of student processes: the strongest isolation this machine offers, and its name.
+
+Levels, strongest first (the report header names the one in use):
+
+- `sandbox`: bubblewrap (`bwrap`). The student's process gets its own PID namespace (every
+  descendant dies with it), no network, and a filesystem that is read-only and holds only the
+  system directories, Python and its site-packages, the course, the weights and the run's
+  output directory (the only writable place). The grader's package is hidden; a stub
+  `theinference` package offers only `weights_path()` and the student-side runner.
+- `namespaces`: no bubblewrap, but `unshare` (util-linux) works: own PID namespace and no
+  network; the filesystem, the grader's package included, stays readable.
+- `unprivileged`: no namespaces, but the grader runs as root: student processes run as nobody.
+- `subreaper`: student processes run with the grader's rights; their monitor kills every
+  descendant, whatever session it moved to, before results are accepted (Linux).
+- `process-group`: elsewhere (macOS): only the student's process group is killed.
+
+Run as root, the `sandbox` and `namespaces` levels also run the student as nobody. Untrusted modes (`grade`, CI) use the
+strongest level available; `test` on a student's own machine keeps the fast zygote launcher.
+"""
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+NOBODY = 65534  # the uid and gid of `nobody` on Debian, Ubuntu, Fedora, Alpine
+_PACKAGE = Path(__file__).resolve().parents[1]
+# The stub package the student sees: weights_path(), the student-side runner and its timing helper
+# (cache-scaling); they import only the standard library and each other at module level
+# (tests/test_architecture.py checks it), so nothing else need be copied.
+STUB_FILES = ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py", "proc/timing.py")
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+_NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How student processes are confined: a level, and what it means in words."""
+
+    level: str  # sandbox | namespaces | unprivileged | subreaper | process-group
+    summary: str
+    bwrap: str | None = None  # the bubblewrap executable, for the sandbox level
+    unshare: tuple[str, ...] = ()  # the command prefix, for the namespaces level
+    run_as: int | None = None  # uid (and gid) of student processes, when the grader is root
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+@functools.cache
+def _working_bwrap() -> str | None:
+    """The bwrap executable, if a sandbox actually starts here (containers often forbid namespaces)."""
+    bwrap = shutil.which("bwrap")
+    if not bwrap or sys.platform != "linux":
+        return None
+    probe = [bwrap, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--die-with-parent", *_NAMESPACES, "true"]
+    try:
+        done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return bwrap if done.returncode == 0 else None
+
+
+@functools.cache
+def _working_unshare() -> tuple[str, ...]:
+    """The unshare command prefix (new PID and network namespaces), if it works here; () if not."""
+    unshare = shutil.which("unshare")
+    if not unshare or sys.platform != "linux":
+        return ()
+    user = () if _is_root() else ("--user", "--map-root-user")
+    prefix = (unshare, *user, "--pid", "--fork", "--kill-child", "--net", "--mount-proc")
+    try:
+        done = subprocess.run([*prefix, "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return prefix if done.returncode == 0 else ()
+
+
+def reachable_by_others(path: Path) -> bool:
+    """Whether a user other than the owner can reach path (x on every parent directory, r on it)."""
+    path = path.resolve()
+    try:
+        parents_ok = all(os.stat(p).st_mode & 0o001 for p in path.parents)
+        return parents_ok and bool(os.stat(path).st_mode & 0o004)
+    except OSError:
+        return False
+
+
+def basic_isolation() -> Isolation:
+    """What every launcher gives without a sandbox: the subreaper monitor on Linux, the process group elsewhere."""
+    if sys.platform == "linux":
+        return Isolation("subreaper", "no sandbox: student code runs with your rights; "
+                                      "every process it starts is killed before results are accepted")
+    return Isolation("process-group", "no sandbox: student code runs with your rights; its process group is killed after each run")
+
+
+def strongest_isolation() -> Isolation:
+    """The strongest isolation available on this machine (for untrusted submissions)."""
+    bwrap = _working_bwrap()
+    if bwrap:
+        as_nobody = f" as user nobody ({NOBODY})" if _is_root() else ""
+        return Isolation("sandbox", f"bubblewrap sandbox{as_nobody}: own PID namespace, no network, read-only "
+                                    "filesystem but for the run's output, grader's package hidden",
+                         bwrap=bwrap, run_as=NOBODY if _is_root() else None)
+    basic, unshare = basic_isolation(), _working_unshare()
+    run_as = NOBODY if _is_root() and reachable_by_others(Path(sys.executable)) else None
+    who = f" as user nobody ({NOBODY})" if run_as else " as root (Python is not readable by nobody)" if _is_root() else ""
+    if unshare:
+        return Isolation("namespaces", f"unshare{who}, bubblewrap unavailable: own PID namespace, no network; "
+                                       "the filesystem, the grader's package included, stays readable",
+                         unshare=unshare, run_as=run_as)
+    if run_as:
+        return Isolation("unprivileged", f"no sandbox (bubblewrap unavailable): student code runs{who}; "
+                                         "every process it starts is killed", run_as=run_as)
+    root = "; as root, since Python is not readable by nobody" if _is_root() else ""
+    return Isolation(basic.level, f"{basic.summary} (bubblewrap unavailable{root})")
+
+
+def _python_dirs() -> list[str]:
+    """Directories the student's interpreter needs: its prefixes and every site-packages on sys.path."""
+    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(sys.executable).resolve().parent.parent)}
+    dirs |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()}
+    return sorted(d for d in dirs if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in dirs))
+
+
+def _hidden_dirs(visible: list[str]) -> list[str]:
+    """Where the grader's package (or its data) would be visible through the bound directories."""
+    candidates = {str(_PACKAGE), *(str(Path(p) / "theinference") for p in sys.path if p)}
+    return sorted(c for c in candidates if Path(c).is_dir() and any(c.startswith(v.rstrip("/") + "/") for v in visible))
+
+
+def _parents(paths: list[str]) -> list[str]:
+    """Every proper ancestor directory of paths (but /), shallowest first."""
+    found = {str(p) for path in paths for p in Path(path).parents if str(p) != "/"}
+    return sorted(found, key=lambda p: (p.count("/"), p))
+
+
+class Sandbox:
+    """A bubblewrap command line per run, and the stub package the student sees as `theinference`."""
+
+    def __init__(self, isolation: Isolation):
+        self.isolation = isolation
+        self.hidden: list[str] = []  # results files: not readable even where the course's tree shows them
+        self.stub_root = tempfile.mkdtemp(prefix="theinference-stub-")
+        os.chmod(self.stub_root, 0o755)  # readable by nobody
+        stub = Path(self.stub_root) / "theinference"
+        stub.mkdir(mode=0o755)
+        (stub / "proc").mkdir(mode=0o755)
+        for name in STUB_FILES:
+            shutil.copyfile(_PACKAGE / name, stub / name)
+            os.chmod(stub / name, 0o644)
+        self.child_script = str(stub / "proc" / "child.py")
+
+    def command(self, argv: list[str], course_root: str, run_dir: str, weights: str) -> list[str]:
+        """argv (run inside the sandbox) wrapped in bwrap, seeing only what the run needs."""
+        assert self.isolation.bwrap is not None, "a Sandbox is made only where bubblewrap runs"
+        python = _python_dirs()
+        # The weights file and its config.json, not their directory: it may be private, or hold more than they need.
+        config = Path(weights).parent / "config.json"
+        readable = [*python, course_root, weights, *([str(config)] if config.exists() else []), self.stub_root]
+        args = [self.isolation.bwrap, "--die-with-parent", "--new-session", *_NAMESPACES, "--proc", "/proc", "--dev", "/dev"]
+        for parent in _parents([*readable, run_dir]):  # bwrap would make them 0700: the student's user must pass
+            args += ["--perms", "0755", "--dir", parent]
+        for path in _SYSTEM_DIRS:
+            args += ["--ro-bind-try", path, path]
+        for path in sorted(readable, key=lambda p: p.count("/")):  # outer first: a later bind would cover an inner one
+            args += ["--ro-bind", path, path]
+        for path in _hidden_dirs([*python, *_SYSTEM_DIRS]):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        for path in self.hidden:
+            if os.path.isfile(path):
+                args += ["--ro-bind", "/dev/null", path]
+        args += ["--bind", run_dir, run_dir, "--chdir", course_root, "--remount-ro", "/", "--", *argv]
+        return args
+
+    def prepare(self, run_dir: str) -> None:
+        """Let the student's user write the run's output directory."""
+        if self.isolation.run_as is not None:
+            os.chown(run_dir, self.isolation.run_as, self.isolation.run_as)
+
+    def close(self) -> None:
+        shutil.rmtree(self.stub_root, ignore_errors=True)

@@ -1,0 +1,116 @@
+"""A pre-warmed process that forks student processes with numpy already imported.
+
+Starting Python and importing numpy costs ~100 ms per student process; forking a process that
+has done so once costs a few ms. The zygote never imports student code, so every forked
+process imports the student's modules fresh.
+
+Protocol, over a Unix socket connection per run: the grader sends one JSON request (argv for
+theinference.proc.child, cwd, env) with three file descriptors (stdout, stderr, protocol pipe) and
+receives {"pid": P} once the worker is forked, then {"status": S} (a Popen-style returncode)
+when it has exited. Each run is served by a monitor process forked for it, which forks the
+worker and waits for it, so the zygote itself only accepts connections. The monitor is a child
+subreaper (theinference.proc.reaper): it reports the status only after killing every process the
+worker left behind.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+# What a student process will import anyway; importing it here is the whole point.
+import numpy  # noqa: F401
+import safetensors.numpy  # noqa: F401
+
+import theinference.proc.child
+from theinference.proc.reaper import become_subreaper, kill_descendants
+
+_MAX_REQUEST = 1 << 20
+
+
+def _worker(request: dict, fds: list[int]) -> None:
+    """In the forked worker: become the student's process and run the child protocol."""
+    os.setsid()  # its own process group, so a timeout kills it and everything it started
+    stdout_fd, stderr_fd, proto_fd = fds
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    for src, dst in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):
+        os.dup2(src, dst)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.environ["THEINFERENCE_PROTOCOL_FD"] = str(proto_fd)
+    os.chdir(request["cwd"])
+    sys.dont_write_bytecode = True
+    sys.argv = ["theinference.proc.child", *request["args"]]
+    sys.path[0] = request["cwd"]
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        theinference.proc.child.main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - mirror an uncaught exception's exit status
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the monitor: fork the worker, report its pid, wait for it, kill what it left, report its exit status."""
+    become_subreaper()
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        _worker(request, fds)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    _, status = os.waitpid(pid, 0)
+    kill_descendants()
+    conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    os._exit(0)
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    message, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
+    while not message.endswith(b"\n"):
+        chunk = conn.recv(_MAX_REQUEST)
+        if not chunk:
+            break
+        message += chunk
+    return json.loads(message), fds
+
+
+def serve(path: str) -> None:
+    """Accept runs on the Unix socket at path until the grader closes our stdin (or dies)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped automatically
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    while True:
+        readable, _, _ = select.select([server, sys.stdin], [], [])
+        if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
+            return  # the grader is gone
+        if server not in readable:
+            continue
+        conn, _ = server.accept()
+        request, fds = _receive(conn)
+        if os.fork() == 0:
+            server.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _monitor(conn, request, fds)
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
