@@ -224,3 +224,15 @@ def test_merge_refuses_mixed_formats_other_stages_and_has_its_own_help(cli, batc
     helped = cli("grade", "merge", "--help")
     assert helped.exit_code == 0 and "grade merge" in helped.stdout and "SHARD" in helped.stdout
     assert "SUBMISSION_DIR" not in helped.stdout
+
+
+@pytest.mark.parametrize("text", [
+    '{"schema": "theinference.batch", "stages": 5, "submissions": []}',
+    '{"schema": "theinference.batch", "stages": [1, 2], "submissions": []}',
+    '{"schema": ' + "[" * 100_000 + "]" * 100_000 + "}",
+], ids=["stages-not-a-list", "stages-not-ids", "nested-too-deep"])
+def test_merge_refuses_a_malformed_json_shard_with_a_message(cli, tmp_path, text):
+    shard = tmp_path / "bad.json"
+    shard.write_text(text)
+    result = cli("grade", "merge", shard, "--out", tmp_path / "m.json")
+    assert result.exit_code == 2 and "bad.json" in result.stderr and not (tmp_path / "m.json").exists()

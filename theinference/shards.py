@@ -56,7 +56,7 @@ def read_json_shard(path: Path) -> Shard:
     """A batch JSON document that `grade --format json` wrote; an interrupted one is refused."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise BatchError(f"{path}: not a JSON document: {e}") from None
     if not isinstance(doc, dict) or doc.get("schema") != BATCH_SCHEMA:
         raise BatchError(f"{path}: not the output of `theinference grade --format json` (schema {BATCH_SCHEMA!r})")
@@ -67,8 +67,11 @@ def read_json_shard(path: Path) -> Shard:
     subs = doc.get("submissions")
     if not isinstance(subs, list) or not all(isinstance(s, dict) and isinstance(s.get("id"), str) for s in subs):
         raise BatchError(f"{path}: 'submissions' is not a list of submissions with an 'id'")
+    stages = doc.get("stages", [])
+    if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
+        raise BatchError(f"{path}: 'stages' is not a list of stage ids")
     entries = [(s["id"], graded, s) for s in subs]
-    return Shard(path, "json", list(doc.get("stages", [])), entries, {**doc, "submissions": []})
+    return Shard(path, "json", stages, entries, {**doc, "submissions": []})
 
 
 def _check_alike(shards: list[Shard]) -> None:
