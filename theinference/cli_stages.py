@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markdown import Markdown
 from rich.table import Table
+from rich.text import Text
 
 from theinference.check import check_course
 from theinference.cli_common import EXIT_FAIL, ItemProgress, config_error, console_for, synth_progress
@@ -15,6 +16,7 @@ from theinference.course import CourseError, find_course_root
 from theinference.launch import default_launcher
 from theinference.progress import describe_entry, load_progress, next_stage
 from theinference.report.check import render_check
+from theinference.report.untrusted import for_terminal
 from theinference.resources import data_dir
 from theinference.scaffold import adapter_snippets, scaffold_stage
 from theinference.session import CONFIG_ERRORS, UsageError, select_stages
@@ -43,7 +45,8 @@ def list_stages(
     for s in stages:
         status = describe_entry(progress[s.id]) if s.id in progress else "not graded"
         marker = " ◀ next" if upcoming is not None and s.id == upcoming.id else ""
-        table.add_row(s.id, status + marker, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
+        # progress.json is the course's file: its text is shown as text, never as markup or escape sequences
+        table.add_row(s.id, Text(for_terminal(status) + marker), s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
     console_for(sys.stdout).print(table)
 
 
