@@ -236,3 +236,15 @@ def test_merge_refuses_a_malformed_json_shard_with_a_message(cli, tmp_path, text
     shard.write_text(text)
     result = cli("grade", "merge", shard, "--out", tmp_path / "m.json")
     assert result.exit_code == 2 and "bad.json" in result.stderr and not (tmp_path / "m.json").exists()
+
+
+def test_csv_cells_never_start_a_spreadsheet_formula(cli, tiny_path, tmp_path):
+    root = tmp_path / "submissions"
+    write_adapters(root / "=HYPERLINK(1)", "raise ValueError('=1+1')\n")
+    out = tmp_path / "grades.csv"
+    assert cli("grade", root / "=HYPERLINK(1)", "--stage", "prove-one-layer", "--out", out,
+               "--weights", tiny_path).exit_code == 0
+    [row] = read_csv(out)
+    assert row["id"] == "'=HYPERLINK(1)" and row["status"] == "fail"
+    assert not any(cell.startswith(("=", "+", "-", "@")) for cell in row.values())
+    assert "=1+1" in row["error"]
