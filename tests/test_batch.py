@@ -248,3 +248,17 @@ def test_csv_cells_never_start_a_spreadsheet_formula(cli, tiny_path, tmp_path):
     assert row["id"] == "'=HYPERLINK(1)" and row["status"] == "fail"
     assert not any(cell.startswith(("=", "+", "-", "@")) for cell in row.values())
     assert "=1+1" in row["error"]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "gradescope"])
+def test_grade_and_merge_refuse_an_out_in_a_missing_directory_before_grading(cli, batch, tiny_path, tmp_path, fmt):
+    out = tmp_path / "missing" / "grades.out"
+    graded = cli("grade", batch / "pass-a", "--stage", "prove-one-layer", "--format", fmt, "--weights", tiny_path,
+                 "--out", out)
+    assert graded.exit_code == 2 and "missing" in graded.stderr and "[1/1]" not in graded.stderr
+    if fmt == "csv":
+        shard = tmp_path / "shard.csv"
+        assert cli("grade", batch / "pass-a", "--stage", "prove-one-layer", "--weights", tiny_path,
+                   "--out", shard).exit_code == 0
+        merged = cli("grade", "merge", shard, "--out", tmp_path / "missing" / "all.csv")
+        assert merged.exit_code == 2 and "missing" in merged.stderr

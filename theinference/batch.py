@@ -281,6 +281,12 @@ class CsvWriter:
         write_csv(self.path, rows + ([[f"{INTERRUPTED_MARK} {mark}"]] if mark else []))
 
 
+def check_output(out: Path) -> None:
+    """Refuse, before any work, an output file whose directory does not exist (its write would fail at the end)."""
+    if not out.parent.is_dir():
+        raise BatchError(f"--out {out}: no directory {out.parent} to write it in")
+
+
 def write_csv(path: Path, rows: list[list[str]]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="", encoding="utf-8") as f:

@@ -14,8 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from typer.core import TyperCommand
 
 from theinference import __version__, interrupt
-from theinference.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, batch_document, first_errors,
-                                grade_batch, graded_with, parse_shard, shard, submissions)
+from theinference.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, batch_document, check_output,
+                                first_errors, grade_batch, graded_with, parse_shard, shard, submissions)
 from theinference.cli_common import config_error, err_console, in_ci, run_options, synth_progress, write_atomic
 from theinference.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
@@ -146,6 +146,7 @@ def grade_command(
         student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
         options = dataclasses.replace(run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
                                                   submission_timeout=submission_timeout), env=student_env)
+        check_output(out)
         subs = submissions(submission_dirs)
         if fmt is BatchFormat.gradescope and len(subs) != 1:
             raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")

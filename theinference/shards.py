@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from theinference.batch import BATCH_SCHEMA, GRADED_WITH_COLUMNS, INTERRUPTED_MARK, BatchError, write_csv
+from theinference.batch import BATCH_SCHEMA, GRADED_WITH_COLUMNS, INTERRUPTED_MARK, BatchError, check_output, write_csv
 
 _WORDS = {"theinference": "theinference version", "weights": "weights", "stage_files": "stage files", "seed": "--seed"}
 _HOW = "merge only shards graded alike: the same theinference, --weights, --stages-dir, --stage and --seed"
@@ -109,6 +109,7 @@ def merge_shards(parts: list[Path], out: Path | None) -> tuple[Path, int]:
     shards = [read_json_shard(p) if formats[p] == "json" else read_csv_shard(p) for p in parts]
     first = shards[0]
     out = _output(first.format, out)
+    check_output(out)
     _check_alike(shards)
     merged: dict[str, object] = {}
     for shard in shards:
