@@ -107,7 +107,7 @@ def check(
 @stages_app.command("new")
 def new(
     stage_id: Annotated[str, typer.Argument(metavar="ID", help="The new stage's id: lowercase words joined by '-'.")],
-    stages_dir: Annotated[Optional[Path], typer.Option("--stages-dir", help="Directory to write the stage into (default: ./stages).")] = None,
+    stages_dir: Annotated[Optional[Path], typer.Option("--stages-dir", metavar="DIR", help="Directory to write the stage into (default: ./stages).")] = None,
 ) -> None:
     """Scaffold a new stage: stage file, oracle file and lesson stub that load as they are, and
     print the adapter to add to the solution's and the starter's tests/adapters.py."""
