@@ -224,3 +224,41 @@ def test_merge_refuses_mixed_formats_other_stages_and_has_its_own_help(cli, batc
     helped = cli("grade", "merge", "--help")
     assert helped.exit_code == 0 and "grade merge" in helped.stdout and "SHARD" in helped.stdout
     assert "SUBMISSION_DIR" not in helped.stdout
+
+
+@pytest.mark.parametrize("text", [
+    '{"schema": "theinference.batch", "stages": 5, "submissions": []}',
+    '{"schema": "theinference.batch", "stages": [1, 2], "submissions": []}',
+    '{"schema": ' + "[" * 100_000 + "]" * 100_000 + "}",
+], ids=["stages-not-a-list", "stages-not-ids", "nested-too-deep"])
+def test_merge_refuses_a_malformed_json_shard_with_a_message(cli, tmp_path, text):
+    shard = tmp_path / "bad.json"
+    shard.write_text(text)
+    result = cli("grade", "merge", shard, "--out", tmp_path / "m.json")
+    assert result.exit_code == 2 and "bad.json" in result.stderr and not (tmp_path / "m.json").exists()
+
+
+def test_csv_cells_never_start_a_spreadsheet_formula(cli, tiny_path, tmp_path):
+    root = tmp_path / "submissions"
+    write_adapters(root / "=HYPERLINK(1)", "raise ValueError('=1+1')\n")
+    out = tmp_path / "grades.csv"
+    assert cli("grade", root / "=HYPERLINK(1)", "--stage", "prove-one-layer", "--out", out,
+               "--weights", tiny_path).exit_code == 0
+    [row] = read_csv(out)
+    assert row["id"] == "'=HYPERLINK(1)" and row["status"] == "fail"
+    assert not any(cell.startswith(("=", "+", "-", "@")) for cell in row.values())
+    assert "=1+1" in row["error"]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json", "gradescope"])
+def test_grade_and_merge_refuse_an_out_in_a_missing_directory_before_grading(cli, batch, tiny_path, tmp_path, fmt):
+    out = tmp_path / "missing" / "grades.out"
+    graded = cli("grade", batch / "pass-a", "--stage", "prove-one-layer", "--format", fmt, "--weights", tiny_path,
+                 "--out", out)
+    assert graded.exit_code == 2 and "missing" in graded.stderr and "[1/1]" not in graded.stderr
+    if fmt == "csv":
+        shard = tmp_path / "shard.csv"
+        assert cli("grade", batch / "pass-a", "--stage", "prove-one-layer", "--weights", tiny_path,
+                   "--out", shard).exit_code == 0
+        merged = cli("grade", "merge", shard, "--out", tmp_path / "missing" / "all.csv")
+        assert merged.exit_code == 2 and "missing" in merged.stderr

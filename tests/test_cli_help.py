@@ -85,3 +85,13 @@ def test_test_help_names_every_exit_code(cli):
     for code, meaning in ((EXIT_OK, "every selected stage passed"), (EXIT_FAIL, "some stage failed"),
                           (EXIT_CONFIG, "usage or configuration error"), (EXIT_INTERNAL, "internal error")):
         assert f"{code} {meaning}" in codes
+
+
+@pytest.mark.parametrize("path", list(COMMANDS), ids=lambda p: " ".join(p) or "root")
+def test_every_option_names_its_value_as_the_project_does(cli, path):
+    """Not typer's name for the type (PATH, TEXT, FLOAT): an explicit metavar, or the choices in brackets."""
+    text = cli(*path, "--help").stdout
+    for param in COMMANDS[path].params:
+        if isinstance(param, typer.core.TyperOption) and not param.is_flag and not param.metavar:
+            [row] = [line for line in text.splitlines() if re.match(rf"[│\s*]*{re.escape(param.opts[0])}(\s|$)", line)]
+            assert row.split(param.opts[0], 1)[1].strip().startswith("["), f"{path}: {param.opts[0]}: {row}"

@@ -112,3 +112,15 @@ def test_progress_written_before_weights_were_recorded_still_reads(cli, solution
     [row] = [line for line in listing.stdout.splitlines() if line.split() and line.split()[0] == ALL_STAGES[0]]
     assert "pass" in row and "weights" not in row
     assert "◀ next" in [line for line in listing.stdout.splitlines() if line.split() and line.split()[0] == ALL_STAGES[1]][0]
+
+
+def test_stages_list_shows_a_hostile_progress_entry_as_text(cli, solution_course):
+    progress = solution_course / ".theinference" / "progress.json"
+    progress.parent.mkdir()
+    entry = {"status": "pass\x1b[2J", "at": 5, "weights": "[bold]tiny[/bold]\x1b]0;title\x07", "timeout": "soon"}
+    huge = {"status": "pass", "timeout": 10**400}  # JSON's integers have no limit; a float's do
+    progress.write_text(json.dumps({"format_version": 1, "stages": {ALL_STAGES[0]: entry, ALL_STAGES[1]: huge}}))
+    listing = cli("stages", "list", "--course", solution_course)
+    assert listing.exit_code == 0
+    assert "\x1b" not in listing.stdout and "\x07" not in listing.stdout
+    assert "[bold]tiny[/bold]" in listing.stdout

@@ -107,9 +107,7 @@ def test(
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
-    Exit codes: 0 every selected stage passed; 1 some stage failed (including errors, timeouts,
-    crashes and stages not started); 2 usage or configuration error (unknown stage, no adapters
-    file, unreadable weights, invalid stage file); 3 internal error: a bug in the grader, please report it.
+    Exit codes: 0 every selected stage passed; 1 some stage failed (including errors, timeouts, crashes and stages not started); 2 usage or configuration error (unknown stage, no adapters file, unreadable weights, invalid stage file); 3 internal error: a bug in the grader, please report it.
     """
     # Results that count as grades come from the instructor's inputs only (see the README's threat model).
     untrusted = untrusted or in_ci() or fmt is Format.gradescope

@@ -15,8 +15,8 @@ from typer.core import TyperCommand
 
 from theinference import __version__
 from theinference.proc import interrupt
-from theinference.grading.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, first_errors,
-                                        grade_batch, graded_with, parse_shard, shard, submissions)
+from theinference.grading.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, check_output,
+                                        first_errors, grade_batch, graded_with, parse_shard, shard, submissions)
 from theinference.cli.common import err_console, in_ci, run_options, synth_progress, write_atomic
 from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
@@ -145,6 +145,7 @@ def grade_command(
     student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
     options = run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
                           submission_timeout=submission_timeout, env=student_env)
+    check_output(out)
     subs = submissions(submission_dirs)
     if fmt is BatchFormat.gradescope and len(subs) != 1:
         raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markdown import Markdown
 from rich.table import Table
+from rich.text import Text
 
 from theinference.grading.check import check_course
 from theinference.cli.common import EXIT_FAIL, ItemProgress, config_error, console_for, synth_progress
@@ -16,6 +17,7 @@ from theinference.grading.grade import OracleCache
 from theinference.grading.oracle_store import default_store
 from theinference.grading.progress import describe_entry, load_progress, next_stage
 from theinference.report.check import render_check
+from theinference.untrusted import for_terminal
 from theinference.bundled import data_dir
 from theinference.grading.scaffold import adapter_snippets, scaffold_stage
 from theinference.grading.session import select_stages
@@ -43,7 +45,8 @@ def list_stages(
     for s in stages:
         status = describe_entry(progress[s.id]) if s.id in progress else "not graded"
         marker = " ◀ next" if upcoming is not None and s.id == upcoming.id else ""
-        table.add_row(s.id, status + marker, s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
+        # progress.json is the course's file: its text is shown as text, never as markup or escape sequences
+        table.add_row(s.id, Text(for_terminal(status) + marker), s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
     console_for(sys.stdout).print(table)
 
 

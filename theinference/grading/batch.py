@@ -216,6 +216,14 @@ def first_errors(result: SubmissionResult) -> str:
     return " | ".join(f"{', '.join(ids)}: {message}" for message, ids in stages_by_message.items())
 
 
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what makes Excel or Sheets read a cell as a formula
+
+
+def spreadsheet_text(text: str) -> str:
+    """text as a spreadsheet shows it, never runs it: a leading = + - @ (tab, CR) gets a quote before it."""
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
 def csv_header(stages: list[StageSpec]) -> list[str]:
     columns = ["id", "status", "points", "max_points"]
     for stage in stages:
@@ -226,11 +234,11 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
 def csv_row(result: SubmissionResult, stages: list[StageSpec], graded: GradedWith) -> list[str]:
     by_id = {s.id: s for s in result.run.stages} if result.run else {}
     earned, possible = result.points(stages)
-    row = [result.id, result.status, f"{earned:g}", f"{possible:g}"]
+    row = [spreadsheet_text(result.id), result.status, f"{earned:g}", f"{possible:g}"]  # the id: a directory's name
     for stage in stages:
         found = by_id.get(stage.id)
         row += [found.status, f"{found.points:g}"] if found else ["error", "0"]
-    return row + [f"{result.seconds:.2f}", *graded.cells(), first_errors(result)]
+    return row + [f"{result.seconds:.2f}", *graded.cells(), spreadsheet_text(first_errors(result))]
 
 
 class CsvWriter:
@@ -252,6 +260,12 @@ class CsvWriter:
         self.file.close()
         rows = [csv_header(self.stages), *(csv_row(r, self.stages, self.graded) for r in results)]
         write_csv(self.path, rows + ([[f"{INTERRUPTED_MARK} {mark}"]] if mark else []))
+
+
+def check_output(out: Path) -> None:
+    """Refuse, before any work, an output file whose directory does not exist (its write would fail at the end)."""
+    if not out.parent.is_dir():
+        raise BatchError(f"--out {out}: no directory {out.parent} to write it in")
 
 
 def write_csv(path: Path, rows: list[list[str]]) -> None:

@@ -6,7 +6,7 @@ from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
-from theinference.grading.batch import BATCH_SCHEMA, GRADED_WITH_COLUMNS, INTERRUPTED_MARK, BatchError, write_csv
+from theinference.grading.batch import BATCH_SCHEMA, GRADED_WITH_COLUMNS, INTERRUPTED_MARK, BatchError, check_output, write_csv
 
 _WORDS = {"theinference": "theinference version", "weights": "weights", "stage_files": "stage files", "seed": "--seed"}
 _HOW = "merge only shards graded alike: the same theinference, --weights, --stages-dir, --stage and --seed"
@@ -57,7 +57,7 @@ def read_json_shard(path: Path) -> Shard:
     """A batch JSON document that `grade --format json` wrote; an interrupted one is refused."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise BatchError(f"{path}: not a JSON document: {e}") from None
     if not isinstance(doc, dict) or doc.get("schema") != BATCH_SCHEMA:
         raise BatchError(f"{path}: not the output of `theinference grade --format json` (schema {BATCH_SCHEMA!r})")
@@ -68,8 +68,11 @@ def read_json_shard(path: Path) -> Shard:
     subs = doc.get("submissions")
     if not isinstance(subs, list) or not all(isinstance(s, dict) and isinstance(s.get("id"), str) for s in subs):
         raise BatchError(f"{path}: 'submissions' is not a list of submissions with an 'id'")
+    stages = doc.get("stages", [])
+    if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
+        raise BatchError(f"{path}: 'stages' is not a list of stage ids")
     entries = [(s["id"], graded, s) for s in subs]
-    return Shard(path, "json", list(doc.get("stages", [])), entries, {**doc, "submissions": []})
+    return Shard(path, "json", stages, entries, {**doc, "submissions": []})
 
 
 def _check_alike(shards: list[Shard]) -> None:
@@ -107,6 +110,7 @@ def merge_shards(parts: list[Path], out: Path | None) -> tuple[Path, int]:
     shards = [read_json_shard(p) if formats[p] == "json" else read_csv_shard(p) for p in parts]
     first = shards[0]
     out = _output(first.format, out)
+    check_output(out)
     _check_alike(shards)
     merged: dict[str, Any] = {}
     for shard in shards:
