@@ -25,8 +25,24 @@ from theinference.model.synth import write_synthetic
 
 def timed_grade(subs: list[Path], weights: Path, jobs: int, out: Path, env: dict | None = None) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "theinference", "grade", *map(str, subs), "--weights", str(weights),
-                    "--jobs", str(jobs), "--out", str(out)], check=True, capture_output=True, env={**os.environ, **(env or {})})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "theinference",
+            "grade",
+            *map(str, subs),
+            "--weights",
+            str(weights),
+            "--jobs",
+            str(jobs),
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+    )
     return time.perf_counter() - start
 
 

@@ -28,7 +28,7 @@ from theinference.grading.stages import load_stages
 from theinference.model.synth import write_synthetic
 from theinference.model.weights import load_model
 
-_RECOMPUTE = '''
+_RECOMPUTE = """
 import functools
 import theinference
 from src.gpt2 import generate, load_weights
@@ -42,7 +42,7 @@ def _model():
 def run_greedy(prompt_ids, n_new):
     params, n_head = _model()
     return generate(params, prompt_ids, n_new, n_head)
-'''
+"""
 
 
 def subjects(work: Path) -> list[tuple[str, Path, bool]]:
@@ -94,8 +94,10 @@ def main() -> None:
         for shape in args.shapes.split(","):
             write_synthetic(work / shape, preset=shape, seed=0)
             model = load_model(work / shape / "model.safetensors")
-            print(f"{shape}: lengths {list(stage.scaling.lengths)}, repeats {stage.scaling.repeats}, "
-                  f"max_ratio {stage.scaling.max_ratio:g}")
+            print(
+                f"{shape}: lengths {list(stage.scaling.lengths)}, repeats {stage.scaling.repeats}, "
+                f"max_ratio {stage.scaling.max_ratio:g}"
+            )
             print(f"  {'subject':<26} {'ratio':>7} {'margin':>7}  verdict")
             for name, course, must_pass in found:
                 ctx = GradeContext(course=load_course(course), model=model, launcher=SubprocessLauncher())

@@ -61,11 +61,25 @@ def precision(weights: Path, label: str, jobs: int) -> list[str]:
 def _failing_result(stage, model, cache, output_of) -> StageResult:
     """A graded stage whose student output for each case is output_of(case), as grade() builds it."""
     spec = resolve_oracle(stage.oracle, stage.source)
-    cases = [_case_result(stage, case, CallOutcome(status="ok", value=output_of(case)), _Ctx(model, cache), spec)
-             for case in stage.cases]
-    return StageResult(id=stage.id, title=stage.title, status="fail", cases=cases, points=0, max_points=stage.points,
-                       adapter=stage.adapter, adapters_file="", lesson="", atol=stage.atol, rtol=stage.rtol,
-                       compare=stage.compare, cross_case=cross_case_diagnosis(stage, cases))
+    cases = [
+        _case_result(stage, case, CallOutcome(status="ok", value=output_of(case)), _Ctx(model, cache), spec)
+        for case in stage.cases
+    ]
+    return StageResult(
+        id=stage.id,
+        title=stage.title,
+        status="fail",
+        cases=cases,
+        points=0,
+        max_points=stage.points,
+        adapter=stage.adapter,
+        adapters_file="",
+        lesson="",
+        atol=stage.atol,
+        rtol=stage.rtol,
+        compare=stage.compare,
+        cross_case=cross_case_diagnosis(stage, cases),
+    )
 
 
 class _Ctx:
@@ -86,8 +100,12 @@ def cost(weights: Path) -> None:
         oracle_s = time.perf_counter() - start
         bug = BUILTIN_BUGS["missing-scale"]
         known = _failing_result(stage, model, cache, lambda c: bug_output(bug, spec, stage.oracle, model, c.inputs))
-        unknown = _failing_result(stage, model, cache, lambda c: (lambda e: e + 0.1 * rng.standard_normal(e.shape))(
-            cache.get(model, stage, spec, c)))
+        unknown = _failing_result(
+            stage,
+            model,
+            cache,
+            lambda c: (lambda e: e + 0.1 * rng.standard_normal(e.shape))(cache.get(model, stage, spec, c)),
+        )
         times = []
         for result in (known, unknown):
             fresh = OracleCache(entries={k: v for k, v in cache.entries.items() if "bug" not in k})
@@ -95,9 +113,11 @@ def cost(weights: Path) -> None:
             fingerprint_stage(stage, result, model, fresh)
             times.append(time.perf_counter() - start)
         named = (known.diagnosis.bug if known.diagnosis else "") or "-"
-        print(f"  {stage.id:22} oracle {oracle_s:6.2f} s · fingerprint, known bug ({named}): {times[0]:6.2f} s "
-              f"= {times[0] / oracle_s:4.1f}x · unknown bug: {times[1]:6.2f} s = {times[1] / oracle_s:4.1f}x   (target <= 5x)",
-              flush=True)
+        print(
+            f"  {stage.id:22} oracle {oracle_s:6.2f} s · fingerprint, known bug ({named}): {times[0]:6.2f} s "
+            f"= {times[0] / oracle_s:4.1f}x · unknown bug: {times[1]:6.2f} s = {times[1] / oracle_s:4.1f}x   (target <= 5x)",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -122,9 +142,11 @@ def main() -> None:
             verdicts += precision(gpt2 / "model.safetensors", "gpt2", args.jobs)
         shown = [v for v in verdicts if v != "passes"]
         exact, wrong = shown.count("exact"), shown.count("wrong")
-        print(f"named exactly: {exact} of {len(shown)} failing mutant × stage ({100 * exact / max(1, len(shown)):.1f}%, "
-              f"target >= 95%); wrong claims stated as fact: {wrong} (target 0); "
-              f"unnamed: {shown.count('unnamed')}; invisible at tolerance: {verdicts.count('passes')}")
+        print(
+            f"named exactly: {exact} of {len(shown)} failing mutant × stage ({100 * exact / max(1, len(shown)):.1f}%, "
+            f"target >= 95%); wrong claims stated as fact: {wrong} (target 0); "
+            f"unnamed: {shown.count('unnamed')}; invisible at tolerance: {verdicts.count('passes')}"
+        )
         print("fingerprint cost on the gpt2 shape:")
         cost(gpt2 / "model.safetensors")
 

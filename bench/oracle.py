@@ -73,8 +73,9 @@ print(json.dumps({"status": run.stages[0].status, "maxrss_kb": resource.getrusag
 def grader_peak_memory(weights: Path) -> dict:
     """Grade per-step-identity in a fresh process; its own peak RSS (children excluded)."""
     course = data_dir("course") / "solution"
-    out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, str(course), str(weights)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PROBE, str(course), str(weights)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -124,8 +125,10 @@ def main() -> None:
         memory = grader_peak_memory(path)
         size = path.stat().st_size
         peak = memory["maxrss_kb"] * 1024
-        print(f"grader peak RSS grading per-step-identity ({memory['status']}): {peak / 1e6:.0f} MB; "
-              f"weights file {size / 1e6:.0f} MB; ratio {peak / size:.2f}   (target <= 1.3)")
+        print(
+            f"grader peak RSS grading per-step-identity ({memory['status']}): {peak / 1e6:.0f} MB; "
+            f"weights file {size / 1e6:.0f} MB; ratio {peak / size:.2f}   (target <= 1.3)"
+        )
         verify, forward, recompute = time_greedy(path)
         print(f"greedy stage, grader time verifying the tokens: {verify * 1e3:8.1f} ms (all cases)")
         print(f"one forward over prompt + n_new per case:       {forward * 1e3:8.1f} ms")

@@ -46,6 +46,7 @@ def measure_child(out: str, argv: list[str]) -> None:
                 return fn(*args)
             finally:
                 totals["callbacks"] += time.perf_counter() - start
+
         return call
 
     def run_adapter(job):
@@ -66,11 +67,26 @@ def measure_child(out: str, argv: list[str]) -> None:
 def timed_run(course: Path, weights: Path, cache: Path, out: Path) -> dict:
     # Bytecode is written, as an installed package has it: a run should not pay for compiling the grader.
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "THEINFERENCE_CACHE": str(cache)}
-    args = ["test", "--all", "--course", str(course), "--weights", str(weights), "--format", "json", "--output",
-            str(out.with_suffix(".results.json"))]
+    args = [
+        "test",
+        "--all",
+        "--course",
+        str(course),
+        "--weights",
+        str(weights),
+        "--format",
+        "json",
+        "--output",
+        str(out.with_suffix(".results.json")),
+    ]
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, __file__, "--child", str(out), "--", *args], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", str(out), "--", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         sys.exit(f"theinference test exited {done.returncode}:\n{done.stderr}")

@@ -24,8 +24,15 @@ ADAPTER = "import numpy as np\n\ndef run_layer_equiv(seq_ids):\n    return np.ze
 
 def measure(launcher, course: Path, weights: Path, runs: int) -> list[float]:
     """Wall seconds of one student process (start, import, one call, exit, reap), `runs` times."""
-    job = AdapterJob(course_root=course, adapters=course / "tests" / "adapters.py", names=("run_layer_equiv",),
-                     calls=((1,),), weights=weights, timeout=60, launcher=launcher)
+    job = AdapterJob(
+        course_root=course,
+        adapters=course / "tests" / "adapters.py",
+        names=("run_layer_equiv",),
+        calls=((1,),),
+        weights=weights,
+        timeout=60,
+        launcher=launcher,
+    )
     run_adapter(job)  # warm up (the zygote starts, files are cached)
     samples = []
     for _ in range(runs):
@@ -50,15 +57,20 @@ def main() -> None:
         launchers = {"zygote (fork)": ZygoteLauncher(), "fresh interpreter": SubprocessLauncher()}
         if isolation.level == "sandbox":
             launchers["sandbox (bwrap)"] = SubprocessLauncher(isolation)
-        results = {name: statistics.median(measure(launcher, course, weights, args.runs)) for name, launcher in launchers.items()}
+        results = {
+            name: statistics.median(measure(launcher, course, weights, args.runs))
+            for name, launcher in launchers.items()
+        }
         for name, median in results.items():
             print(f"{name:18s} median {median * 1000:7.1f} ms per student process")
         base, fresh = results["zygote (fork)"], results["fresh interpreter"]
         print(f"fresh interpreter / zygote: {fresh / base:.2f}x")
         if "sandbox (bwrap)" in results:
             sandboxed = results["sandbox (bwrap)"]
-            print(f"sandbox / zygote: {sandboxed / base:.2f}x · sandbox / fresh interpreter: {sandboxed / fresh:.2f}x "
-                  f"(+{(sandboxed - fresh) * 1000:.0f} ms per process)")
+            print(
+                f"sandbox / zygote: {sandboxed / base:.2f}x · sandbox / fresh interpreter: {sandboxed / fresh:.2f}x "
+                f"(+{(sandboxed - fresh) * 1000:.0f} ms per process)"
+            )
         else:
             print(f"no sandbox here: {isolation.summary}")
 

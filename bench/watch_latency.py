@@ -81,8 +81,12 @@ def measure(course: Path, weights: Path, launcher, saves: int, pause: float) -> 
 
 def cold_run(course: Path, weights: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "theinference", "test", "--stage", STAGE, "--weights", str(weights)],
-                   cwd=course, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "theinference", "test", "--stage", STAGE, "--weights", str(weights)],
+        cwd=course,
+        check=True,
+        capture_output=True,
+    )
     return time.perf_counter() - start
 
 
@@ -90,9 +94,11 @@ def summarize(name: str, samples: list[tuple[float, float]]) -> None:
     overhead = sorted((lat - adapter) * 1e3 for lat, adapter in samples)
     latency = sorted(lat * 1e3 for lat, _ in samples)
     p90 = overhead[min(len(overhead) - 1, int(0.9 * len(overhead)))]
-    print(f"{name:<22} latency median {statistics.median(latency):7.1f} ms · adapter median "
-          f"{statistics.median(a * 1e3 for _, a in samples):6.1f} ms · overhead median {statistics.median(overhead):7.1f} ms, "
-          f"p90 {p90:7.1f} ms   (target median <= 150 ms)")
+    print(
+        f"{name:<22} latency median {statistics.median(latency):7.1f} ms · adapter median "
+        f"{statistics.median(a * 1e3 for _, a in samples):6.1f} ms · overhead median {statistics.median(overhead):7.1f} ms, "
+        f"p90 {p90:7.1f} ms   (target median <= 150 ms)"
+    )
 
 
 def main() -> None:

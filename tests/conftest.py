@@ -77,9 +77,13 @@ def write_quick_scaling_stage(directory: Path) -> Path:
     threshold 1.5): a recompute costs seconds on tiny weights, not half a minute."""
     text = (data_dir("stages") / "cache-scaling.toml").read_text()
     lesson = data_dir("course") / "lessons" / "cache-scaling.md"
-    for old, new in (('id = "cache-scaling"', 'id = "quick-scaling"'), ("lengths = [8, 224]", "lengths = [4, 96]"),
-                     ('lesson = "../course/lessons/cache-scaling.md"', f"lesson = {str(lesson)!r}"),
-                     ("repeats = 3", "repeats = 2"), ("max_ratio = 2.0", "max_ratio = 1.5")):
+    for old, new in (
+        ('id = "cache-scaling"', 'id = "quick-scaling"'),
+        ("lengths = [8, 224]", "lengths = [4, 96]"),
+        ('lesson = "../course/lessons/cache-scaling.md"', f"lesson = {str(lesson)!r}"),
+        ("repeats = 3", "repeats = 2"),
+        ("max_ratio = 2.0", "max_ratio = 1.5"),
+    ):
         assert old in text, old
         text = text.replace(old, new)
     directory.mkdir(parents=True, exist_ok=True)

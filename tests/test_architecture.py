@@ -76,17 +76,20 @@ def test_no_module_imports_a_higher_layer():
     assert violations(PACKAGE_ROOT, "theinference") == []
 
 
-@pytest.mark.parametrize("importer, line, bad", [
-    ("model/gpt2.py", "from pkg.grading import stages\n", True),
-    ("proc/runner.py", "import pkg.report.terminal\n", True),
-    ("grading/grade.py", "def f():\n    from pkg.cli import app\n", True),
-    ("report/terminal.py", "from pkg import cli\n", True),
-    ("proc/runner.py", "from ..grading import stages\n", True),
-    ("model/__init__.py", "from .. import report\n", True),
-    ("bundled.py", "from pkg.model import gpt2\n", True),
-    ("grading/grade.py", "from pkg.model import gpt2\n", False),
-    ("cli/app.py", "from pkg.report import terminal\n", False),
-])
+@pytest.mark.parametrize(
+    "importer, line, bad",
+    [
+        ("model/gpt2.py", "from pkg.grading import stages\n", True),
+        ("proc/runner.py", "import pkg.report.terminal\n", True),
+        ("grading/grade.py", "def f():\n    from pkg.cli import app\n", True),
+        ("report/terminal.py", "from pkg import cli\n", True),
+        ("proc/runner.py", "from ..grading import stages\n", True),
+        ("model/__init__.py", "from .. import report\n", True),
+        ("bundled.py", "from pkg.model import gpt2\n", True),
+        ("grading/grade.py", "from pkg.model import gpt2\n", False),
+        ("cli/app.py", "from pkg.report import terminal\n", False),
+    ],
+)
 def test_the_checker_finds_a_higher_layer_import(tmp_path, importer, line, bad):
     """The checker itself: a synthetic package with one import, upward or downward."""
     root = tmp_path / "pkg"
@@ -95,7 +98,14 @@ def test_the_checker_finds_a_higher_layer_import(tmp_path, importer, line, bad):
             (root / sub).mkdir(parents=True)
             (root / sub / "__init__.py").write_text("")
     (root / "__init__.py").write_text("")
-    for name in ("model/gpt2.py", "grading/stages.py", "grading/grade.py", "report/terminal.py", "proc/runner.py", "cli/app.py"):
+    for name in (
+        "model/gpt2.py",
+        "grading/stages.py",
+        "grading/grade.py",
+        "report/terminal.py",
+        "proc/runner.py",
+        "cli/app.py",
+    ):
         (root / name).write_text("")
     (root / "bundled.py").write_text("")
     (root / importer).write_text(line)
@@ -104,8 +114,10 @@ def test_the_checker_finds_a_higher_layer_import(tmp_path, importer, line, bad):
 
 def test_the_sandbox_stub_holds_everything_the_student_side_imports():
     """The worker side runs from a copy of a few files: they import only the stdlib and each other."""
-    stub = {f"theinference.{Path(f).with_suffix('').as_posix().replace('/', '.')}".removesuffix(".__init__")
-            for f in sandbox.STUB_FILES}
+    stub = {
+        f"theinference.{Path(f).with_suffix('').as_posix().replace('/', '.')}".removesuffix(".__init__")
+        for f in sandbox.STUB_FILES
+    }
     found = modules(PACKAGE_ROOT, "theinference")
     for name in stub:
         tree = ast.parse(found[name].read_text())

@@ -64,7 +64,9 @@ def run_autograder(root: Path, submission: Path, path: str = BIN) -> dict:
     shutil.rmtree(root / "submission", ignore_errors=True)
     shutil.copytree(submission, root / "submission")
     env = {**os.environ, "AUTOGRADER_ROOT": str(root), "PATH": f"{path}:{os.environ['PATH']}"}
-    done = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return json.loads((root / "results" / "results.json").read_text())
 
@@ -99,11 +101,23 @@ def test_correct_submission_uploaded_in_a_folder_gets_every_point(cli, tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("source, words", [(SYNTAX, "syntax error in"), (HANG, "timed out after 0.5 s")],
-                         ids=["syntax-error", "hang"])
+@pytest.mark.parametrize(
+    "source, words", [(SYNTAX, "syntax error in"), (HANG, "timed out after 0.5 s")], ids=["syntax-error", "hang"]
+)
 def test_broken_submission_gets_zero_points_and_says_why(cli, tmp_path, wheel, tiny_path, course_stages, source, words):
-    root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--stages-dir", course_stages, "--stage", "quick-layer",
-                 "--timeout", "0.5")
+    root = build(
+        cli,
+        tmp_path,
+        wheel,
+        "--weights",
+        tiny_path,
+        "--stages-dir",
+        course_stages,
+        "--stage",
+        "quick-layer",
+        "--timeout",
+        "0.5",
+    )
     write_adapters(tmp_path / "broken", source)
     doc = run_autograder(root, tmp_path / "broken")
     assert_gradescope(doc)
@@ -120,10 +134,14 @@ def test_empty_submission_is_graded_zero_with_the_reason(bundle, tmp_path):
     assert doc["max_score"] == sum(t["max_score"] for t in doc["tests"]) > 0
 
 
-@pytest.mark.parametrize("script, budget, words", [
-    ("echo 'Traceback: a grader bug' >&2; exit 3", "60", "exited with status 3"),
-    ("exec sleep 30", "1", "stopped after 1 s"),
-], ids=["grader-crash", "grader-hang"])
+@pytest.mark.parametrize(
+    "script, budget, words",
+    [
+        ("echo 'Traceback: a grader bug' >&2; exit 3", "60", "exited with status 3"),
+        ("exec sleep 30", "1", "stopped after 1 s"),
+    ],
+    ids=["grader-crash", "grader-hang"],
+)
 @pytest.mark.slow
 def test_grader_that_crashes_or_hangs_still_leaves_results(cli, tmp_path, wheel, tiny_path, script, budget, words):
     root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--time-budget", budget)
@@ -141,13 +159,13 @@ STUBS = {
     # apt-get and the interpreter are stubbed: each records its command line; `python3 -m venv DIR`
     # makes DIR/bin/python and DIR/bin/theinference, which record theirs.
     "apt-get": 'echo "apt-get $*" >> "$LOG"',
-    "python3": '''case "$*" in
+    "python3": """case "$*" in
   "-c "*) exit 0 ;;
   "-m venv "*) mkdir -p "$3/bin"
     for tool in python theinference; do
       printf '#!/bin/sh\\necho "%s $*" >> "$LOG"\\n' "$tool" > "$3/bin/$tool"; chmod +x "$3/bin/$tool"
     done ;;
-esac''',
+esac""",
 }
 
 
@@ -194,12 +212,15 @@ def test_large_weights_warn(cli, tmp_path, wheel, tiny_path, monkeypatch):
     assert result.exit_code == 0 and "MB of weights" in result.stderr and "--preset" in result.stderr
 
 
-@pytest.mark.parametrize("options, words", [
-    (["--wheel", "{tmp}/other-1.0-py3-none-any.whl"], "not a theinference wheel"),
-    (["--stage", "no-such-stage"], "unknown stage 'no-such-stage'"),
-    (["--weights", "{tmp}/missing.safetensors"], "no such weights file"),
-    (["--cases-seed", "soon"], "--cases-seed takes an integer"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (["--wheel", "{tmp}/other-1.0-py3-none-any.whl"], "not a theinference wheel"),
+        (["--stage", "no-such-stage"], "unknown stage 'no-such-stage'"),
+        (["--weights", "{tmp}/missing.safetensors"], "no such weights file"),
+        (["--cases-seed", "soon"], "--cases-seed takes an integer"),
+    ],
+)
 def test_bad_settings_are_usage_errors_before_anything_is_written(cli, tmp_path, wheel, options, words):
     (tmp_path / "other-1.0-py3-none-any.whl").write_bytes(b"")
     options = [o.replace("{tmp}", str(tmp_path)) for o in options]
@@ -220,8 +241,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (REPO / "pyproject.toml").is_file() or importlib.util.find_spec("hatchling") is None,
-                    reason="building the wheel offline needs the source checkout and hatchling installed")
+@pytest.mark.skipif(
+    not (REPO / "pyproject.toml").is_file() or importlib.util.find_spec("hatchling") is None,
+    reason="building the wheel offline needs the source checkout and hatchling installed",
+)
 def test_wheel_built_from_the_source_tree_carries_stages_and_scripts(tmp_path, monkeypatch):
     monkeypatch.setattr(autograder, "source_tree", lambda: REPO)
     built = autograder.build_wheel(tmp_path)
@@ -231,8 +254,17 @@ def test_wheel_built_from_the_source_tree_carries_stages_and_scripts(tmp_path, m
 
 
 def test_grade_gradescope_format_takes_one_submission(cli, tmp_path, tiny_path):
-    result = cli("grade", tmp_path / "a", tmp_path / "b", "--format", "gradescope", "--weights", tiny_path,
-                 "--out", tmp_path / "r.json")
+    result = cli(
+        "grade",
+        tmp_path / "a",
+        tmp_path / "b",
+        "--format",
+        "gradescope",
+        "--weights",
+        tiny_path,
+        "--out",
+        tmp_path / "r.json",
+    )
     assert result.exit_code == 2 and "exactly one submission" in result.stderr
 
 
@@ -260,16 +292,33 @@ def run_step(step: dict, repo: Path, env: dict, shard: int = 1) -> subprocess.Co
 
 
 @pytest.mark.slow
-def test_github_workflow_grades_the_roster_in_shards_and_merges_them(cli, tmp_path, wheel, tiny_dir, course_stages,
-                                                                    monkeypatch):
+def test_github_workflow_grades_the_roster_in_shards_and_merges_them(
+    cli, tmp_path, wheel, tiny_dir, course_stages, monkeypatch
+):
     yaml = pytest.importorskip("yaml")
     repo = tmp_path / "class"
     shutil.copytree(course_stages, repo / "stages")
     shutil.copytree(tiny_dir, repo / "weights-tiny")
     (repo / "submissions.txt").write_text("# the class\nowner/alice\n\nowner/bob extra-column\nowner/gone\n")
     monkeypatch.chdir(repo)
-    result = cli("autograder", "github", "--out", ".github/workflows/grade.yml", "--shards", "2", "--wheel", wheel,
-                 "--weights", "weights-tiny", "--stages-dir", "stages", "--stage", "quick-layer", "--cases-seed", "random")
+    result = cli(
+        "autograder",
+        "github",
+        "--out",
+        ".github/workflows/grade.yml",
+        "--shards",
+        "2",
+        "--wheel",
+        wheel,
+        "--weights",
+        "weights-tiny",
+        "--stages-dir",
+        "stages",
+        "--stage",
+        "quick-layer",
+        "--cases-seed",
+        "random",
+    )
     assert result.exit_code == 0, result.output
     text = (repo / ".github/workflows/grade.yml").read_text()
     assert "@" + "SHARDS@" not in text and "@" + "GRADE_ARGS@" not in text
@@ -277,8 +326,11 @@ def test_github_workflow_grades_the_roster_in_shards_and_merges_them(cli, tmp_pa
     assert doc["jobs"]["grade"]["strategy"]["matrix"]["shard"] == [1, 2]
     assert doc["jobs"]["merge"]["needs"] == "grade"
     grade, merge = workflow_steps(doc, "grade"), workflow_steps(doc, "merge")
-    installed = (repo / ".github/theinference" / wheel.name)
-    assert installed.is_file() and f"pip install .github/theinference/{wheel.name}" in grade["Install theinference and bubblewrap"]["run"]
+    installed = repo / ".github/theinference" / wheel.name
+    assert (
+        installed.is_file()
+        and f"pip install .github/theinference/{wheel.name}" in grade["Install theinference and bubblewrap"]["run"]
+    )
     assert "bubblewrap" in grade["Install theinference and bubblewrap"]["run"]
     assert "--seed '${{ github.run_id }}'" in grade["Grade shard ${{ matrix.shard }} of 2"]["run"]  # one seed per run
     secrets = [name for name, step in grade.items() if "secrets." in json.dumps(step)]
@@ -304,7 +356,10 @@ def test_github_workflow_grades_the_roster_in_shards_and_merges_them(cli, tmp_pa
     run_step(next(step for step in merge.values() if "grade merge" in step.get("run", "")), repo, env)
     rows = {r["id"]: r for r in csv.DictReader((repo / "grades.csv").open())}
     assert {k: (r["status"], r["quick-layer.status"]) for k, r in rows.items()} == {
-        "alice": ("pass", "pass"), "bob": ("fail", "error"), "gone": ("error", "error")}
+        "alice": ("pass", "pass"),
+        "bob": ("fail", "error"),
+        "gone": ("error", "error"),
+    }
 
 
 def test_github_refuses_files_outside_the_repository(cli, tmp_path, wheel, course_stages, monkeypatch):

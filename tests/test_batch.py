@@ -36,15 +36,35 @@ def batch(tmp_path):
 def test_batch_of_six_records_every_outcome_and_goes_on(cli, batch, tiny_path, tmp_path):
     out = tmp_path / "grades.csv"
     started = time.monotonic()
-    result = cli("grade", *sorted(batch.iterdir()), "--stage", "prove-one-layer", "--weights", tiny_path,
-                 "--timeout", "2", "--memory-limit", "1024", "--jobs", "2", "--out", out)
+    result = cli(
+        "grade",
+        *sorted(batch.iterdir()),
+        "--stage",
+        "prove-one-layer",
+        "--weights",
+        tiny_path,
+        "--timeout",
+        "2",
+        "--memory-limit",
+        "1024",
+        "--jobs",
+        "2",
+        "--out",
+        out,
+    )
     elapsed = time.monotonic() - started
     assert result.exit_code == 0, result.stderr
     rows = {r["id"]: r for r in read_csv(out)}
     assert list(rows) == sorted(rows) and len(rows) == 6
     status = {k: r["prove-one-layer.status"] for k, r in rows.items()}
-    assert status == {"crash": "crash", "hang": "timeout", "memory-hog": "error", "pass-a": "pass", "pass-b": "pass",
-                      "syntax": "error"}
+    assert status == {
+        "crash": "crash",
+        "hang": "timeout",
+        "memory-hog": "error",
+        "pass-a": "pass",
+        "pass-b": "pass",
+        "syntax": "error",
+    }
     assert rows["pass-a"]["points"] == "10" and rows["hang"]["points"] == "0"
     # Four cases time out at 2 s each for the hanging submission; the others run alongside.
     assert elapsed < 4 * 2 + 15
@@ -53,8 +73,20 @@ def test_batch_of_six_records_every_outcome_and_goes_on(cli, batch, tiny_path, t
 
 def test_memory_hog_gets_a_clear_message(cli, batch, tiny_path, tmp_path):
     out = tmp_path / "grades.json"
-    cli("grade", batch / "memory-hog", "--stage", "prove-one-layer", "--weights", tiny_path, "--memory-limit", "1024",
-        "--format", "json", "--out", out)
+    cli(
+        "grade",
+        batch / "memory-hog",
+        "--stage",
+        "prove-one-layer",
+        "--weights",
+        tiny_path,
+        "--memory-limit",
+        "1024",
+        "--format",
+        "json",
+        "--out",
+        out,
+    )
     doc = json.loads(out.read_text())
     case = doc["submissions"][0]["results"]["stages"][0]["cases"][0]
     assert case["status"] == "error" and case["message"].startswith("out of memory")
@@ -63,7 +95,17 @@ def test_memory_hog_gets_a_clear_message(cli, batch, tiny_path, tmp_path):
 def test_unloadable_submission_is_a_row_not_an_abort(cli, batch, tiny_path, tmp_path):
     (tmp_path / "empty").mkdir()
     out = tmp_path / "grades.csv"
-    result = cli("grade", tmp_path / "empty", batch / "pass-a", "--stage", "prove-one-layer", "--weights", tiny_path, "--out", out)
+    result = cli(
+        "grade",
+        tmp_path / "empty",
+        batch / "pass-a",
+        "--stage",
+        "prove-one-layer",
+        "--weights",
+        tiny_path,
+        "--out",
+        out,
+    )
     rows = {r["id"]: r for r in read_csv(out)}
     assert result.exit_code == 0
     assert rows["empty"]["status"] == "error" and "adapters file not found" in rows["empty"]["error"]
@@ -102,8 +144,13 @@ def test_csv_is_written_incrementally(tmp_path):
 
 
 def test_adapters_may_not_import_the_oracle(cli, tmp_path, tiny_path):
-    write_adapters(tmp_path / "c", "from theinference.model import gpt2 as oracle\n\ndef run_layer_equiv(seq_ids):\n    return oracle.layer0_attn_sublayer\n")
-    result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", "prove-one-layer", "--format", "json")
+    write_adapters(
+        tmp_path / "c",
+        "from theinference.model import gpt2 as oracle\n\ndef run_layer_equiv(seq_ids):\n    return oracle.layer0_attn_sublayer\n",
+    )
+    result = cli(
+        "test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", "prove-one-layer", "--format", "json"
+    )
     case = json.loads(result.stdout)["stages"][0]["cases"][0]
     assert result.exit_code == 1 and case["status"] == "error"
     assert "adapters may not use the grader's oracle" in case["message"]
@@ -161,8 +208,17 @@ def test_csv_error_column_and_an_empty_submission_out_of_the_full_points(cli, so
 def test_json_format_writes_grades_json_and_records_what_it_graded_with(cli, batch, tiny_path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty").mkdir()
-    result = cli("grade", batch / "pass-a", tmp_path / "empty", "--stage", "prove-one-layer", "--weights", tiny_path,
-                 "--format", "json")
+    result = cli(
+        "grade",
+        batch / "pass-a",
+        tmp_path / "empty",
+        "--stage",
+        "prove-one-layer",
+        "--weights",
+        tiny_path,
+        "--format",
+        "json",
+    )
     assert result.exit_code == 0 and "into grades.json" in result.stderr
     assert not (tmp_path / "grades.csv").exists()
     doc = json.loads((tmp_path / "grades.json").read_text())
@@ -173,8 +229,17 @@ def test_json_format_writes_grades_json_and_records_what_it_graded_with(cli, bat
 
 
 def test_progress_goes_to_stderr_a_line_per_submission(cli, batch, tiny_path, tmp_path):
-    result = cli("grade", batch / "pass-a", batch / "syntax", "--stage", "prove-one-layer", "--weights", tiny_path,
-                 "--out", tmp_path / "g.csv")
+    result = cli(
+        "grade",
+        batch / "pass-a",
+        batch / "syntax",
+        "--stage",
+        "prove-one-layer",
+        "--weights",
+        tiny_path,
+        "--out",
+        tmp_path / "g.csv",
+    )
     lines = result.stderr.splitlines()
     warmed = next(i for i, line in enumerate(lines) if line.startswith("oracle outputs for prove-one-layer: "))
     graded = [i for i, line in enumerate(lines) if line.startswith(("[1/2] ", "[2/2] "))]
@@ -202,8 +267,20 @@ def test_merge_reads_both_formats_and_refuses_other_weights(cli, batch, tiny_pat
     assert ids == ["pass-a", "pass-b", "syntax"]
 
     other = tmp_path / f"other.{fmt}"
-    assert cli("grade", *subs, *common, "--weights", tmp_path / "seed1" / "model.safetensors", "--shard", "2/2",
-               "--out", other).exit_code == 0
+    assert (
+        cli(
+            "grade",
+            *subs,
+            *common,
+            "--weights",
+            tmp_path / "seed1" / "model.safetensors",
+            "--shard",
+            "2/2",
+            "--out",
+            other,
+        ).exit_code
+        == 0
+    )
     refused = cli("grade", "merge", parts[0], other, "--out", tmp_path / f"bad.{fmt}")
     assert refused.exit_code == 2 and not (tmp_path / f"bad.{fmt}").exists()
     message = " ".join(refused.stderr.split())
@@ -215,8 +292,12 @@ def test_merge_refuses_mixed_formats_other_stages_and_has_its_own_help(cli, batc
     csv_a, csv_b, doc = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "a.json"
     assert cli("grade", sub, "--stage", "prove-one-layer", "--weights", tiny_path, "--out", csv_a).exit_code == 0
     assert cli("grade", batch / "pass-b", "--stage", "greedy", "--weights", tiny_path, "--out", csv_b).exit_code == 0
-    assert cli("grade", sub, "--stage", "prove-one-layer", "--weights", tiny_path, "--format", "json",
-               "--out", doc).exit_code == 0
+    assert (
+        cli(
+            "grade", sub, "--stage", "prove-one-layer", "--weights", tiny_path, "--format", "json", "--out", doc
+        ).exit_code
+        == 0
+    )
     stages = cli("grade", "merge", csv_a, csv_b, "--out", tmp_path / "m.csv")
     assert stages.exit_code == 2 and "graded on stages greedy, but" in " ".join(stages.stderr.split())
     mixed = cli("grade", "merge", csv_a, doc, "--out", tmp_path / "m.csv")
@@ -226,11 +307,15 @@ def test_merge_refuses_mixed_formats_other_stages_and_has_its_own_help(cli, batc
     assert "SUBMISSION_DIR" not in helped.stdout
 
 
-@pytest.mark.parametrize("text", [
-    '{"schema": "theinference.batch", "stages": 5, "submissions": []}',
-    '{"schema": "theinference.batch", "stages": [1, 2], "submissions": []}',
-    '{"schema": ' + "[" * 100_000 + "]" * 100_000 + "}",
-], ids=["stages-not-a-list", "stages-not-ids", "nested-too-deep"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"schema": "theinference.batch", "stages": 5, "submissions": []}',
+        '{"schema": "theinference.batch", "stages": [1, 2], "submissions": []}',
+        '{"schema": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ],
+    ids=["stages-not-a-list", "stages-not-ids", "nested-too-deep"],
+)
 def test_merge_refuses_a_malformed_json_shard_with_a_message(cli, tmp_path, text):
     shard = tmp_path / "bad.json"
     shard.write_text(text)
@@ -242,8 +327,12 @@ def test_csv_cells_never_start_a_spreadsheet_formula(cli, tiny_path, tmp_path):
     root = tmp_path / "submissions"
     write_adapters(root / "=HYPERLINK(1)", "raise ValueError('=1+1')\n")
     out = tmp_path / "grades.csv"
-    assert cli("grade", root / "=HYPERLINK(1)", "--stage", "prove-one-layer", "--out", out,
-               "--weights", tiny_path).exit_code == 0
+    assert (
+        cli(
+            "grade", root / "=HYPERLINK(1)", "--stage", "prove-one-layer", "--out", out, "--weights", tiny_path
+        ).exit_code
+        == 0
+    )
     [row] = read_csv(out)
     assert row["id"] == "'=HYPERLINK(1)" and row["status"] == "fail"
     assert not any(cell.startswith(("=", "+", "-", "@")) for cell in row.values())
@@ -253,12 +342,17 @@ def test_csv_cells_never_start_a_spreadsheet_formula(cli, tiny_path, tmp_path):
 @pytest.mark.parametrize("fmt", ["csv", "json", "gradescope"])
 def test_grade_and_merge_refuse_an_out_in_a_missing_directory_before_grading(cli, batch, tiny_path, tmp_path, fmt):
     out = tmp_path / "missing" / "grades.out"
-    graded = cli("grade", batch / "pass-a", "--stage", "prove-one-layer", "--format", fmt, "--weights", tiny_path,
-                 "--out", out)
+    graded = cli(
+        "grade", batch / "pass-a", "--stage", "prove-one-layer", "--format", fmt, "--weights", tiny_path, "--out", out
+    )
     assert graded.exit_code == 2 and "missing" in graded.stderr and "[1/1]" not in graded.stderr
     if fmt == "csv":
         shard = tmp_path / "shard.csv"
-        assert cli("grade", batch / "pass-a", "--stage", "prove-one-layer", "--weights", tiny_path,
-                   "--out", shard).exit_code == 0
+        assert (
+            cli(
+                "grade", batch / "pass-a", "--stage", "prove-one-layer", "--weights", tiny_path, "--out", shard
+            ).exit_code
+            == 0
+        )
         merged = cli("grade", "merge", shard, "--out", tmp_path / "missing" / "all.csv")
         assert merged.exit_code == 2 and "missing" in merged.stderr

@@ -63,8 +63,18 @@ def test_no_cache_mutants_pass_every_output_stage_and_fail_only_on_cost(cli, tin
         manifest = source / "mutants" / name / "manifest.toml"
         manifest.write_text(manifest.read_text().replace("cache-scaling =", "quick-scaling ="))
     write_quick_scaling_stage(stages)
-    result = cli("stages", "check", "--source", source, "--stages-dir", stages, "--weights", tiny_path,
-                 "--stage", "quick-scaling")
+    result = cli(
+        "stages",
+        "check",
+        "--source",
+        source,
+        "--stages-dir",
+        stages,
+        "--weights",
+        tiny_path,
+        "--stage",
+        "quick-scaling",
+    )
     assert result.exit_code == 0, result.stdout
     lines = {line.split("|")[0].strip(): line for line in result.stdout.splitlines() if "|" in line}
     assert "✔ pass" in lines["solution"]
@@ -79,8 +89,14 @@ def test_the_gallery_covers_the_classic_bugs():
     assert expected["record-after-consume"] == {"per-step-identity": ("shifted-by-one",)}
 
 
-GREEDY_LOOP_BUGS = ("greedy-position-off-by-one", "greedy-feeds-first-token", "greedy-feeds-prompt-token",
-                    "greedy-one-short", "greedy-runner-up-once", "greedy-stops-at-eot")
+GREEDY_LOOP_BUGS = (
+    "greedy-position-off-by-one",
+    "greedy-feeds-first-token",
+    "greedy-feeds-prompt-token",
+    "greedy-one-short",
+    "greedy-runner-up-once",
+    "greedy-stops-at-eot",
+)
 
 
 def test_the_greedy_loop_bugs_fail_greedy_only():
@@ -101,11 +117,21 @@ def test_the_runner_up_once_fails_every_greedy_case(cli, tiny_path, tmp_path):
     assert [(c["status"], c["steps"][-1]["step"]) for c in cases] == [("fail", 1)] * len(cases)
 
 
-@pytest.mark.parametrize("find, replace, mismatch", [
-    ('prove-one-layer = "error-grows"', 'prove-one-layer = "all-rows-off"', "expected all-rows-off, got error-grows"),
-    ('prove-one-layer = "position-zero"', 'prove-one-layer = "wpe-off-by-one"',
-     "expected fingerprint wpe-off-by-one, got position-zero"),
-])
+@pytest.mark.parametrize(
+    "find, replace, mismatch",
+    [
+        (
+            'prove-one-layer = "error-grows"',
+            'prove-one-layer = "all-rows-off"',
+            "expected all-rows-off, got error-grows",
+        ),
+        (
+            'prove-one-layer = "position-zero"',
+            'prove-one-layer = "wpe-off-by-one"',
+            "expected fingerprint wpe-off-by-one, got position-zero",
+        ),
+    ],
+)
 def test_a_wrong_manifest_is_a_mismatch_and_exit_1(cli, tiny_path, tmp_path, find, replace, mismatch):
     source = tmp_path / "course"
     shutil.copytree(data_dir("course") / "solution", source / "solution")
@@ -135,16 +161,39 @@ def test_oracle_export(cli, tiny_path, tiny_model, solution_course, tmp_path):
     from theinference.model import gpt2 as oracle
 
     out = tmp_path / "expected.npz"
-    result = cli("oracle", "--stage", "per-step-identity", "--case", "sentence", "--course", solution_course,
-                 "--weights", tiny_path, "--out", out)
+    result = cli(
+        "oracle",
+        "--stage",
+        "per-step-identity",
+        "--case",
+        "sentence",
+        "--course",
+        solution_course,
+        "--weights",
+        tiny_path,
+        "--out",
+        out,
+    )
     assert result.exit_code == 0
     data = np.load(out)
     assert sorted(data) == ["meta", "sentence.cont", "sentence.expected", "sentence.prompt"]
-    expected = oracle.per_step_logits(tiny_model.params, list(data["sentence.prompt"]), list(data["sentence.cont"]),
-                                      tiny_model.config.n_head)
+    expected = oracle.per_step_logits(
+        tiny_model.params, list(data["sentence.prompt"]), list(data["sentence.cont"]), tiny_model.config.n_head
+    )
     np.testing.assert_array_equal(data["sentence.expected"], expected)
-    bad = cli("oracle", "--stage", "per-step-identity", "--case", "nope", "--course", solution_course,
-              "--weights", tiny_path, "--out", out)
+    bad = cli(
+        "oracle",
+        "--stage",
+        "per-step-identity",
+        "--case",
+        "nope",
+        "--course",
+        solution_course,
+        "--weights",
+        tiny_path,
+        "--out",
+        out,
+    )
     assert bad.exit_code == 2 and "has no case 'nope'" in bad.stderr
 
 
@@ -161,13 +210,16 @@ def test_progress_moves_in_a_log_one_line_per_cell(cli, tiny_path, tmp_path):
     shutil.copytree(data_dir("course") / "solution", source / "solution")
     shutil.copytree(data_dir("course") / "mutants" / "position-stuck", source / "mutants" / "position-stuck")
     stages = ["forward", "prove-one-layer"]
-    result = cli("stages", "check", "--source", source, "--weights", tiny_path, *(a for s in stages for a in ("--stage", s)))
+    result = cli(
+        "stages", "check", "--source", source, "--weights", tiny_path, *(a for s in stages for a in ("--stage", s))
+    )
     assert result.exit_code == 0, result.stdout
     # stderr is not a terminal here, as in CI: one plain line per finished subject × stage, none on stdout.
     lines = [line for line in result.stderr.splitlines() if line.startswith("checking [")]
     total = 2 * len(stages)
     assert [line.split("]")[0] for line in lines] == [f"checking [{i}/{total} cells" for i in range(1, total + 1)]
     assert {line.split(": ", 1)[1].split(":")[0] for line in lines} == {
-        f"{subject} × {stage}" for subject in ("solution", "position-stuck") for stage in stages}
+        f"{subject} × {stage}" for subject in ("solution", "position-stuck") for stage in stages
+    }
     assert "position-stuck × prove-one-layer: error-grows" in result.stderr
     assert "checking [" not in result.stdout

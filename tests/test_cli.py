@@ -25,8 +25,19 @@ def test_reference_solution_passes_every_stage(cli, solution_course, tiny_path):
 
 def test_json_document(cli, solution_course, tiny_path, tmp_path):
     out = tmp_path / "results.json"
-    result = cli("test", "--stage", "prove-one-layer", "--course", solution_course, "--weights", tiny_path,
-                 "--format", "json", "--output", out)
+    result = cli(
+        "test",
+        "--stage",
+        "prove-one-layer",
+        "--course",
+        solution_course,
+        "--weights",
+        tiny_path,
+        "--format",
+        "json",
+        "--output",
+        out,
+    )
     assert result.exit_code == 0
     doc = json.loads(out.read_text())
     assert (doc["schema"], doc["schema_version"], doc["status"]) == ("theinference.results", 1, "pass")
@@ -49,7 +60,10 @@ def test_unknown_stage_suggests_the_closest(cli, solution_course, tiny_path):
     result = cli("test", "--stage", "per-step-identiy", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 2
     assert "unknown stage 'per-step-identiy'. Did you mean 'per-step-identity'?" in result.stderr
-    assert "forward, single-step-attention, prove-one-layer, decode-step, per-step-identity, cache-scaling, greedy" in result.stderr
+    assert (
+        "forward, single-step-attention, prove-one-layer, decode-step, per-step-identity, cache-scaling, greedy"
+        in result.stderr
+    )
 
 
 def test_no_course_directory(cli, tmp_path, monkeypatch):
@@ -88,7 +102,8 @@ def test_stage_file_with_nan_tolerance_is_refused(cli, solution_course, tiny_pat
     builtin = (data_dir("stages") / "prove-one-layer.toml").read_text()
     (solution_course / "stages").mkdir()
     (solution_course / "stages" / "nan.toml").write_text(
-        builtin.replace('id = "prove-one-layer"', 'id = "nan-tolerance"').replace("atol = 1e-4", "atol = nan"))
+        builtin.replace('id = "prove-one-layer"', 'id = "nan-tolerance"').replace("atol = 1e-4", "atol = nan")
+    )
     result = cli("test", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 2
     assert "nan.toml: field 'tolerance.atol': must be a finite number >= 0, not nan" in result.stderr
@@ -110,7 +125,9 @@ def test_default_synthetic_weights_are_made_on_first_use(cli, solution_course, m
     assert result.exit_code == 0
     made = tmp_path / "user-cache" / f"synthetic-tiny-seed0-v{SYNTH_VERSION}" / "model.safetensors"
     assert made.is_file()
-    assert "made synthetic GPT-2-shape weights" in result.stderr and "hf download openai-community/gpt2" in result.stderr
+    assert (
+        "made synthetic GPT-2-shape weights" in result.stderr and "hf download openai-community/gpt2" in result.stderr
+    )
     assert "no weights configured: synthetic GPT-2-shape weights" in result.stdout
     again = cli("test", "--stage", "prove-one-layer", "--course", solution_course)
     assert again.exit_code == 0 and "made synthetic" not in again.stderr
@@ -141,7 +158,15 @@ def test_stages_list(cli, solution_course):
     result = cli("stages", "list", "--course", solution_course)
     assert result.exit_code == 0
     lines = [line for line in result.stdout.splitlines() if line.strip()]
-    stages = ("forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy")
+    stages = (
+        "forward",
+        "single-step-attention",
+        "prove-one-layer",
+        "decode-step",
+        "per-step-identity",
+        "cache-scaling",
+        "greedy",
+    )
     order = [next(s for s in stages if s in line) for line in lines if "run_" in line]
     assert order == list(stages)
 
@@ -156,8 +181,20 @@ def test_an_internal_error_says_it_is_a_grader_bug(monkeypatch, capsys, solution
         raise ZeroDivisionError("oops")
 
     monkeypatch.setattr(grade_module, "compare_rows", broken)
-    monkeypatch.setattr(sys, "argv", ["theinference", "test", "--stage", "prove-one-layer", "--course",
-                                      str(solution_course), "--weights", str(tiny_path)])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "theinference",
+            "test",
+            "--stage",
+            "prove-one-layer",
+            "--course",
+            str(solution_course),
+            "--weights",
+            str(tiny_path),
+        ],
+    )
     with pytest.raises(SystemExit) as exit_info:
         cli_module.main()
     assert exit_info.value.code == 3
@@ -173,8 +210,10 @@ def test_weights_tiny_names_the_tiny_preset_made_on_first_use(cli, solution_cour
     assert f"weights: {made} · synthetic (tiny preset, seed 0)" in result.stdout
     assert "--weights tiny: the synthetic tiny preset" in result.stdout
     (tmp_path / "tiny").mkdir()  # a directory so named is a path, as before
-    assert f"{tmp_path / 'tiny' / 'model.safetensors'}: no such weights file" in cli(
-        "test", "--course", solution_course, "--weights", "tiny").stderr
+    assert (
+        f"{tmp_path / 'tiny' / 'model.safetensors'}: no such weights file"
+        in cli("test", "--course", solution_course, "--weights", "tiny").stderr
+    )
 
 
 def test_after_a_pass_the_report_names_the_next_stage_and_its_lesson(cli, solution_course, tiny_path):

@@ -82,8 +82,12 @@ def test_a_flag_takes_no_value(cli, solution_course):
 def test_test_help_names_every_exit_code(cli):
     text = " ".join(cli("test", "--help").stdout.split())
     codes = text.split("Exit codes:", 1)[1]
-    for code, meaning in ((EXIT_OK, "every selected stage passed"), (EXIT_FAIL, "some stage failed"),
-                          (EXIT_CONFIG, "usage or configuration error"), (EXIT_INTERNAL, "internal error")):
+    for code, meaning in (
+        (EXIT_OK, "every selected stage passed"),
+        (EXIT_FAIL, "some stage failed"),
+        (EXIT_CONFIG, "usage or configuration error"),
+        (EXIT_INTERNAL, "internal error"),
+    ):
         assert f"{code} {meaning}" in codes
 
 

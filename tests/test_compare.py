@@ -54,13 +54,15 @@ def test_shape_problem():
 
 
 def test_walk_accepts_near_ties_and_stops_at_the_first_mismatch():
-    logits = np.array([
-        [5.0, 1.0, 0.0],        # argmax 0; student 0: match
-        [-100.0, -99.995, 0.0],  # argmax 2, student 2: match
-        [-100.0, -99.995, -200.0],  # argmax 1; student 0: gap 0.005 <= 1e-4 * 200: near-tie
-        [0.0, 3.0, 1.0],        # argmax 1; student 2: gap 2: mismatch
-        [9.0, 0.0, 0.0],        # never reached
-    ])
+    logits = np.array(
+        [
+            [5.0, 1.0, 0.0],  # argmax 0; student 0: match
+            [-100.0, -99.995, 0.0],  # argmax 2, student 2: match
+            [-100.0, -99.995, -200.0],  # argmax 1; student 0: gap 0.005 <= 1e-4 * 200: near-tie
+            [0.0, 3.0, 1.0],  # argmax 1; student 2: gap 2: mismatch
+            [9.0, 0.0, 0.0],  # never reached
+        ]
+    )
     steps = walk_tokens([0, 2, 0, 2, 0], logits, 1e-4, start_position=7)
     assert [s.verdict for s in steps] == ["match", "match", "near-tie", "mismatch"]
     assert steps[2].allowed == 1e-4 * 200

@@ -50,26 +50,35 @@ def test_plain_test_moves_on_to_the_next_stage(cli, tmp_path, tiny_path):
     shutil.copytree(data_dir("course") / "solution" / "src", course / "src", dirs_exist_ok=True)
     adapters = course / "tests" / "adapters.py"
     text = adapters.read_text()
-    adapters.write_text(text.replace("    return layer_attn_incremental(params, seq_ids, n_head)",
-                                     "    raise NotImplementedError('run_layer_equiv')"))
-    for solved in ALL_STAGES[:ALL_STAGES.index("prove-one-layer")]:
+    adapters.write_text(
+        text.replace(
+            "    return layer_attn_incremental(params, seq_ids, n_head)",
+            "    raise NotImplementedError('run_layer_equiv')",
+        )
+    )
+    for solved in ALL_STAGES[: ALL_STAGES.index("prove-one-layer")]:
         first = cli("test", "--course", course, "--weights", tiny_path)
         assert first.exit_code == 0 and f"✔ {solved}" in first.stdout
         assert f"grading {solved}, the first stage not yet passed" in first.stderr
     second = cli("test", "--course", course, "--weights", tiny_path)
     assert second.exit_code == 1 and "prove-one-layer" in second.stdout and "single-step" not in second.stdout
     listing = cli("stages", "list", "--course", course)
-    rows = {line.split()[0]: line for line in listing.stdout.splitlines() if line.strip() and line.split()[0] in ALL_STAGES}
+    rows = {
+        line.split()[0]: line for line in listing.stdout.splitlines() if line.strip() and line.split()[0] in ALL_STAGES
+    }
     assert "pass" in rows["single-step-attention"]
     assert "not-started" in rows["prove-one-layer"] and "◀ next" in rows["prove-one-layer"]
 
 
-@pytest.mark.parametrize("content, why", [
-    ('{"stages": ["pass"]}', "no 'stages' object"),
-    ("{not json", "not readable JSON"),
-    ("[1, 2]", "no 'stages' object"),
-    ('{"stages": {"greedy": "pass"}}', "entry 'greedy'"),
-])
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        ('{"stages": ["pass"]}', "no 'stages' object"),
+        ("{not json", "not readable JSON"),
+        ("[1, 2]", "no 'stages' object"),
+        ('{"stages": {"greedy": "pass"}}', "entry 'greedy'"),
+    ],
+)
 def test_corrupt_progress_file_is_ignored_with_a_notice_and_rewritten(cli, solution_course, tiny_path, content, why):
     progress = solution_course / ".theinference" / "progress.json"
     progress.parent.mkdir()
@@ -87,10 +96,14 @@ def test_demo_shows_a_pass_and_a_named_diagnosis(cli, tiny_path):
     result = cli("demo", "--weights", tiny_path)
     assert result.exit_code == 0, result.stdout
     assert f"{len(ALL_STAGES)} of {len(ALL_STAGES)} stage(s) passed" in result.stdout
-    assert "shape: error-grows" in result.stdout and "finding: position-zero — your output equals GPT-2" in result.stdout
+    assert (
+        "shape: error-grows" in result.stdout and "finding: position-zero — your output equals GPT-2" in result.stdout
+    )
 
 
-def test_progress_records_the_weights_and_timeout_of_each_pass_and_stages_list_shows_them(cli, solution_course, tiny_path):
+def test_progress_records_the_weights_and_timeout_of_each_pass_and_stages_list_shows_them(
+    cli, solution_course, tiny_path
+):
     first, second = ALL_STAGES[:2]
     assert cli("test", "--course", solution_course, "--weights", tiny_path).exit_code == 0
     assert cli("test", "--course", solution_course, "--weights", tiny_path, "--timeout", "30").exit_code == 0
@@ -106,12 +119,17 @@ def test_progress_records_the_weights_and_timeout_of_each_pass_and_stages_list_s
 def test_progress_written_before_weights_were_recorded_still_reads(cli, solution_course):
     progress = solution_course / ".theinference" / "progress.json"
     progress.parent.mkdir()
-    progress.write_text(json.dumps({"format_version": 1, "stages": {ALL_STAGES[0]: {"status": "pass", "at": "2026-01-01T00:00:00"}}}))
+    progress.write_text(
+        json.dumps({"format_version": 1, "stages": {ALL_STAGES[0]: {"status": "pass", "at": "2026-01-01T00:00:00"}}})
+    )
     listing = cli("stages", "list", "--course", solution_course)
     assert listing.exit_code == 0
     [row] = [line for line in listing.stdout.splitlines() if line.split() and line.split()[0] == ALL_STAGES[0]]
     assert "pass" in row and "weights" not in row
-    assert "◀ next" in [line for line in listing.stdout.splitlines() if line.split() and line.split()[0] == ALL_STAGES[1]][0]
+    assert (
+        "◀ next"
+        in [line for line in listing.stdout.splitlines() if line.split() and line.split()[0] == ALL_STAGES[1]][0]
+    )
 
 
 def test_stages_list_shows_a_hostile_progress_entry_as_text(cli, solution_course):

@@ -12,9 +12,20 @@ ATOL = 1e-3
 def rows_from_errors(errors, nonfinite=()):
     """RowStats for a series of max-abs errors; a row is ok when its error is within ATOL."""
     return [
-        RowStats(row=i, position=i, token=None, max_abs=float(e), max_rel=float(e), n_bad=int(e > ATOL), n=10,
-                 n_nonfinite=1 if i in nonfinite else 0, worst_index=0, expected=0.0, got=float(e),
-                 ok=bool(e <= ATOL) and i not in nonfinite)
+        RowStats(
+            row=i,
+            position=i,
+            token=None,
+            max_abs=float(e),
+            max_rel=float(e),
+            n_bad=int(e > ATOL),
+            n=10,
+            n_nonfinite=1 if i in nonfinite else 0,
+            worst_index=0,
+            expected=0.0,
+            got=float(e),
+            ok=bool(e <= ATOL) and i not in nonfinite,
+        )
         for i, e in enumerate(errors)
     ]
 

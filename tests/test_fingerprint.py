@@ -43,15 +43,18 @@ def assert_no_unproven_cause(text: str) -> None:
         assert hint.startswith(("Suspects", "Dump", "Compare", "NaN", "A row holds")), hint
 
 
-@pytest.mark.parametrize("name, stage", [
-    ("missing-attn-scale", "prove-one-layer"),
-    ("wpe-base-off-by-one", "prove-one-layer"),
-    ("c-proj-transposed", "prove-one-layer"),
-    ("kv-appended-after-attention", "prove-one-layer"),
-    ("mask-off-by-one", "per-step-identity"),
-    ("decode-position-reset", "per-step-identity"),
-    ("decode-step-position-zero", "decode-step"),
-])
+@pytest.mark.parametrize(
+    "name, stage",
+    [
+        ("missing-attn-scale", "prove-one-layer"),
+        ("wpe-base-off-by-one", "prove-one-layer"),
+        ("c-proj-transposed", "prove-one-layer"),
+        ("kv-appended-after-attention", "prove-one-layer"),
+        ("mask-off-by-one", "per-step-identity"),
+        ("decode-position-reset", "per-step-identity"),
+        ("decode-step-position-zero", "decode-step"),
+    ],
+)
 def test_a_known_bug_is_named_with_its_evidence(cli, tiny_path, tmp_path, name, stage):
     mutant, course = mutant_course(name, tmp_path)
     result = cli("test", "--course", course, "--weights", tiny_path, "--stage", stage)
@@ -62,7 +65,9 @@ def test_a_known_bug_is_named_with_its_evidence(cli, tiny_path, tmp_path, name, 
     named = set(finding.group(1).split(", "))
     assert named == set(mutant.fingerprint[stage])
     assert "at every position" in text
-    findings = "\n".join(line.split("the correct output")[0] for line in text.splitlines() if line.startswith("finding:"))
+    findings = "\n".join(
+        line.split("the correct output")[0] for line in text.splitlines() if line.startswith("finding:")
+    )
     distances = [float(x) for x in re.findall(r"\bto ([0-9][0-9.e+-]*)", findings)]
     off = float(re.search(r"the correct output differs by up to ([0-9.e+-]+)", text).group(1))
     assert distances and max(distances) < off / 10
@@ -78,10 +83,13 @@ def test_an_unknown_bug_falls_back_to_the_shape_and_says_so(cli, tiny_path, tmp_
     course = tmp_path / "noisy"
     shutil.copytree(data_dir("course") / "solution", course)
     adapters = course / "tests" / "adapters.py"
-    adapters.write_text(adapters.read_text().replace(
-        "return layer_attn_incremental(params, seq_ids, n_head)",
-        "out = layer_attn_incremental(params, seq_ids, n_head)\n"
-        "    return out + 0.01 * np.random.default_rng(0).standard_normal(out.shape)"))
+    adapters.write_text(
+        adapters.read_text().replace(
+            "return layer_attn_incremental(params, seq_ids, n_head)",
+            "out = layer_attn_incremental(params, seq_ids, n_head)\n"
+            "    return out + 0.01 * np.random.default_rng(0).standard_normal(out.shape)",
+        )
+    )
     result = cli("test", "--course", course, "--weights", tiny_path, "--stage", "prove-one-layer")
     assert result.exit_code == 1
     text = diagnosis_text(result.stdout)
@@ -92,8 +100,12 @@ def test_an_unknown_bug_falls_back_to_the_shape_and_says_so(cli, tiny_path, tmp_
 @pytest.mark.slow
 def test_the_issues_five_cases_state_no_cause_without_a_match(cli, tiny_path, tmp_path):
     """The five reports that once stated a wrong cause as fact (issue 11)."""
-    for name, stage in [("missing-attn-scale", "prove-one-layer"), ("c-proj-transposed", "per-step-identity"),
-                        ("mask-off-by-one", "prove-one-layer"), ("kv-appended-after-attention", "prove-one-layer")]:
+    for name, stage in [
+        ("missing-attn-scale", "prove-one-layer"),
+        ("c-proj-transposed", "per-step-identity"),
+        ("mask-off-by-one", "prove-one-layer"),
+        ("kv-appended-after-attention", "prove-one-layer"),
+    ]:
         _, course = mutant_course(name, tmp_path)
         text = diagnosis_text(cli("test", "--course", course, "--weights", tiny_path, "--stage", stage).stdout)
         assert "finding:" in text, (name, text)
@@ -102,7 +114,9 @@ def test_the_issues_five_cases_state_no_cause_without_a_match(cli, tiny_path, tm
             assert "decode" not in text.replace("first-decode-row-off", ""), (name, text)
     # A cross-case stage whose one-token case errors: the rest are read, and the report says so.
     course = tmp_path / "errors-on-one-token"
-    write_adapters(course, """
+    write_adapters(
+        course,
+        """
         import numpy as np
         import theinference
         from src.gpt2 import load_weights
@@ -114,7 +128,8 @@ def test_the_issues_five_cases_state_no_cause_without_a_match(cli, tiny_path, tm
             params, n_head = load_weights(theinference.weights_path())
             out = decode_step(params, prefill(params, prompt_ids, n_head)[1], next_id, len(prompt_ids), n_head)
             return out + 0.05 * np.random.default_rng(len(prompt_ids)).standard_normal(out.shape)
-    """)
+    """,
+    )
     result = cli("test", "--course", course, "--weights", tiny_path, "--stage", "decode-step")
     text = diagnosis_text(result.stdout)
     assert "read across the 9 of 10 cases that returned numbers" in text
@@ -126,8 +141,19 @@ def test_the_issues_five_cases_state_no_cause_without_a_match(cli, tiny_path, tm
 def test_json_carries_the_fingerprint(cli, tiny_path, tmp_path):
     _, course = mutant_course("wpe-base-off-by-one", tmp_path)
     out = tmp_path / "results.json"
-    result = cli("test", "--course", course, "--weights", tiny_path, "--stage", "prove-one-layer",
-                 "--format", "json", "--output", out)
+    result = cli(
+        "test",
+        "--course",
+        course,
+        "--weights",
+        tiny_path,
+        "--stage",
+        "prove-one-layer",
+        "--format",
+        "json",
+        "--output",
+        out,
+    )
     assert result.exit_code == 1
     stage = json.loads(out.read_text())["stages"][0]
     assert stage["diagnosis"]["bug"] == "wpe-off-by-one"

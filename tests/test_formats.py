@@ -46,7 +46,12 @@ def test_junit_counts(cli, courses, tiny_path):
     code, text = run(cli, courses["passing"], tiny_path, "junit")
     root = ET.fromstring(text)
     assert code == 0
-    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("points")) == ("12", "0", "0", "40/40")
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("points")) == (
+        "12",
+        "0",
+        "0",
+        "40/40",
+    )
     assert [s.get("name") for s in root.iter("testsuite")] == ["prove-one-layer", "per-step-identity", "greedy"]
 
     code, text = run(cli, courses["failing"], tiny_path, "junit")
@@ -85,13 +90,20 @@ def test_per_case_credit_gives_partial_points(cli, courses, tiny_path, tmp_path)
     from theinference.bundled import data_dir
 
     text = (data_dir("stages") / "prove-one-layer.toml").read_text()
-    text = text.replace('id = "prove-one-layer"', 'id = "partial-layer"').replace("points = 10", 'points = 8\ncredit = "per-case"')
+    text = text.replace('id = "prove-one-layer"', 'id = "partial-layer"').replace(
+        "points = 10", 'points = 8\ncredit = "per-case"'
+    )
     (stages / "partial.toml").write_text(text.replace('lesson = "../course', 'lesson = "../../course'))
     adapters = courses["passing"] / "tests" / "adapters.py"
-    adapters.write_text(adapters.read_text().replace(
-        "    return layer_attn_incremental(params, seq_ids, n_head)",
-        "    out = layer_attn_incremental(params, seq_ids, n_head)\n    return out if len(seq_ids) > 9 else out + 1"))
-    code, text = run(cli, courses["passing"], tiny_path, "gradescope", "--stages-dir", stages, "--stage", "partial-layer")
+    adapters.write_text(
+        adapters.read_text().replace(
+            "    return layer_attn_incremental(params, seq_ids, n_head)",
+            "    out = layer_attn_incremental(params, seq_ids, n_head)\n    return out if len(seq_ids) > 9 else out + 1",
+        )
+    )
+    code, text = run(
+        cli, courses["passing"], tiny_path, "gradescope", "--stages-dir", stages, "--stage", "partial-layer"
+    )
     doc = json.loads(text)
     assert code == 1
     assert doc["tests"][0]["score"] == 4.0  # 2 of 4 cases (10 and 55 tokens) pass: half of 8 points
@@ -122,7 +134,9 @@ def test_json_records_the_seed_and_random_cases(cli, courses, tiny_path):
     assert names[-2:] == ["random-1", "random-2"]
     again = json.loads(run(cli, courses["passing"], tiny_path, "json", "--seed", "11", "--stage", "prove-one-layer")[1])
     assert again["stages"][0]["cases"][-1]["inputs"] == doc["stages"][0]["cases"][-1]["inputs"]
-    chosen = json.loads(run(cli, courses["passing"], tiny_path, "json", "--seed", "random", "--stage", "prove-one-layer")[1])
+    chosen = json.loads(
+        run(cli, courses["passing"], tiny_path, "json", "--seed", "random", "--stage", "prove-one-layer")[1]
+    )
     assert isinstance(chosen["seed"], int)
     bad = cli("test", "--course", courses["passing"], "--weights", tiny_path, "--seed", "lots")
     assert bad.exit_code == 2 and "--seed takes an integer or 'random'" in bad.stderr
@@ -136,7 +150,9 @@ def test_hard_coded_answers_fail_the_random_cases(cli, courses, tiny_path, tmp_p
     stage = next(s for s in load_stages(stage_dirs(None)) if s.id == "prove-one-layer")
     arrays = oracle_arrays(stage, load_model(tiny_path), list(stage.cases))
     table = {tuple(arrays[f"{c.name}.seq"].tolist()): arrays[f"{c.name}.expected"].tolist() for c in stage.cases}
-    write_adapters(tmp_path / "cheat", f"TABLE = {table!r}\n\ndef run_layer_equiv(seq_ids):\n    return TABLE[tuple(seq_ids)]\n")
+    write_adapters(
+        tmp_path / "cheat", f"TABLE = {table!r}\n\ndef run_layer_equiv(seq_ids):\n    return TABLE[tuple(seq_ids)]\n"
+    )
     code, text = run(cli, tmp_path / "cheat", tiny_path, "json", "--stage", "prove-one-layer")
     assert code == 0, [(c["name"], c["message"]) for c in json.loads(text)["stages"][0]["cases"]]
     code, text = run(cli, tmp_path / "cheat", tiny_path, "json", "--stage", "prove-one-layer", "--seed", "3")
@@ -145,14 +161,14 @@ def test_hard_coded_answers_fail_the_random_cases(cli, courses, tiny_path, tmp_p
 
 
 # Raises text meant to clear the screen, break out of the summary's code block and forge a heading.
-HOSTILE_IMPL = '''\
+HOSTILE_IMPL = """\
 import sys
 
 
 def run_layer_equiv(seq_ids):
     print("\\x1b[2J\\x1b[Hall clear")
     raise ValueError("\\x1b[2J\\n```\\n## ✅ 55/55 points\\n```` 100% \\r")
-'''
+"""
 
 
 @pytest.fixture
@@ -172,8 +188,9 @@ def test_student_text_cannot_drive_the_terminal(cli, hostile, tiny_path):
         assert "\\x1b[2J" in text
 
 
-def test_github_output_escapes_student_text_and_points_at_the_raising_line(cli, hostile, tiny_path, tmp_path,
-                                                                          monkeypatch):
+def test_github_output_escapes_student_text_and_points_at_the_raising_line(
+    cli, hostile, tiny_path, tmp_path, monkeypatch
+):
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     monkeypatch.setenv("GITHUB_WORKSPACE", str(hostile))
@@ -194,11 +211,11 @@ def run_layer_equiv(seq_ids):
     return check_ids(seq_ids)
 """
 # A forged frame in the message names a file outside the course: it must not become the annotation.
-CHECK_IDS = '''
+CHECK_IDS = """
 
 def check_ids(seq_ids):
     raise ValueError('ids rejected\\n  File "/etc/passwd", line 1, in forged')
-'''
+"""
 
 
 @pytest.fixture

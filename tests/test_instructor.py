@@ -89,8 +89,17 @@ def instructor_course(tmp_path):
 
 
 def test_new_stage_is_graded_by_test(cli, instructor_course, tiny_path):
-    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
-                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    result = cli(
+        "test",
+        "--course",
+        instructor_course / "solution",
+        "--stages-dir",
+        instructor_course / "stages",
+        "--weights",
+        tiny_path,
+        "--stage",
+        "mlp-sublayer",
+    )
     assert result.exit_code == 0, result.stdout
     assert "✔ mlp-sublayer" in result.stdout
 
@@ -106,8 +115,17 @@ def test_new_stage_in_the_course_stages_directory_is_found(cli, instructor_cours
 def test_new_stage_fails_a_wrong_adapter_with_its_hint(cli, instructor_course, tiny_path):
     adapters = instructor_course / "solution" / "tests" / "adapters.py"
     adapters.write_text(adapters.read_text().replace("return h + ffn(", "return h - ffn("))
-    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
-                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    result = cli(
+        "test",
+        "--course",
+        instructor_course / "solution",
+        "--stages-dir",
+        instructor_course / "stages",
+        "--weights",
+        tiny_path,
+        "--stage",
+        "mlp-sublayer",
+    )
     assert result.exit_code == 1
     assert "case sentence: failed" in result.stdout
 
@@ -120,46 +138,85 @@ def test_stages_check_covers_the_instructors_stage(cli, instructor_course, tiny_
 
 
 def test_a_broken_instructor_oracle_is_a_configuration_error(cli, instructor_course, tiny_path):
-    (instructor_course / "stages" / "oracles.py").write_text("def mlp_sublayer(model, seq):\n    raise KeyError('ln_3')\n")
-    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
-                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    (instructor_course / "stages" / "oracles.py").write_text(
+        "def mlp_sublayer(model, seq):\n    raise KeyError('ln_3')\n"
+    )
+    result = cli(
+        "test",
+        "--course",
+        instructor_course / "solution",
+        "--stages-dir",
+        instructor_course / "stages",
+        "--weights",
+        tiny_path,
+        "--stage",
+        "mlp-sublayer",
+    )
     assert result.exit_code == 2
-    assert "stage 'mlp-sublayer': the oracle mlp_sublayer() failed at" in result.stderr and "KeyError: 'ln_3'" in result.stderr
+    assert (
+        "stage 'mlp-sublayer': the oracle mlp_sublayer() failed at" in result.stderr
+        and "KeyError: 'ln_3'" in result.stderr
+    )
 
 
-def test_an_oracle_failure_names_the_stage_the_file_the_line_and_shows_the_instructors_traceback(cli, instructor_course, tiny_path):
+def test_an_oracle_failure_names_the_stage_the_file_the_line_and_shows_the_instructors_traceback(
+    cli, instructor_course, tiny_path
+):
     oracle_file = instructor_course / "stages" / "oracles.py"
-    oracle_file.write_text(textwrap.dedent("""\
+    oracle_file.write_text(
+        textwrap.dedent("""\
         def width(model):
             return model.config["n_embd"]
 
 
         def mlp_sublayer(model, seq):
             return [[0.0] * width(model)] * len(seq)
-        """))
-    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
-                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+        """)
+    )
+    result = cli(
+        "test",
+        "--course",
+        instructor_course / "solution",
+        "--stages-dir",
+        instructor_course / "stages",
+        "--weights",
+        tiny_path,
+        "--stage",
+        "mlp-sublayer",
+    )
     assert result.exit_code == 2
     message = " ".join(result.stderr.split())  # the console wraps long lines
     assert f"stage 'mlp-sublayer': the oracle mlp_sublayer() failed at {oracle_file.resolve()}, line 2" in message
     assert "TypeError: 'GPT2Config' object is not subscriptable" in message and "model.config.n_layer" in message
     # the instructor's frames, outermost first, and none of the grader's
     assert message.index("line 6, in mlp_sublayer") < message.index("line 2, in width")
-    assert "grade.py" not in result.stderr and "oracles.py\", line" in result.stderr
+    assert "grade.py" not in result.stderr and 'oracles.py", line' in result.stderr
 
 
 def test_a_failing_bug_oracle_names_the_bug_and_its_stage_file(cli, instructor_course, tiny_path):
     stage_file = instructor_course / "stages" / "mlp.toml"
-    stage_file.write_text(stage_file.read_text().replace('points = 5\n', 'points = 5\nbugs = ["oracles.py:no_bias"]\n'))
+    stage_file.write_text(stage_file.read_text().replace("points = 5\n", 'points = 5\nbugs = ["oracles.py:no_bias"]\n'))
     with (instructor_course / "stages" / "oracles.py").open("a") as f:
         f.write("\n\ndef no_bias(model, seq):\n    return model.config['n_embd']\n")
     adapters = instructor_course / "solution" / "tests" / "adapters.py"
     adapters.write_text(adapters.read_text().replace("return h + ffn(", "return h - ffn("))
-    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages",
-                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    result = cli(
+        "test",
+        "--course",
+        instructor_course / "solution",
+        "--stages-dir",
+        instructor_course / "stages",
+        "--weights",
+        tiny_path,
+        "--stage",
+        "mlp-sublayer",
+    )
     assert result.exit_code == 2
     message = " ".join(result.stderr.split())
-    assert "bug 'oracles.py:no_bias' of mlp.toml: the oracle no_bias() failed at" in message and "oracles.py, line" in message
+    assert (
+        "bug 'oracles.py:no_bias' of mlp.toml: the oracle no_bias() failed at" in message
+        and "oracles.py, line" in message
+    )
 
 
 def test_editing_the_oracle_file_invalidates_cached_outputs(instructor_course, tiny_model):
@@ -181,20 +238,37 @@ def test_editing_the_oracle_file_invalidates_cached_outputs(instructor_course, t
 
 def test_an_instructors_bug_oracle_names_the_bug(cli, instructor_course, tiny_path):
     stages = instructor_course / "stages"
-    (stages / "mlp.toml").write_text(MLP_STAGE.replace('[tolerance]', 'bugs = ["oracles.py:no_ln2_bias"]\n\n[tolerance]')
-                                     + '\n[bug_hints]\n"oracles.py:no_ln2_bias" = "ln_2 has a bias: add it."\n')
-    (stages / "oracles.py").write_text(MLP_ORACLE + textwrap.dedent("""
+    (stages / "mlp.toml").write_text(
+        MLP_STAGE.replace("[tolerance]", 'bugs = ["oracles.py:no_ln2_bias"]\n\n[tolerance]')
+        + '\n[bug_hints]\n"oracles.py:no_ln2_bias" = "ln_2 has a bias: add it."\n'
+    )
+    (stages / "oracles.py").write_text(
+        MLP_ORACLE
+        + textwrap.dedent("""
 
         def no_ln2_bias(model, seq):
             block = model.params["h"][0]
             h = oracle.layer0_attn_sublayer(model.params, seq, model.config.n_head)
             return h + oracle.ffn(oracle.layer_norm(h, block["ln_2"]["weight"], 0.0), **block["mlp"])
-    """))
+    """)
+    )
     adapters = instructor_course / "solution" / "tests" / "adapters.py"
-    adapters.write_text(adapters.read_text().replace('layer_norm(h, **params["h"][0]["ln_2"])',
-                                                     'layer_norm(h, params["h"][0]["ln_2"]["weight"], 0.0)'))
-    result = cli("test", "--course", instructor_course / "solution", "--stages-dir", stages,
-                 "--weights", tiny_path, "--stage", "mlp-sublayer")
+    adapters.write_text(
+        adapters.read_text().replace(
+            'layer_norm(h, **params["h"][0]["ln_2"])', 'layer_norm(h, params["h"][0]["ln_2"]["weight"], 0.0)'
+        )
+    )
+    result = cli(
+        "test",
+        "--course",
+        instructor_course / "solution",
+        "--stages-dir",
+        stages,
+        "--weights",
+        tiny_path,
+        "--stage",
+        "mlp-sublayer",
+    )
     assert result.exit_code == 1
     assert "finding: oracles.py:no_ln2_bias — your output equals GPT-2 with oracles.py:no_ln2_bias" in result.stdout
     assert "hint: ln_2 has a bias: add it." in result.stdout

@@ -61,7 +61,8 @@ def identity(model, seq):
 """
 
 SETUP_STAGE = BONUS_STAGE.replace('id = "bonus"', 'id = "setup"').replace(
-    'oracle = "layer0-attn-sublayer"', 'oracle = "helpers.py:identity"\ninputs = ["seq"]')
+    'oracle = "layer0-attn-sublayer"', 'oracle = "helpers.py:identity"\ninputs = ["seq"]'
+)
 
 # The grader's end of the result pipe, found the way the issue did: in the caller's frame.
 PROTO = """\
@@ -165,8 +166,19 @@ def test_plain_test_marks_course_stages_in_every_format(cli, tmp_path, tiny_path
 
 
 def test_builtin_stages_are_marked_built_in(cli, solution_course, tiny_path):
-    document = json.loads(cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "prove-one-layer",
-                              "--format", "json").stdout)
+    document = json.loads(
+        cli(
+            "test",
+            "--course",
+            solution_course,
+            "--weights",
+            tiny_path,
+            "--stage",
+            "prove-one-layer",
+            "--format",
+            "json",
+        ).stdout
+    )
     assert document["stages"][0]["source"] == "built-in" and document["course_supplied"] == []
 
 
@@ -181,7 +193,9 @@ def _fake_hf_cache(hf_home: Path, tiny_dir: Path) -> None:
 def test_course_chosen_zero_weights_are_ignored_when_untrusted(cli, tmp_path, tiny_dir):
     _fake_hf_cache(tmp_path / "hf-home", tiny_dir)
     course = tmp_path / "sub"
-    write_adapters(course, "import numpy as np\n\ndef run_layer_equiv(seq_ids):\n    return np.zeros((len(seq_ids), 128))\n")
+    write_adapters(
+        course, "import numpy as np\n\ndef run_layer_equiv(seq_ids):\n    return np.zeros((len(seq_ids), 128))\n"
+    )
     (course / "zeros").mkdir()
     zeros = {k: v * 0 for k, v in load_file(tiny_dir / "model.safetensors").items()}
     save_file(zeros, course / "zeros" / "model.safetensors")
@@ -195,7 +209,9 @@ def test_course_chosen_zero_weights_are_ignored_when_untrusted(cli, tmp_path, ti
     graded = grade_json(cli, tmp_path / "grades.json", course, "--stage", "prove-one-layer")["sub"]["results"]
     assert graded["status"] == "fail" and graded["weights"]["source"] == "huggingface-cache"
     assert any("`weights`" in n for n in graded["notices"])
-    untrusted = json.loads(cli("test", "--untrusted", "--course", course, "--stage", "prove-one-layer", "--format", "json").stdout)
+    untrusted = json.loads(
+        cli("test", "--untrusted", "--course", course, "--stage", "prove-one-layer", "--format", "json").stdout
+    )
     assert untrusted["status"] == "fail" and untrusted["untrusted"] is True and untrusted["course_supplied"] == []
 
 
@@ -206,10 +222,16 @@ def test_course_timeout_does_not_stretch_the_instructors(cli, tmp_path, tiny_pat
     course = tmp_path / "sub"
     write_adapters(course, "import time\n\ndef run_layer_equiv(seq_ids):\n    time.sleep(600)\n")
     (course / "theinference.toml").write_text("timeout = 1e9\n")
-    for args in (["grade", course, "--format", "json", "--out", tmp_path / "g.json"],
-                 ["test", "--untrusted", "--course", course, "--format", "json"]):
+    for args in (
+        ["grade", course, "--format", "json", "--out", tmp_path / "g.json"],
+        ["test", "--untrusted", "--course", course, "--format", "json"],
+    ):
         result = cli(*args, "--weights", tiny_path, "--stages-dir", stages, "--stage", "quick-layer")
-        document = json.loads(result.stdout) if args[0] == "test" else json.loads((tmp_path / "g.json").read_text())["submissions"][0]["results"]
+        document = (
+            json.loads(result.stdout)
+            if args[0] == "test"
+            else json.loads((tmp_path / "g.json").read_text())["submissions"][0]["results"]
+        )
         case = document["stages"][0]["cases"][0]
         assert case["status"] == "timeout" and case["message"] == "timed out after 1 s while running"
         assert any("`timeout`" in n for n in document["notices"])
@@ -230,40 +252,72 @@ def test_adapters_outside_the_submission_are_refused_when_untrusted(cli, tmp_pat
 
 BREAKS = {
     "not-json": ('_send("this is not JSON")', "a line that is not JSON"),
-    "case-index": ('_send(json.dumps({"event": "done", "case": 10**6, "status": "ok", "output": [0, 0]}))',
-                   "case 1000000, out of range"),
-    "etc-passwd": ('_send(json.dumps({"event": "done", "case": _proto()[1], "status": "ok", "file": "/etc/passwd", '
-                   '"output": [0, 0]}))', "'/etc/passwd' is not case-0.npy in the run's directory"),
-    "start-flood": ('while True:\n        _send(json.dumps({"event": "start"}))\n        time.sleep(0.5)',
-                    "an unexpected 'start' message"),
+    "case-index": (
+        '_send(json.dumps({"event": "done", "case": 10**6, "status": "ok", "output": [0, 0]}))',
+        "case 1000000, out of range",
+    ),
+    "etc-passwd": (
+        '_send(json.dumps({"event": "done", "case": _proto()[1], "status": "ok", "file": "/etc/passwd", '
+        '"output": [0, 0]}))',
+        "'/etc/passwd' is not case-0.npy in the run's directory",
+    ),
+    "start-flood": (
+        'while True:\n        _send(json.dumps({"event": "start"}))\n        time.sleep(0.5)',
+        "an unexpected 'start' message",
+    ),
 }
 
 
 @pytest.mark.parametrize("kind", BREAKS)
 def test_protocol_break_is_that_submissions_error_and_the_batch_goes_on(cli, tmp_path, tiny_path, kind):
     forge, words = BREAKS[kind]
-    write_adapters(tmp_path / "a-breaker", PROTO + f"\ndef run_layer_equiv(seq_ids):\n    {forge}\n    time.sleep(600)\n")
+    write_adapters(
+        tmp_path / "a-breaker", PROTO + f"\ndef run_layer_equiv(seq_ids):\n    {forge}\n    time.sleep(600)\n"
+    )
     write_adapters(tmp_path / "b-honest", PASSING)
     out = tmp_path / "grades.json"
-    graded = grade_json(cli, out, tmp_path / "a-breaker", tmp_path / "b-honest", "--weights", tiny_path,
-                        "--stage", "prove-one-layer", "--timeout", "2")
+    graded = grade_json(
+        cli,
+        out,
+        tmp_path / "a-breaker",
+        tmp_path / "b-honest",
+        "--weights",
+        tiny_path,
+        "--stage",
+        "prove-one-layer",
+        "--timeout",
+        "2",
+    )
     assert graded["b-honest"]["status"] == "pass"
     case = graded["a-breaker"]["results"]["stages"][0]["cases"][0]
     assert case["status"] == "error" and case["message"].startswith("the adapter's process broke the result protocol: ")
     assert words in case["message"]
     # Plain `test` too: the student's error (exit 1), never the grader's (exit 3).
-    tested = cli("test", "--course", tmp_path / "a-breaker", "--weights", tiny_path, "--stage", "prove-one-layer",
-                 "--timeout", "2")
+    tested = cli(
+        "test",
+        "--course",
+        tmp_path / "a-breaker",
+        "--weights",
+        tiny_path,
+        "--stage",
+        "prove-one-layer",
+        "--timeout",
+        "2",
+    )
     assert tested.exit_code == 1 and "broke the result protocol" in tested.stdout
 
 
 def test_bytes_on_the_pipe_do_not_extend_the_deadline(cli, tmp_path, tiny_path):
     # Half a message every 0.1 s, never a newline: the grader's clock runs on regardless.
-    source = PROTO + "\ndef run_layer_equiv(seq_ids):\n    proto, _ = _proto()\n    while True:\n" \
-                     "        proto.write(' ')\n        proto.flush()\n        time.sleep(0.1)\n"
+    source = (
+        PROTO + "\ndef run_layer_equiv(seq_ids):\n    proto, _ = _proto()\n    while True:\n"
+        "        proto.write(' ')\n        proto.flush()\n        time.sleep(0.1)\n"
+    )
     write_adapters(tmp_path / "sub", source)
     out = tmp_path / "grades.json"
-    graded = grade_json(cli, out, tmp_path / "sub", "--weights", tiny_path, "--stage", "prove-one-layer", "--timeout", "1")
+    graded = grade_json(
+        cli, out, tmp_path / "sub", "--weights", tiny_path, "--stage", "prove-one-layer", "--timeout", "1"
+    )
     cases = graded["sub"]["results"]["stages"][0]["cases"]
     assert [c["status"] for c in cases] == ["timeout"] * len(cases)
     assert cases[0]["message"] == "timed out after 1 s while running"
@@ -282,8 +336,19 @@ def test_a_forged_done_cannot_pass_a_case(cli, tmp_path, tiny_path):
             time.sleep(600)
     """)
     write_adapters(tmp_path / "sub", source)
-    result = cli("test", "--course", tmp_path / "sub", "--weights", tiny_path, "--stage", "prove-one-layer",
-                 "--format", "json", "--timeout", "2")
+    result = cli(
+        "test",
+        "--course",
+        tmp_path / "sub",
+        "--weights",
+        tiny_path,
+        "--stage",
+        "prove-one-layer",
+        "--format",
+        "json",
+        "--timeout",
+        "2",
+    )
     stage = json.loads(result.stdout)["stages"][0]
     assert result.exit_code == 1 and stage["points"] == 0 and stage["cases"][0]["status"] == "fail"
 
@@ -314,8 +379,14 @@ def _seen_env(message: str) -> dict:
 
 
 def _outside_allow_list(names: list[str]) -> list[str]:
-    return [n for n in names if n not in ENV_ALLOWED and not re.fullmatch(r"LC_[A-Z]+", n)
-            and n != "THEINFERENCE_PROTOCOL_FD" and not n.startswith("unreadable")]
+    return [
+        n
+        for n in names
+        if n not in ENV_ALLOWED
+        and not re.fullmatch(r"LC_[A-Z]+", n)
+        and n != "THEINFERENCE_PROTOCOL_FD"
+        and not n.startswith("unreadable")
+    ]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc (Linux) and forks a zygote")
@@ -344,8 +415,19 @@ def test_student_environment_holds_only_allow_listed_names(cli, tmp_path, tiny_p
 def test_plain_test_on_the_students_machine_keeps_their_environment(cli, tmp_path, tiny_path, monkeypatch):
     monkeypatch.setenv("HARMLESS_LOOKING", "mine")
     write_adapters(tmp_path / "sub", ENV_SPY)
-    document = json.loads(cli("test", "--course", tmp_path / "sub", "--weights", tiny_path, "--stage", "prove-one-layer",
-                              "--format", "json").stdout)
+    document = json.loads(
+        cli(
+            "test",
+            "--course",
+            tmp_path / "sub",
+            "--weights",
+            tiny_path,
+            "--stage",
+            "prove-one-layer",
+            "--format",
+            "json",
+        ).stdout
+    )
     assert "HARMLESS_LOOKING" in _seen_env(document["stages"][0]["cases"][0]["message"])["os.environ"]
 
 
@@ -361,12 +443,28 @@ def test_the_stage_has_a_budget_that_restarts_cannot_stretch(cli, tmp_path, tiny
     write_adapters(tmp_path / "sub", source)
     # Plain `test` forks student processes from the zygote (milliseconds); under `grade`'s sandbox a fresh
     # interpreter's start would eat into the 0.6 s margin on a busy machine. The budget is the runner's, alike in both.
-    graded = json.loads(cli("test", "--course", tmp_path / "sub", "--weights", tiny_path, "--stage", "prove-one-layer",
-                            "--timeout", "2", "--format", "json").stdout)
+    graded = json.loads(
+        cli(
+            "test",
+            "--course",
+            tmp_path / "sub",
+            "--weights",
+            tiny_path,
+            "--stage",
+            "prove-one-layer",
+            "--timeout",
+            "2",
+            "--format",
+            "json",
+        ).stdout
+    )
     cases = graded["stages"][0]["cases"]
     budget = 2 * (len(cases) + 1)
     assert len(cases) > 2 and cases[0]["status"] == "crash"
-    assert (cases[-1]["status"], cases[-1]["message"]) == ("timeout", f"timed out: the stage's time budget of {budget} s ran out")
+    assert (cases[-1]["status"], cases[-1]["message"]) == (
+        "timeout",
+        f"timed out: the stage's time budget of {budget} s ran out",
+    )
 
 
 def test_links_planted_in_the_run_directory_neither_overwrite_nor_leak_files(cli, tmp_path, tiny_path):
@@ -392,8 +490,19 @@ def run_layer_equiv(seq_ids):
     return [[0.0]]
 """
     write_adapters(tmp_path / "sub", source)
-    document = json.loads(cli("test", "--course", tmp_path / "sub", "--weights", tiny_path, "--stage", "prove-one-layer",
-                              "--format", "json").stdout)
+    document = json.loads(
+        cli(
+            "test",
+            "--course",
+            tmp_path / "sub",
+            "--weights",
+            tiny_path,
+            "--stage",
+            "prove-one-layer",
+            "--format",
+            "json",
+        ).stdout
+    )
     cases = document["stages"][0]["cases"]
     assert target.read_text() == "intact"
     assert cases[0]["status"] == "crash" and "TOP-SECRET" not in json.dumps(document)

@@ -39,7 +39,7 @@ def _with_marker(marker: str) -> list[int]:
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
-    return int(stat[stat.rfind(b")") + 2:].split()[1])
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -48,13 +48,19 @@ def _alive(pid: int) -> bool:
             stat = f.read()
     except OSError:
         return False
-    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"  # a zombie is dead, merely not yet reaped
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"  # a zombie is dead, merely not yet reaped
 
 
 def _grader(tmp_path: Path, *args) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    return subprocess.Popen([sys.executable, "-m", "theinference", *map(str, args)], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "theinference", *map(str, args)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(condition, seconds: float = 60):
@@ -72,8 +78,11 @@ def test_sigterm_kills_every_student_process_and_removes_temp_dirs(tmp_path, tin
     marker = f"theinference-test-marker-{os.getpid()}-{command}"
     course = tmp_path / "submissions" / "hangs"
     write_adapters(course, SPAWN_AND_HANG.format(marker=marker))
-    args = {"test": ["test", "--course", course], "watch": ["test", "--watch", "--course", course],
-            "grade": ["grade", course, "--out", tmp_path / "grades.csv"]}[command]
+    args = {
+        "test": ["test", "--course", course],
+        "watch": ["test", "--watch", "--course", course],
+        "grade": ["grade", course, "--out", tmp_path / "grades.csv"],
+    }[command]
     grader = _grader(tmp_path, *args, "--weights", tiny_path, "--stage", "prove-one-layer")
     sleepers = _wait_for(lambda: _with_marker(marker))
     students = {pid for pid in (_parent(p) for p in sleepers) if pid != 1}
@@ -90,8 +99,19 @@ def test_sigint_mid_batch_leaves_a_sorted_csv_marked_interrupted(cli, tmp_path, 
     write_adapters(root / "b-slow", SLOW_UNFINISHED)  # finishes after c: the CSV is written out of order
     write_adapters(root / "c-quick", UNFINISHED)
     out = tmp_path / "grades.csv"
-    grader = _grader(tmp_path, "grade", *sorted(root.iterdir()), "--weights", tiny_path, "--stage", "prove-one-layer",
-                     "--jobs", "3", "--out", out)
+    grader = _grader(
+        tmp_path,
+        "grade",
+        *sorted(root.iterdir()),
+        "--weights",
+        tiny_path,
+        "--stage",
+        "prove-one-layer",
+        "--jobs",
+        "3",
+        "--out",
+        out,
+    )
     _wait_for(lambda: out.exists() and len(out.read_text().splitlines()) == 3)
     grader.send_signal(signal.SIGINT)
     grader.wait(timeout=30)

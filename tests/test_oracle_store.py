@@ -25,6 +25,7 @@ def forwards(monkeypatch):
         def counted(*args, _real=real, **kwargs):
             calls["n"] += 1
             return _real(*args, **kwargs)
+
         monkeypatch.setattr(oracle, name, counted)
     return calls
 

@@ -26,44 +26,114 @@ HINTS = {"error-grows": "Your position counter isn't advancing.", "token-mismatc
 
 def _row(i: int, err: float) -> RowStats:
     ok = err <= 1e-3
-    return RowStats(row=i, position=4 + i, token=[464, 3797, 3332, 319][i % 4], max_abs=err, max_rel=err * 10,
-                    n_bad=0 if ok else 40000 + i, n=50257, n_nonfinite=0, worst_index=995,
-                    expected=1.5, got=1.5 + (0 if ok else err), ok=ok)
+    return RowStats(
+        row=i,
+        position=4 + i,
+        token=[464, 3797, 3332, 319][i % 4],
+        max_abs=err,
+        max_rel=err * 10,
+        n_bad=0 if ok else 40000 + i,
+        n=50257,
+        n_nonfinite=0,
+        worst_index=995,
+        expected=1.5,
+        got=1.5 + (0 if ok else err),
+        ok=ok,
+    )
 
 
 def sample_run() -> RunResult:
     growing = [1e-6] + [0.05 * k for k in range(1, 24)]
-    rows_case = CaseResult(name="long-generation", status="fail", message="23 of 24 rows outside atol=0.001 rtol=0.01",
-                           rows=[_row(i, e) for i, e in enumerate(growing)], seconds=1.0)
+    rows_case = CaseResult(
+        name="long-generation",
+        status="fail",
+        message="23 of 24 rows outside atol=0.001 rtol=0.01",
+        rows=[_row(i, e) for i, e in enumerate(growing)],
+        seconds=1.0,
+    )
     rows_case.diagnosis = diagnose_rows(rows_case.rows, HINTS)
-    steps = [TokenStep(0, 1, 15496, 15496, 0.0, "match"), TokenStep(1, 2, 995, 11, 0.004, "near-tie", 0.005),
-             TokenStep(2, 3, 0, 13, 2.5, "mismatch")]
-    greedy_case = CaseResult(name="sentence", status="fail", message="token 2 of 4 differs from the oracle's greedy choice",
-                             steps=steps, got_tokens=[15496, 995, 0, 13], expected_tokens=[15496, 995, 13, 198],
-                             inputs={"prompt": [464], "n_new": 4}, texts={"prompt": "The"})
+    steps = [
+        TokenStep(0, 1, 15496, 15496, 0.0, "match"),
+        TokenStep(1, 2, 995, 11, 0.004, "near-tie", 0.005),
+        TokenStep(2, 3, 0, 13, 2.5, "mismatch"),
+    ]
+    greedy_case = CaseResult(
+        name="sentence",
+        status="fail",
+        message="token 2 of 4 differs from the oracle's greedy choice",
+        steps=steps,
+        got_tokens=[15496, 995, 0, 13],
+        expected_tokens=[15496, 995, 13, 198],
+        inputs={"prompt": [464], "n_new": 4},
+        texts={"prompt": "The"},
+    )
     greedy_case.diagnosis = diagnose_tokens(steps, HINTS, lambda t: str(t))
-    error_case = CaseResult(name="one-step", status="error", message="ValueError: bad shape",
-                            traceback='Traceback (most recent call last):\n  File "tests/adapters.py", line 3, in run\nValueError: bad shape\n',
-                            stdout="debug print\n")
+    error_case = CaseResult(
+        name="one-step",
+        status="error",
+        message="ValueError: bad shape",
+        traceback='Traceback (most recent call last):\n  File "tests/adapters.py", line 3, in run\nValueError: bad shape\n',
+        stdout="debug print\n",
+    )
     common = dict(adapters_file="tests/adapters.py", lesson="lessons/x.md", atol=1e-3, rtol=1e-2, seconds=1.25)
     stages = [
-        StageResult(id="per-step-identity", title="Per-step identity", status="fail", cases=[rows_case, error_case],
-                    points=0, max_points=20, adapter="run_per_step_logits", compare="rows", **common),
-        StageResult(id="greedy", title="Greedy", status="fail", cases=[greedy_case], points=0, max_points=10,
-                    adapter="run_greedy", compare="tokens", **common),
-        StageResult(id="prove-one-layer", title="Prove one layer", status="not-started",
-                    cases=[CaseResult(name="one", status="not-started", message="NotImplementedError: embed")],
-                    points=0, max_points=10, adapter="run_layer_equiv", compare="rows", **common),
+        StageResult(
+            id="per-step-identity",
+            title="Per-step identity",
+            status="fail",
+            cases=[rows_case, error_case],
+            points=0,
+            max_points=20,
+            adapter="run_per_step_logits",
+            compare="rows",
+            **common,
+        ),
+        StageResult(
+            id="greedy",
+            title="Greedy",
+            status="fail",
+            cases=[greedy_case],
+            points=0,
+            max_points=10,
+            adapter="run_greedy",
+            compare="tokens",
+            **common,
+        ),
+        StageResult(
+            id="prove-one-layer",
+            title="Prove one layer",
+            status="not-started",
+            cases=[CaseResult(name="one", status="not-started", message="NotImplementedError: embed")],
+            points=0,
+            max_points=10,
+            adapter="run_layer_equiv",
+            compare="rows",
+            **common,
+        ),
     ]
     config = {"n_vocab": 50257, "n_ctx": 256, "n_embd": 128, "n_head": 2, "n_layer": 2}
-    return RunResult(course="/course", weights_path="/w/model.safetensors", weights_source="--weights",
-                     weights_why="given with --weights", synthetic="tiny preset, seed 0", config=config, stages=stages)
+    return RunResult(
+        course="/course",
+        weights_path="/w/model.safetensors",
+        weights_source="--weights",
+        weights_why="given with --weights",
+        synthetic="tiny preset, seed 0",
+        config=config,
+        stages=stages,
+    )
 
 
 def render(colour: bool) -> str:
     buffer = io.StringIO()
-    console = Console(file=buffer, width=100, force_terminal=colour, color_system="standard" if colour else None,
-                      no_color=not colour, highlight=False, legacy_windows=False)
+    console = Console(
+        file=buffer,
+        width=100,
+        force_terminal=colour,
+        color_system="standard" if colour else None,
+        no_color=not colour,
+        highlight=False,
+        legacy_windows=False,
+    )
     render_run(console, sample_run(), "0.1.0")
     return buffer.getvalue()
 
@@ -118,32 +188,79 @@ _TOKENS = [464, 50256, 22837, 42492, 318, 6342, 11, 290, 262, 3139]
 def _wide_row(i: int, err: float, position: int | None = None, n: int = 50257) -> RowStats:
     ok = err <= 1e-3
     position = 4 + i if position is None else position
-    return RowStats(row=i, position=position, token=_TOKENS[position % len(_TOKENS)], max_abs=err,
-                    max_rel=err * 3.1e4, n_bad=0 if ok else n - n // 100 - i, n=n, n_nonfinite=0,
-                    worst_index=_TOKENS[(i + 2) % len(_TOKENS)], expected=-1.9543 * (i + 1), got=2.1537 * (i + 1), ok=ok)
+    return RowStats(
+        row=i,
+        position=position,
+        token=_TOKENS[position % len(_TOKENS)],
+        max_abs=err,
+        max_rel=err * 3.1e4,
+        n_bad=0 if ok else n - n // 100 - i,
+        n=n,
+        n_nonfinite=0,
+        worst_index=_TOKENS[(i + 2) % len(_TOKENS)],
+        expected=-1.9543 * (i + 1),
+        got=2.1537 * (i + 1),
+        ok=ok,
+    )
 
 
 def failure_run() -> RunResult:
     """A rows stage with a long failing case, and a stage read across one-row cases."""
     errors = [2.62e-06, 5.2437, 5.1524, 3.6213, 5.6941, 5.1502, 4.5118, 4.1032, 3.8044, 1.6631]
-    long_case = CaseResult(name="one-token-prompt", status="fail", message="9 of 10 rows outside atol=0.001 rtol=0.01",
-                           rows=[_wide_row(i, e) for i, e in enumerate(errors)])
+    long_case = CaseResult(
+        name="one-token-prompt",
+        status="fail",
+        message="9 of 10 rows outside atol=0.001 rtol=0.01",
+        rows=[_wide_row(i, e) for i, e in enumerate(errors)],
+    )
     long_case.diagnosis = diagnose_rows(long_case.rows, HINTS)
     positions, across = [0, 1, 2, 4, 7, 11, 19, 44, 63], [0.0, 2.34, 0.954, 0.668, 0.428, 0.313, 0.0935, 0.0313, 0.0712]
-    names = ["one-token", "two-tokens", "three-tokens", "5-tokens", "8-tokens", "12-tokens", "20-tokens", "45-tokens",
-             "a-case-with-a-long-name"]
-    one_row = [CaseResult(name=name, status="pass" if err == 0 else "fail", rows=[_wide_row(0, err, pos, n=128)],
-                          message="" if err == 0 else "1 of 1 rows outside atol=0.0001 rtol=0.001")
-               for name, pos, err in zip(names, positions, across)]
+    names = [
+        "one-token",
+        "two-tokens",
+        "three-tokens",
+        "5-tokens",
+        "8-tokens",
+        "12-tokens",
+        "20-tokens",
+        "45-tokens",
+        "a-case-with-a-long-name",
+    ]
+    one_row = [
+        CaseResult(
+            name=name,
+            status="pass" if err == 0 else "fail",
+            rows=[_wide_row(0, err, pos, n=128)],
+            message="" if err == 0 else "1 of 1 rows outside atol=0.0001 rtol=0.001",
+        )
+        for name, pos, err in zip(names, positions, across)
+    ]
     ordered = [dataclasses.replace(c.rows[0], row=i) for i, c in enumerate(one_row)]
     common = dict(adapters_file="tests/adapters.py", lesson="lessons/x.md", atol=1e-3, rtol=1e-2, seconds=0.4)
     stages = [
-        StageResult(id="single-step-attention", title="Single step", status="fail", cases=one_row, points=0,
-                    max_points=5, adapter="run_single_step", compare="rows",
-                    cross_case=diagnose_rows(ordered, {"first-decode-row-off": "Append k and v before attention."}),
-                    **common),
-        StageResult(id="per-step-identity", title="Per-step identity", status="fail", cases=[long_case], points=0,
-                    max_points=20, adapter="run_per_step_logits", compare="rows", **common),
+        StageResult(
+            id="single-step-attention",
+            title="Single step",
+            status="fail",
+            cases=one_row,
+            points=0,
+            max_points=5,
+            adapter="run_single_step",
+            compare="rows",
+            cross_case=diagnose_rows(ordered, {"first-decode-row-off": "Append k and v before attention."}),
+            **common,
+        ),
+        StageResult(
+            id="per-step-identity",
+            title="Per-step identity",
+            status="fail",
+            cases=[long_case],
+            points=0,
+            max_points=20,
+            adapter="run_per_step_logits",
+            compare="rows",
+            **common,
+        ),
     ]
     return dataclasses.replace(sample_run(), stages=stages)
 
@@ -216,7 +333,10 @@ def test_a_real_failure_reads_whole_at_80_columns(tiny_path, tmp_path):
     across, rows = text.split("✘ per-step-identity")
     assert across.count("pos | case") == 1 and "error by position" not in across
     for case in run.stages[0].cases:  # every case's row in the one table, its max |Δ| in full
-        assert re.search(rf"\n *{case.rows[0].position} \| {case.name} +\| .+ \| +{re.escape(f'{case.rows[0].max_abs:.3g}')} \|", across)
+        assert re.search(
+            rf"\n *{case.rows[0].position} \| {case.name} +\| .+ \| +{re.escape(f'{case.rows[0].max_abs:.3g}')} \|",
+            across,
+        )
     assert rows.count("row | pos | token") == len(run.stages[1].cases)
     assert "…" not in "".join(line for line in text.splitlines() if line.startswith(("row |", "pos |")))
 
@@ -224,11 +344,14 @@ def test_a_real_failure_reads_whole_at_80_columns(tiny_path, tmp_path):
 GPT2_SHAPE = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}
 
 
-@pytest.mark.parametrize("config, seconds, offered", [
-    (GPT2_SHAPE, 3.0, True),  # 10 cases of 3 s of the student's compute on the 124M shape
-    (GPT2_SHAPE, 0.2, False),  # a fast run needs no advice
-    (sample_run().config, 3.0, False),  # already on tiny weights
-])
+@pytest.mark.parametrize(
+    "config, seconds, offered",
+    [
+        (GPT2_SHAPE, 3.0, True),  # 10 cases of 3 s of the student's compute on the 124M shape
+        (GPT2_SHAPE, 0.2, False),  # a fast run needs no advice
+        (sample_run().config, 3.0, False),  # already on tiny weights
+    ],
+)
 def test_a_slow_run_on_large_weights_offers_the_tiny_weights_in_the_footer(config, seconds, offered):
     run = failure_run()
     for stage in run.stages:

@@ -42,9 +42,31 @@ def test_huge_output_is_refused_unread_and_grader_memory_stays_bounded(tmp_path,
     write_adapters(course, HUGE)
     out = tmp_path / "report.json"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", MEASURE, "test", "--course", course, "--weights", tiny_path,
-                           "--stages-dir", quick_stages, "--stage", "quick-layer", "--format", "json", "--output", out],
-                          env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            MEASURE,
+            "test",
+            "--course",
+            course,
+            "--weights",
+            tiny_path,
+            "--stages-dir",
+            quick_stages,
+            "--stage",
+            "quick-layer",
+            "--format",
+            "json",
+            "--output",
+            out,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     stage = _stage(out)
     assert [c["status"] for c in stage["cases"]] == ["fail", "fail"]
     assert stage["cases"][1]["message"] == "returned 629.1 MB (shape [78643200], float64); expected [3, 128]"
@@ -54,37 +76,65 @@ def test_huge_output_is_refused_unread_and_grader_memory_stays_bounded(tmp_path,
     assert not list(tmp_path.glob("theinference-run-*"))
 
 
-def test_output_over_the_file_cap_is_the_students_without_grader_frames(cli, tmp_path, tiny_path, quick_stages,
-                                                                         monkeypatch):
+def test_output_over_the_file_cap_is_the_students_without_grader_frames(
+    cli, tmp_path, tiny_path, quick_stages, monkeypatch
+):
     monkeypatch.setattr("theinference.proc.runner.FILE_CAP", 16 * 2**20)  # the 1 GB cap, scaled down to save the disk
     course = tmp_path / "course"
     write_adapters(course, "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.ones(5 * 2**20)\n")
-    result = cli("test", "--course", course, "--weights", tiny_path, "--stages-dir", quick_stages,
-                 "--stage", "quick-layer", "--format", "json")
+    result = cli(
+        "test",
+        "--course",
+        course,
+        "--weights",
+        tiny_path,
+        "--stages-dir",
+        quick_stages,
+        "--stage",
+        "quick-layer",
+        "--format",
+        "json",
+    )
     case = json.loads(result.stdout)["stages"][0]["cases"][0]
     assert result.exit_code == 1
     assert case["status"] == "error"
-    assert case["message"].startswith("the adapter's output exceeded 16 MB (it returned 0.0 GB, shape [5242880], float64)")
+    assert case["message"].startswith(
+        "the adapter's output exceeded 16 MB (it returned 0.0 GB, shape [5242880], float64)"
+    )
     assert "Traceback" not in result.stdout and "numpy" not in case["traceback"] + case["stderr"]
 
 
 def test_after_a_timeout_the_stage_s_other_cases_are_skipped(cli, tmp_path, tiny_path):
     course = tmp_path / "course"
     write_adapters(course, HANG)
-    args = ["test", "--course", course, "--weights", tiny_path, "--stage", "prove-one-layer", "--timeout", "0.5",
-            "--format", "json"]
+    args = [
+        "test",
+        "--course",
+        course,
+        "--weights",
+        tiny_path,
+        "--stage",
+        "prove-one-layer",
+        "--timeout",
+        "0.5",
+        "--format",
+        "json",
+    ]
     cases = json.loads(cli(*args).stdout)["stages"][0]["cases"]
     assert [c["status"] for c in cases] == ["timeout"] * len(cases)
     assert cases[0]["message"] == "timed out after 0.5 s while running"
-    assert {c["message"] for c in cases[1:]} == {f"skipped after a timeout in case {cases[0]['name']} "
-                                                 "(--all-cases runs every case)"}
+    assert {c["message"] for c in cases[1:]} == {
+        f"skipped after a timeout in case {cases[0]['name']} (--all-cases runs every case)"
+    }
     every = json.loads(cli(*args, "--all-cases").stdout)["stages"][0]["cases"]
     assert every[0]["message"] == "timed out after 0.5 s while running"
     # Every case is run, none skipped; on a loaded machine the restarts' imports may use up the stage's budget
     # (timeout × (cases + 1)) before the last case, which then says so instead.
     assert all(c["status"] == "timeout" and "skipped" not in c["message"] for c in every)
-    assert {c["message"] for c in every} <= {"timed out after 0.5 s while running",
-                                              f"timed out: the stage's time budget of {0.5 * (len(every) + 1):g} s ran out"}
+    assert {c["message"] for c in every} <= {
+        "timed out after 0.5 s while running",
+        f"timed out: the stage's time budget of {0.5 * (len(every) + 1):g} s ran out",
+    }
 
 
 @pytest.mark.slow
@@ -93,11 +143,25 @@ def test_a_batch_with_a_hung_submission_costs_one_timeout_per_stage(cli, tmp_pat
     for name in ("a", "b", "c"):
         write_adapters(root / name, "def run_layer_equiv(seq_ids):\n    raise NotImplementedError\n")
     adapters = {stage.adapter for stage in load_stages(stage_dirs(None, []))}
-    write_adapters(root / "hung", "import time\n" + "".join(f"def {name}(*args):\n    time.sleep(600)\n"
-                                                             for name in sorted(adapters)))
+    write_adapters(
+        root / "hung",
+        "import time\n" + "".join(f"def {name}(*args):\n    time.sleep(600)\n" for name in sorted(adapters)),
+    )
     out = tmp_path / "grades.json"
-    result = cli("grade", *sorted(root.iterdir()), "--weights", tiny_path, "--timeout", "0.5", "--jobs", "2",
-                 "--format", "json", "--out", out)
+    result = cli(
+        "grade",
+        *sorted(root.iterdir()),
+        "--weights",
+        tiny_path,
+        "--timeout",
+        "0.5",
+        "--jobs",
+        "2",
+        "--format",
+        "json",
+        "--out",
+        out,
+    )
     assert result.exit_code == 0
     hung = {s["id"]: s["results"] for s in json.loads(out.read_text())["submissions"]}["hung"]
     for stage in hung["stages"]:
@@ -110,8 +174,20 @@ def test_the_submission_budget_ends_a_slow_submission(cli, tmp_path, tiny_path):
     course = tmp_path / "submissions" / "slow"
     write_adapters(course, "import time\ndef run_layer_equiv(seq_ids):\n    time.sleep(0.7)\n    return [[0.0]]\n")
     out = tmp_path / "grades.json"
-    cli("grade", course, "--weights", tiny_path, "--stage", "prove-one-layer", "--submission-timeout", "1.5",
-        "--format", "json", "--out", out)
+    cli(
+        "grade",
+        course,
+        "--weights",
+        tiny_path,
+        "--stage",
+        "prove-one-layer",
+        "--submission-timeout",
+        "1.5",
+        "--format",
+        "json",
+        "--out",
+        out,
+    )
     cases = json.loads(out.read_text())["submissions"][0]["results"]["stages"][0]["cases"]
     assert [c["status"] for c in cases[:1]] == ["fail"]
     assert cases[-1]["status"] == "timeout"

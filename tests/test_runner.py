@@ -69,7 +69,18 @@ def grade_quick(tmp_path, tiny_path, cli, launcher):
     def run(source: str, *extra):
         course = tmp_path / "course"
         write_adapters(course, source)
-        args = ["test", "--course", course, "--weights", tiny_path, "--stages-dir", stages, "--stage", "quick-layer", *extra]
+        args = [
+            "test",
+            "--course",
+            course,
+            "--weights",
+            tiny_path,
+            "--stages-dir",
+            stages,
+            "--stage",
+            "quick-layer",
+            *extra,
+        ]
         as_json = cli(*args, "--format", "json")
         rich = cli(*args)
         assert as_json.exit_code == rich.exit_code
@@ -86,7 +97,9 @@ def test_solution_passes(grade_quick):
 
 
 def test_camel_case_alias_and_nested_lists_of_float64_are_accepted(grade_quick):
-    code, stage, _ = grade_quick(SOLUTION_IMPORTS + "def runLayerEquiv(seq_ids):\n    return _solve(seq_ids).astype(np.float64).tolist()\n")
+    code, stage, _ = grade_quick(
+        SOLUTION_IMPORTS + "def runLayerEquiv(seq_ids):\n    return _solve(seq_ids).astype(np.float64).tolist()\n"
+    )
     assert (code, stage["status"]) == (0, "pass")
 
 
@@ -118,12 +131,17 @@ def test_import_error_shows_the_students_line(grade_quick):
 def test_missing_function_names_expected_name_and_aliases(grade_quick):
     code, stage, text = grade_quick("def run_layer(seq_ids):\n    return []\n")
     assert code == 1
-    assert stage["cases"][0]["message"] == "adapters.py defines no function 'run_layer_equiv' (also accepted: runLayerEquiv)"
+    assert (
+        stage["cases"][0]["message"]
+        == "adapters.py defines no function 'run_layer_equiv' (also accepted: runLayerEquiv)"
+    )
     assert "defines no function 'run_layer_equiv'" in text
 
 
 def test_exception_traceback_is_the_students_only(grade_quick):
-    code, stage, text = grade_quick("def helper(x):\n    raise ValueError(f'bad {x}')\n\ndef run_layer_equiv(seq_ids):\n    return helper(len(seq_ids))\n")
+    code, stage, text = grade_quick(
+        "def helper(x):\n    raise ValueError(f'bad {x}')\n\ndef run_layer_equiv(seq_ids):\n    return helper(len(seq_ids))\n"
+    )
     case = stage["cases"][1]
     assert (code, case["status"], case["message"]) == (1, "error", "ValueError: bad 3")
     assert "in helper" in case["traceback"] and "in run_layer_equiv" in case["traceback"]
@@ -132,7 +150,9 @@ def test_exception_traceback_is_the_students_only(grade_quick):
 
 
 def test_wrong_shape_says_expected_and_got(grade_quick):
-    code, stage, text = grade_quick("import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.zeros((len(seq_ids), 7))\n")
+    code, stage, text = grade_quick(
+        "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.zeros((len(seq_ids), 7))\n"
+    )
     case = stage["cases"][1]
     assert (code, case["status"], case["detail"]) == (1, "fail", "wrong-shape")
     assert case["message"] == "expected shape [3, 128], got [3, 7]"
@@ -148,7 +168,10 @@ def test_non_numeric_output(grade_quick, value):
 
 
 def test_nan_output_fails_with_nonfinite_rows(grade_quick):
-    code, stage, _ = grade_quick(SOLUTION_IMPORTS + "def run_layer_equiv(seq_ids):\n    out = _solve(seq_ids)\n    out[-1, 5] = np.nan\n    return out\n")
+    code, stage, _ = grade_quick(
+        SOLUTION_IMPORTS
+        + "def run_layer_equiv(seq_ids):\n    out = _solve(seq_ids)\n    out[-1, 5] = np.nan\n    return out\n"
+    )
     case = stage["cases"][1]
     assert (code, case["status"]) == (1, "fail")
     assert [r["ok"] for r in case["rows"]] == [True, True, False]
@@ -251,8 +274,17 @@ def test_greedy_mismatch_marks_the_step_and_shows_both_paths(tmp_path, tiny_path
     (tmp_path / "stages").mkdir()
     (tmp_path / "stages" / "g.toml").write_text(GREEDY_STAGE)
     write_adapters(tmp_path / "course", f"def run_greedy(prompt_ids, n_new):\n    return {wrong}\n")
-    args = ["test", "--course", tmp_path / "course", "--weights", tiny_path, "--stages-dir", tmp_path / "stages",
-            "--stage", "quick-greedy"]
+    args = [
+        "test",
+        "--course",
+        tmp_path / "course",
+        "--weights",
+        tiny_path,
+        "--stages-dir",
+        tmp_path / "stages",
+        "--stage",
+        "quick-greedy",
+    ]
     doc = json.loads(cli(*args, "--format", "json").stdout)
     case = doc["stages"][0]["cases"][0]
     assert case["status"] == "fail" and case["got_tokens"] == wrong

@@ -20,7 +20,8 @@ from theinference.proc.sandbox import strongest_isolation
 STAGE = "prove-one-layer"
 SANDBOX = strongest_isolation()
 needs_sandbox = pytest.mark.skipif(
-    SANDBOX.level != "sandbox", reason=f"no working bubblewrap sandbox on this machine (strongest isolation: {SANDBOX.level})"
+    SANDBOX.level != "sandbox",
+    reason=f"no working bubblewrap sandbox on this machine (strongest isolation: {SANDBOX.level})",
 )
 needs_linux = pytest.mark.skipif(sys.platform != "linux", reason="the subreaper monitor is Linux-only")
 
@@ -39,7 +40,9 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
-ESCAPER = SOLUTION_IMPORTS + """\
+ESCAPER = (
+    SOLUTION_IMPORTS
+    + """\
 import subprocess, sys, time
 _started = []
 
@@ -63,6 +66,7 @@ def run_layer_equiv(seq_ids):
         print("lurker started")
     return _solve(seq_ids)
 """
+)
 
 
 @pytest.mark.slow
@@ -71,10 +75,32 @@ def run_layer_equiv(seq_ids):
 def test_an_escaped_descendant_dies_before_the_grader_exits_and_the_results_stay_intact(tmp_path, tiny_path, mode):
     marker, results = f"lurker-{uuid.uuid4()}", tmp_path / "results.json"
     write_adapters(tmp_path / "c", ESCAPER.replace("RESULTS, MARKER", f"{str(results)!r}, {marker!r}"))
-    env = {**os.environ, "THEINFERENCE_LAUNCHER": "subprocess" if mode == "subprocess" else "zygote",
-           "CI": "true" if mode == "untrusted" else "false"}
-    done = subprocess.run([sys.executable, "-m", "theinference", "test", "--course", tmp_path / "c", "--weights", tiny_path,
-                           "--stage", STAGE, "--format", "json", "--output", results], env=env, capture_output=True, timeout=300)
+    env = {
+        **os.environ,
+        "THEINFERENCE_LAUNCHER": "subprocess" if mode == "subprocess" else "zygote",
+        "CI": "true" if mode == "untrusted" else "false",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "theinference",
+            "test",
+            "--course",
+            tmp_path / "c",
+            "--weights",
+            tiny_path,
+            "--stage",
+            STAGE,
+            "--format",
+            "json",
+            "--output",
+            results,
+        ],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr.decode()
     time.sleep(1.5)  # what a surviving lurker would need to strike
     assert _processes_with(marker) == []
@@ -86,7 +112,10 @@ def test_an_escaped_descendant_dies_before_the_grader_exits_and_the_results_stay
 def _probe_adapter(course: Path, probe: str) -> None:
     """Adapters that pass only if `probe` (code that returns a breach description or None) finds no breach."""
     body = "\n".join("        " + line for line in probe.strip().splitlines())
-    write_adapters(course, SOLUTION_IMPORTS + f"""\
+    write_adapters(
+        course,
+        SOLUTION_IMPORTS
+        + f"""\
 def _breach():
     try:
 {body}
@@ -99,7 +128,8 @@ def run_layer_equiv(seq_ids):
     if breach:
         raise RuntimeError(f"breach: {{breach}}")
     return _solve(seq_ids)
-""")
+""",
+    )
 
 
 PROBES = {
@@ -159,8 +189,13 @@ def test_sandbox_hides_the_grader_network_and_filesystem(cli, tmp_path, tiny_pat
 
 
 @needs_sandbox
-def test_under_the_sandbox_weights_path_and_scratch_files_work_and_the_student_is_not_root(cli, tmp_path, tiny_path, monkeypatch):
-    write_adapters(tmp_path / "c", SOLUTION_IMPORTS + """\
+def test_under_the_sandbox_weights_path_and_scratch_files_work_and_the_student_is_not_root(
+    cli, tmp_path, tiny_path, monkeypatch
+):
+    write_adapters(
+        tmp_path / "c",
+        SOLUTION_IMPORTS
+        + """\
 import os
 def run_layer_equiv(seq_ids):
     assert os.path.exists(theinference.weights_path()), theinference.weights_path()
@@ -169,7 +204,8 @@ def run_layer_equiv(seq_ids):
     with tempfile.TemporaryFile() as f:  # scratch space works, inside the run's own directory
         f.write(b"x")
     return _solve(seq_ids)
-""")
+""",
+    )
     monkeypatch.setenv("CI", "true")
     result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
     assert result.exit_code == 0, json.loads(result.stdout)["stages"][0]["cases"][0]["message"]
@@ -177,7 +213,9 @@ def run_layer_equiv(seq_ids):
 
 @pytest.mark.slow
 @needs_sandbox
-def test_the_solution_passes_every_stage_under_the_sandbox_and_the_header_says_so(cli, solution_course, tiny_path, monkeypatch):
+def test_the_solution_passes_every_stage_under_the_sandbox_and_the_header_says_so(
+    cli, solution_course, tiny_path, monkeypatch
+):
     monkeypatch.setenv("CI", "true")
     as_json = cli("test", "--all", "--course", solution_course, "--weights", tiny_path, "--format", "json")
     doc = json.loads(as_json.stdout)
@@ -196,7 +234,9 @@ def test_a_students_own_loop_says_it_is_not_sandboxed(cli, solution_course, tiny
 
 @needs_linux
 @pytest.mark.parametrize("missing", ["bwrap", "bwrap+unshare"])
-def test_without_bubblewrap_untrusted_runs_fall_back_and_say_so(cli, tmp_path, tiny_path, monkeypatch, listener, missing):
+def test_without_bubblewrap_untrusted_runs_fall_back_and_say_so(
+    cli, tmp_path, tiny_path, monkeypatch, listener, missing
+):
     from theinference.proc import sandbox
 
     monkeypatch.setattr(sandbox, "_working_bwrap", lambda: None)
@@ -219,8 +259,11 @@ def test_without_bubblewrap_untrusted_runs_fall_back_and_say_so(cli, tmp_path, t
 @needs_linux
 @pytest.mark.parametrize("launcher", ["zygote", "subprocess"])
 def test_killing_its_monitor_is_no_grader_error(cli, tmp_path, tiny_path, monkeypatch, launcher):
-    write_adapters(tmp_path / "c", SOLUTION_IMPORTS + "import os, signal\ndef run_layer_equiv(seq_ids):\n"
-                                                      "    os.kill(os.getppid(), signal.SIGKILL)\n    return _solve(seq_ids)\n")
+    write_adapters(
+        tmp_path / "c",
+        SOLUTION_IMPORTS + "import os, signal\ndef run_layer_equiv(seq_ids):\n"
+        "    os.kill(os.getppid(), signal.SIGKILL)\n    return _solve(seq_ids)\n",
+    )
     monkeypatch.setenv("THEINFERENCE_LAUNCHER", launcher)
     result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
     assert result.exit_code == 0 and json.loads(result.stdout)["stages"][0]["status"] == "pass"
@@ -229,14 +272,27 @@ def test_killing_its_monitor_is_no_grader_error(cli, tmp_path, tiny_path, monkey
 @needs_sandbox
 def test_the_results_file_is_hidden_even_inside_the_course(cli, tmp_path, tiny_path, monkeypatch):
     results = tmp_path / "c" / "results.json"
-    _probe_adapter(tmp_path / "c", f"return 'read the results file' if 'grades' in open({str(results)!r}).read() else None")
+    _probe_adapter(
+        tmp_path / "c", f"return 'read the results file' if 'grades' in open({str(results)!r}).read() else None"
+    )
     monkeypatch.setenv("CI", "true")
     for trusted in (False, True):
         results.write_text('{"earlier": "grades"}')
         if trusted:
             monkeypatch.setenv("CI", "false")
-        code = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json",
-                   "--output", results).exit_code
+        code = cli(
+            "test",
+            "--course",
+            tmp_path / "c",
+            "--weights",
+            tiny_path,
+            "--stage",
+            STAGE,
+            "--format",
+            "json",
+            "--output",
+            results,
+        ).exit_code
         doc = json.loads(results.read_text())
         assert (code, doc["status"]) == ((1, "fail") if trusted else (0, "pass"))
 

@@ -24,7 +24,9 @@ def _model():
     return load_weights(theinference.weights_path())
 """
 
-RECOMPUTE = MODEL + """
+RECOMPUTE = (
+    MODEL
+    + """
 def run_greedy(prompt_ids, n_new):
     # No cache: every step runs the model over the whole sequence so far.
     params, n_head = _model()
@@ -33,8 +35,11 @@ def run_greedy(prompt_ids, n_new):
         ids.append(int(np.argmax(forward(params, ids, n_head)[-1])))
     return ids[len(prompt_ids):]
 """
+)
 
-WRONG_TOKEN = MODEL + """
+WRONG_TOKEN = (
+    MODEL
+    + """
 def run_greedy(prompt_ids, n_new):
     # Fast (cached) but one token wrong.
     params, n_head = _model()
@@ -42,6 +47,7 @@ def run_greedy(prompt_ids, n_new):
     out[n_new // 2] = (out[n_new // 2] + 1) % 50257
     return out
 """
+)
 
 
 @pytest.fixture
@@ -50,8 +56,18 @@ def quick_stages(tmp_path):
 
 
 def grade_quick(cli, course, tiny_path, quick_stages, *extra):
-    return cli("test", "--course", course, "--weights", tiny_path, "--stages-dir", quick_stages,
-               "--stage", "quick-scaling", *extra)
+    return cli(
+        "test",
+        "--course",
+        course,
+        "--weights",
+        tiny_path,
+        "--stages-dir",
+        quick_stages,
+        "--stage",
+        "quick-scaling",
+        *extra,
+    )
 
 
 def _burn(seconds: float) -> None:

@@ -29,7 +29,6 @@ seq = [1, 2, 3]
 """
 
 
-
 def tokens_stage(tie: str | None = "[tie]\nrtol = 1e-4\n", tolerance: bool = False) -> str:
     """VALID made a greedy-tokens stage, with the given [tie] table (or none) and optionally [tolerance]."""
     text = VALID.replace('oracle = "layer0-attn-sublayer"', 'oracle = "greedy"').replace('"rows"', '"tokens"')
@@ -48,7 +47,15 @@ def write_stage(directory: Path, text: str, name: str = "stage.toml") -> Path:
 
 def test_builtin_stages_follow_the_course():
     stages = {s.id: s for s in load_stages(stage_dirs(None))}
-    assert list(stages) == ["forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy"]
+    assert list(stages) == [
+        "forward",
+        "single-step-attention",
+        "prove-one-layer",
+        "decode-step",
+        "per-step-identity",
+        "cache-scaling",
+        "greedy",
+    ]
     assert (stages["single-step-attention"].atol, stages["single-step-attention"].rtol) == (1e-4, 1e-3)
     assert (stages["decode-step"].atol, stages["decode-step"].rtol) == (1e-3, 1e-2)
     assert (stages["prove-one-layer"].atol, stages["prove-one-layer"].rtol) == (1e-4, 1e-3)
@@ -90,8 +97,16 @@ def test_default_alias_is_camel_case(tmp_path):
         (lambda t: t.replace("timeout = 10", 'timeout = "ten"'), "timeout", "expected int or float"),
         (lambda t: t.replace("timeout = 10", "timeout = true"), "timeout", "expected int or float"),
         (lambda t: t.replace("timeout = 10", "timeout = 0"), "timeout", "must be > 0"),
-        (lambda t: t.replace('compare = "rows"', 'compare = "bytes"'), "compare", "must be one of rows, tokens, scaling"),
-        (lambda t: t.replace('oracle = "layer0-attn-sublayer"', 'oracle = "layer9"'), "oracle", "unknown oracle 'layer9'"),
+        (
+            lambda t: t.replace('compare = "rows"', 'compare = "bytes"'),
+            "compare",
+            "must be one of rows, tokens, scaling",
+        ),
+        (
+            lambda t: t.replace('oracle = "layer0-attn-sublayer"', 'oracle = "layer9"'),
+            "oracle",
+            "unknown oracle 'layer9'",
+        ),
         (lambda t: t.replace('id = "mlp-check"', 'id = "MLP Check"'), "id", "lowercase"),
         (lambda t: t.replace("atol = 1e-4\n", ""), "tolerance.atol", "missing required field"),
         (lambda t: t.replace("rtol = 1e-3", "rtol = 1e-3\nbtol = 2"), "tolerance.btol", "unknown field"),
@@ -104,14 +119,18 @@ def test_default_alias_is_camel_case(tmp_path):
         (lambda t: t + '\n[[case]]\nname = "a"\nseq = [4]\n', "case[1].name", "duplicate case name 'a'"),
         (lambda t: t + '\n[hints]\nwobbly = "x"\n', "hints.wobbly", "unknown failure shape"),
         (lambda t: t.replace("format_version = 1", "format_version = 2"), "format_version", "reads format_version 1"),
-        (lambda t: t + "\n[tie]\nrtol = 1e-4\n", "tie", 'only a stage that checks greedy tokens (compare "tokens" or "scaling") takes [tie]'),
+        (
+            lambda t: t + "\n[tie]\nrtol = 1e-4\n",
+            "tie",
+            'only a stage that checks greedy tokens (compare "tokens" or "scaling") takes [tie]',
+        ),
         (lambda t: tokens_stage(tie=None), "tie", "missing required field"),
         (lambda t: tokens_stage(tolerance=True), "tolerance", "takes [tie]"),
         (lambda t: tokens_stage("[tie]\nrtol = 1e-4\natol = 1e-3\n"), "tie.atol", "unknown field"),
         (lambda t: tokens_stage("[tie]\nrtol = -1.0\n"), "tie.rtol", "must be a finite number >= 0"),
         (lambda t: tokens_stage("[tie]\nrtol = inf\n"), "tie.rtol", "must be a finite number >= 0"),
         (lambda t: tokens_stage("[tie]\nrtol = nan\n"), "tie.rtol", "must be a finite number >= 0"),
-        (lambda t: tokens_stage("[tie]\nrtol = \"small\"\n"), "tie.rtol", "expected int or float"),
+        (lambda t: tokens_stage('[tie]\nrtol = "small"\n'), "tie.rtol", "expected int or float"),
     ],
 )
 def test_invalid_stage_names_file_and_field(tmp_path, edit, field, words):
@@ -159,7 +178,11 @@ def test_a_scaling_stage_takes_n_new_from_its_lengths(tmp_path):
 @pytest.mark.parametrize(
     "text, field, words",
     [
-        (SCALING.replace("[scaling]\nlengths = [8, 64]\nrepeats = 2\nmax_ratio = 2.0\n", ""), "scaling", "needs a [scaling] table"),
+        (
+            SCALING.replace("[scaling]\nlengths = [8, 64]\nrepeats = 2\nmax_ratio = 2.0\n", ""),
+            "scaling",
+            "needs a [scaling] table",
+        ),
         (SCALING.replace("repeats = 2", "repeats = 2\nwarmup = 1"), "scaling.warmup", "unknown field"),
         (SCALING.replace("lengths = [8, 64]", "lengths = [64, 8]"), "scaling.lengths", "ascending"),
         (SCALING.replace("lengths = [8, 64]", "lengths = [64]"), "scaling.lengths", "at least two"),
@@ -167,9 +190,13 @@ def test_a_scaling_stage_takes_n_new_from_its_lengths(tmp_path):
         (SCALING.replace("repeats = 2", "repeats = 0"), "scaling.repeats", "must be >= 1"),
         (SCALING.replace("max_ratio = 2.0", "max_ratio = 1"), "scaling.max_ratio", "must be > 1"),
         (SCALING.replace("max_ratio = 2.0\n", ""), "scaling.max_ratio", "missing required field"),
-        (SCALING.replace('prompt = [464]', 'prompt = [464]\nn_new = 3'), "case[0].n_new", "unknown field"),
-        (SCALING.replace("[tie]\nrtol = 1e-4\n", "[tolerance]\natol = 1e-3\nrtol = 1e-2\n"), "tolerance", "takes [tie]"),
-        (SCALING.replace('oracle = "greedy"', 'oracle = "per-step-logits"'), "oracle", "must be \"greedy\""),
+        (SCALING.replace("prompt = [464]", "prompt = [464]\nn_new = 3"), "case[0].n_new", "unknown field"),
+        (
+            SCALING.replace("[tie]\nrtol = 1e-4\n", "[tolerance]\natol = 1e-3\nrtol = 1e-2\n"),
+            "tolerance",
+            "takes [tie]",
+        ),
+        (SCALING.replace('oracle = "greedy"', 'oracle = "per-step-logits"'), "oracle", 'must be "greedy"'),
         (VALID + "\n[scaling]\nlengths = [1, 2]\n", "scaling", "only a stage with compare"),
     ],
 )
@@ -189,12 +216,23 @@ def test_toml_syntax_error_names_the_file(tmp_path):
 def test_duplicate_ids_across_directories(tmp_path):
     write_stage(tmp_path / "a", VALID)
     second = write_stage(tmp_path / "b", VALID)
-    with pytest.raises(StageError, match=rf"{second}: field 'id': duplicate stage id 'mlp-check' \(also in .*a/stage.toml\)"):
+    with pytest.raises(
+        StageError, match=rf"{second}: field 'id': duplicate stage id 'mlp-check' \(also in .*a/stage.toml\)"
+    ):
         load_stages([tmp_path / "a", tmp_path / "b"])
 
 
 def test_course_stages_directory_is_discovered(tmp_path):
     write_stage(tmp_path / "course" / "stages", VALID)
     ids = [s.id for s in load_stages(stage_dirs(tmp_path / "course"))]
-    assert ids == ["forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "cache-scaling", "greedy", "mlp-check"]
+    assert ids == [
+        "forward",
+        "single-step-attention",
+        "prove-one-layer",
+        "decode-step",
+        "per-step-identity",
+        "cache-scaling",
+        "greedy",
+        "mlp-check",
+    ]
     assert stage_dirs(tmp_path / "course")[0] == data_dir("stages")

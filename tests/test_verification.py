@@ -63,11 +63,25 @@ def test_an_exact_tie_is_accepted_and_noted(cli, tiny_dir, tiny_model, tmp_path)
     shutil.copy(tiny_dir / "config.json", weights / "config.json")
     stages = tmp_path / "stages"
     stages.mkdir()
-    (stages / "g.toml").write_text(GREEDY.source.read_text().split("[[case]]")[0].replace(
-        'id = "greedy"', 'id = "tie-greedy"').replace("../course/lessons/", str(COURSE / "lessons") + "/")
-        + f'[[case]]\nname = "tie"\nprompt = {prompt}\nn_new = {n_new}\n')
+    (stages / "g.toml").write_text(
+        GREEDY.source.read_text()
+        .split("[[case]]")[0]
+        .replace('id = "greedy"', 'id = "tie-greedy"')
+        .replace("../course/lessons/", str(COURSE / "lessons") + "/")
+        + f'[[case]]\nname = "tie"\nprompt = {prompt}\nn_new = {n_new}\n'
+    )
     write_adapters(tmp_path / "course", f"def run_greedy(prompt_ids, n_new):\n    return {[twin] + first[1:]}\n")
-    args = ["test", "--course", tmp_path / "course", "--weights", weights, "--stages-dir", stages, "--stage", "tie-greedy"]
+    args = [
+        "test",
+        "--course",
+        tmp_path / "course",
+        "--weights",
+        weights,
+        "--stages-dir",
+        stages,
+        "--stage",
+        "tie-greedy",
+    ]
     result = cli(*args, "--format", "json")
     assert result.exit_code == 0
     [step, *_] = json.loads(result.stdout)["stages"][0]["cases"][0]["steps"]

@@ -185,11 +185,22 @@ def test_course_renamed_away_then_recreated_waits_then_resumes(harness, solution
     assert h.settle() == 3
 
 
-@pytest.mark.parametrize("name, relevant", [
-    ("src/kvcache.py", True), ("theinference.toml", True), ("stages/x.toml", True),
-    ("src/kvcache.py~", False), ("src/.kvcache.py.swp", False), ("src/4913", False), ("src/.#kvcache.py", False),
-    ("src/flycheck_kvcache.py", False), ("src/__pycache__/a.py", False), (".venv/lib/a.py", False), ("README.md", False),
-])
+@pytest.mark.parametrize(
+    "name, relevant",
+    [
+        ("src/kvcache.py", True),
+        ("theinference.toml", True),
+        ("stages/x.toml", True),
+        ("src/kvcache.py~", False),
+        ("src/.kvcache.py.swp", False),
+        ("src/4913", False),
+        ("src/.#kvcache.py", False),
+        ("src/flycheck_kvcache.py", False),
+        ("src/__pycache__/a.py", False),
+        (".venv/lib/a.py", False),
+        ("README.md", False),
+    ],
+)
 def test_relevance_filter(tmp_path, name, relevant):
     assert is_relevant(str(tmp_path / name), tmp_path) is relevant
 
@@ -200,8 +211,21 @@ def test_ctrl_c_exits_cleanly_with_code_0(solution_course, tiny_path):
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "theinference", "test", "--stage", "prove-one-layer", "--watch", "--weights", str(tiny_path)],
-        cwd=solution_course, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "theinference",
+            "test",
+            "--stage",
+            "prove-one-layer",
+            "--watch",
+            "--weights",
+            str(tiny_path),
+        ],
+        cwd=solution_course,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 30
     seen = ""
@@ -254,14 +278,22 @@ def test_the_waiting_screen_says_what_happened(capsys, tmp_path):
     from theinference.cli.watch import render_regrade
     from theinference.grading.watch import Regrade
 
-    render_regrade(Regrade(changed=[], at=0.0, waiting=True, error=f"{tmp_path} is gone (renamed or deleted): "
-                           "waiting for it to come back"), tmp_path)
+    render_regrade(
+        Regrade(
+            changed=[],
+            at=0.0,
+            waiting=True,
+            error=f"{tmp_path} is gone (renamed or deleted): waiting for it to come back",
+        ),
+        tmp_path,
+    )
     out = capsys.readouterr().out
     assert f"{tmp_path} is gone (renamed or deleted): waiting for it to come back" in out and "graded in" not in out
 
 
 def test_the_verdict_shows_before_the_fingerprint(tmp_path, tiny_path):
     from theinference.grading.mutants import build_mutant, load_mutant
+
     mutant = load_mutant(data_dir("course") / "mutants" / "wpe-base-off-by-one" / "manifest.toml")
     course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / "course")
     session = open_session(course, str(tiny_path), [])

@@ -47,7 +47,9 @@ def test_synth_biases_and_gains_are_not_trivial(tiny_model):
 
 
 def test_wrong_shape_tensor_is_named(tmp_path, tiny_dir):
-    path = _rewrite(tiny_dir, tmp_path / "w", lambda t: t.update({"h.1.mlp.c_fc.weight": np.zeros((128, 100), np.float32)}))
+    path = _rewrite(
+        tiny_dir, tmp_path / "w", lambda t: t.update({"h.1.mlp.c_fc.weight": np.zeros((128, 100), np.float32)})
+    )
     with pytest.raises(WeightsError, match=r"'h\.1\.mlp\.c_fc\.weight' has shape \[128, 100\], expected \[128, 512\]"):
         load_model(path)
 
@@ -143,12 +145,17 @@ def test_resolution_order(tmp_path, tiny_path):
     env = {"HF_HOME": str(tmp_path / "hf"), "THEINFERENCE_CACHE": str(tmp_path / "cache")}
     toml_weights = tmp_path / "course" / "w.safetensors"
 
-    assert resolve_weights("/x/cli.safetensors", toml_weights, {**env, "THEINFERENCE_WEIGHTS": "/x/env"}).source == "--weights"
+    assert (
+        resolve_weights("/x/cli.safetensors", toml_weights, {**env, "THEINFERENCE_WEIGHTS": "/x/env"}).source
+        == "--weights"
+    )
     assert resolve_weights(None, toml_weights, {**env, "THEINFERENCE_WEIGHTS": "/x/env"}).path == Path("/x/env")
     assert resolve_weights(None, toml_weights, env).source == "theinference.toml"
     hf = resolve_weights(None, None, env)
     assert (hf.source, hf.path) == ("huggingface-cache", hf_file)
-    synthetic = resolve_weights(None, None, {"HF_HOME": str(tmp_path / "empty"), "THEINFERENCE_CACHE": str(tmp_path / "cache")})
+    synthetic = resolve_weights(
+        None, None, {"HF_HOME": str(tmp_path / "empty"), "THEINFERENCE_CACHE": str(tmp_path / "cache")}
+    )
     assert synthetic.source == "default-synthetic"
     assert synthetic.path.is_relative_to(tmp_path / "cache")
 
@@ -160,6 +167,7 @@ def test_hf_hub_cache_variable_and_old_repo_name(tmp_path, tiny_path):
 
 
 # Checkpoints as they exist in the wild: every defect is exit 2 naming the tensor or field.
+
 
 def _edit_header(src: Path, dest_dir: Path, edit) -> Path:
     """Copy a checkpoint with `edit(header)` applied to its JSON header; the tensor bytes are kept."""
@@ -181,23 +189,41 @@ def _shifted(name, by):
     return lambda header: header[name].update({"data_offsets": [n + by for n in header[name]["data_offsets"]]})
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda h: h.update({"h.0.ln_1.bias": "oops"}), "tensor 'h.0.ln_1.bias': header entry is str 'oops', not an object"),
-    (lambda h: h.update({"wte.weight": 3}), "tensor 'wte.weight': header entry is int 3"),
-    (lambda h: h["h.1.ln_2.weight"].pop("data_offsets"), "tensor 'h.1.ln_2.weight': header entry has no 'data_offsets'"),
-    (lambda h: h["ln_f.bias"].pop("shape"), "tensor 'ln_f.bias': header entry has no 'shape'"),
-    (_set("ln_f.bias", "data_offsets", ["0", "512"]), "tensor 'ln_f.bias': 'data_offsets' is ['0', '512']"),
-    (_set("ln_f.bias", "data_offsets", [-512, 0]), "tensor 'ln_f.bias': 'data_offsets' is [-512, 0]"),
-    (_set("ln_f.bias", "data_offsets", [512, 0]), "tensor 'ln_f.bias': 'data_offsets' is [512, 0]"),
-    (_shifted("h.0.attn.c_proj.weight", 10**12), "tensor 'h.0.attn.c_proj.weight' lies outside the file's data"),
-    (_set("ln_f.bias", "shape", ["128"]), "tensor 'ln_f.bias': 'shape' is ['128']"),
-    (_set("ln_f.bias", "dtype", 32), "tensor 'ln_f.bias': 'dtype' is 32, not a string"),
-    (_set("wte.weight", "shape", [50257 * 128]), "tensor 'wte.weight' has shape [6432896], expected [n_vocab, n_embd]"),
-    (_set("wte.weight", "shape", [1, 50257, 128]), "tensor 'wte.weight' has shape [1, 50257, 128], expected [n_vocab, n_embd]"),
-    (_set("wpe.weight", "shape", [0, 128]), "tensor 'wpe.weight' has shape [0, 128], expected [n_ctx, n_embd]"),
-    (_set("wte.weight", "shape", [128, 50257]), "'wte.weight' has shape [128, 50257] but 'wpe.weight' has [256, 128]: "
-                                                "expected wte [n_vocab, 128] (is it transposed?)"),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            lambda h: h.update({"h.0.ln_1.bias": "oops"}),
+            "tensor 'h.0.ln_1.bias': header entry is str 'oops', not an object",
+        ),
+        (lambda h: h.update({"wte.weight": 3}), "tensor 'wte.weight': header entry is int 3"),
+        (
+            lambda h: h["h.1.ln_2.weight"].pop("data_offsets"),
+            "tensor 'h.1.ln_2.weight': header entry has no 'data_offsets'",
+        ),
+        (lambda h: h["ln_f.bias"].pop("shape"), "tensor 'ln_f.bias': header entry has no 'shape'"),
+        (_set("ln_f.bias", "data_offsets", ["0", "512"]), "tensor 'ln_f.bias': 'data_offsets' is ['0', '512']"),
+        (_set("ln_f.bias", "data_offsets", [-512, 0]), "tensor 'ln_f.bias': 'data_offsets' is [-512, 0]"),
+        (_set("ln_f.bias", "data_offsets", [512, 0]), "tensor 'ln_f.bias': 'data_offsets' is [512, 0]"),
+        (_shifted("h.0.attn.c_proj.weight", 10**12), "tensor 'h.0.attn.c_proj.weight' lies outside the file's data"),
+        (_set("ln_f.bias", "shape", ["128"]), "tensor 'ln_f.bias': 'shape' is ['128']"),
+        (_set("ln_f.bias", "dtype", 32), "tensor 'ln_f.bias': 'dtype' is 32, not a string"),
+        (
+            _set("wte.weight", "shape", [50257 * 128]),
+            "tensor 'wte.weight' has shape [6432896], expected [n_vocab, n_embd]",
+        ),
+        (
+            _set("wte.weight", "shape", [1, 50257, 128]),
+            "tensor 'wte.weight' has shape [1, 50257, 128], expected [n_vocab, n_embd]",
+        ),
+        (_set("wpe.weight", "shape", [0, 128]), "tensor 'wpe.weight' has shape [0, 128], expected [n_ctx, n_embd]"),
+        (
+            _set("wte.weight", "shape", [128, 50257]),
+            "'wte.weight' has shape [128, 50257] but 'wpe.weight' has [256, 128]: "
+            "expected wte [n_vocab, 128] (is it transposed?)",
+        ),
+    ],
+)
 def test_corrupt_header_values_exit_2_naming_the_tensor(cli, solution_course, tmp_path, tiny_path, edit, words):
     path = _edit_header(tiny_path, tmp_path / "w", edit)
     result = cli("test", "--course", solution_course, "--weights", path)
@@ -205,16 +231,21 @@ def test_corrupt_header_values_exit_2_naming_the_tensor(cli, solution_course, tm
     assert words in result.stderr and "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("field, value", [
-    ("activation_function", "relu"),
-    ("layer_norm_epsilon", 1e-6),
-    ("scale_attn_by_inverse_layer_idx", True),
-    ("reorder_and_upcast_attn", True),
-    ("scale_attn_weights", False),
-    ("tie_word_embeddings", False),
-    ("model_type", "gpt_neo"),
-])
-def test_config_fields_that_change_the_model_are_refused_by_name(cli, solution_course, tmp_path, tiny_dir, field, value):
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("activation_function", "relu"),
+        ("layer_norm_epsilon", 1e-6),
+        ("scale_attn_by_inverse_layer_idx", True),
+        ("reorder_and_upcast_attn", True),
+        ("scale_attn_weights", False),
+        ("tie_word_embeddings", False),
+        ("model_type", "gpt_neo"),
+    ],
+)
+def test_config_fields_that_change_the_model_are_refused_by_name(
+    cli, solution_course, tmp_path, tiny_dir, field, value
+):
     path = _rewrite(tiny_dir, tmp_path / "w", lambda t: None)
     config = json.loads((tmp_path / "w" / "config.json").read_text())
     (tmp_path / "w" / "config.json").write_text(json.dumps({**config, field: value}))
@@ -256,7 +287,9 @@ def test_symlinked_hf_cache_snapshot_uses_the_config_beside_the_link(cli, soluti
     result = cli("test", "--stage", "prove-one-layer", "--course", solution_course, "--format", "json")
     doc = json.loads(result.stdout)
     assert result.exit_code == 0, result.stdout
-    assert doc["weights"]["source"] == "huggingface-cache" and doc["weights"]["path"] == str(snapshot / "model.safetensors")
+    assert doc["weights"]["source"] == "huggingface-cache" and doc["weights"]["path"] == str(
+        snapshot / "model.safetensors"
+    )
     assert doc["weights"]["config"]["n_head"] == 4
 
 

@@ -19,7 +19,12 @@ from theinference.errors import ConfigError
 
 CONFIG_NAME = "theinference.toml"
 DEFAULT_ADAPTERS = "tests/adapters.py"
-_FIELDS: dict[str, type | tuple[type, ...]] = {"weights": str, "adapters": str, "stages_dirs": list, "timeout": (int, float)}
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "weights": str,
+    "adapters": str,
+    "stages_dirs": list,
+    "timeout": (int, float),
+}
 
 
 class CourseError(ConfigError):

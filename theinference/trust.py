@@ -18,13 +18,42 @@ from theinference.bundled import data_dir
 # Variables a student process (and the zygote it is forked from) may see in untrusted mode:
 # what the interpreter, locale and BLAS need (PWD: bubblewrap sets it to the working directory).
 # Anything else (tokens, passwords, CI credentials under whatever name) is left out.
-ENV_ALLOWED = frozenset({
-    "PATH", "HOME", "PWD", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM", "COLUMNS",
-    "NO_COLOR", "SYSTEMROOT", "COMSPEC", "LD_LIBRARY_PATH", "VIRTUAL_ENV", WEIGHTS_ENV,
-    "PYTHONPATH", "PYTHONHOME", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
-    "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS", "GOTO_NUM_THREADS",
-})
+ENV_ALLOWED = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "PWD",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "TERM",
+        "COLUMNS",
+        "NO_COLOR",
+        "SYSTEMROOT",
+        "COMSPEC",
+        "LD_LIBRARY_PATH",
+        "VIRTUAL_ENV",
+        WEIGHTS_ENV,
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONIOENCODING",
+        "PYTHONUTF8",
+        "PYTHONHASHSEED",
+        "PYTHONDONTWRITEBYTECODE",
+        "OPENBLAS_NUM_THREADS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "NUMEXPR_NUM_THREADS",
+        "VECLIB_MAXIMUM_THREADS",
+        "BLIS_NUM_THREADS",
+        "GOTO_NUM_THREADS",
+    }
+)
 _ENV_ALLOWED_PATTERN = re.compile(r"LC_[A-Z]+")
 
 
@@ -38,9 +67,13 @@ def untrusted_course(course: Course) -> tuple[Course, list[str]]:
     notices = []
     for name, value in (("weights", course.weights), ("stages_dirs", course.stages_dirs), ("timeout", course.timeout)):
         if value:
-            notices.append(f"ignored the submission's theinference.toml `{name}`: untrusted grading uses the instructor's")
+            notices.append(
+                f"ignored the submission's theinference.toml `{name}`: untrusted grading uses the instructor's"
+            )
     if (course.root / "stages").is_dir() and any((course.root / "stages").glob("*.toml")):
-        notices.append("ignored the submission's stages/ directory: untrusted grading uses the instructor's stages only")
+        notices.append(
+            "ignored the submission's stages/ directory: untrusted grading uses the instructor's stages only"
+        )
     adapters = course.adapters.resolve()
     if not adapters.is_relative_to(course.root.resolve()):
         raise CourseError(f"{course.adapters}: the adapters file must be inside the submission ({course.root})")

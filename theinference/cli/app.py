@@ -16,8 +16,19 @@ from theinference import __version__
 from theinference.cli import help as cli_help
 from theinference.proc import interrupt
 from theinference.grading.advice import advise
-from theinference.cli.common import (EXIT_CONFIG, EXIT_FAIL, EXIT_INTERNAL, ConfigErrorsExit, OracleProgress, console_for,
-                                     err_console, in_ci, run_options, synth_progress, write_atomic)
+from theinference.cli.common import (
+    EXIT_CONFIG,
+    EXIT_FAIL,
+    EXIT_INTERNAL,
+    ConfigErrorsExit,
+    OracleProgress,
+    console_for,
+    err_console,
+    in_ci,
+    run_options,
+    synth_progress,
+    write_atomic,
+)
 from theinference.proc.runner import DEFAULT_MEMORY_MB
 from theinference.cli.autograder import autograder_app
 from theinference.cli.course import demo_command, init_command
@@ -37,8 +48,10 @@ from theinference.cli.options import CourseOpt, MemoryLimitOpt, StagesDirOpt, Ti
 cli_help.apply()
 app = typer.Typer(
     cls=ConfigErrorsExit,
-    name="theinference", help="The grader for the course 'Build your own KV cache'.",
-    no_args_is_help=True, pretty_exceptions_enable=False,
+    name="theinference",
+    help="The grader for the course 'Build your own KV cache'.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
 )
 app.add_typer(weights_app, name="weights")
 app.add_typer(stages_app, name="stages")
@@ -55,8 +68,6 @@ class Format(str, Enum):
     junit = "junit"
     gradescope = "gradescope"
     github = "github"
-
-
 
 
 def _weights_notice(session) -> None:
@@ -90,20 +101,47 @@ def _emit(run, fmt: Format, output: Optional[Path]) -> None:
 
 @app.command()
 def test(
-    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Stage id to grade (repeatable).")] = None,
-    all_stages: Annotated[bool, typer.Option("--all", help="Grade every stage (default: the first stage not yet passed).")] = False,
+    stage: Annotated[
+        Optional[list[str]], typer.Option("--stage", metavar="ID", help="Stage id to grade (repeatable).")
+    ] = None,
+    all_stages: Annotated[
+        bool, typer.Option("--all", help="Grade every stage (default: the first stage not yet passed).")
+    ] = False,
     course: CourseOpt = None,
     weights: WeightsOpt = None,
     timeout: TimeoutOpt = None,
     fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.rich,
-    output: Annotated[Optional[Path], typer.Option("--output", metavar="FILE", help="Write the report to this file instead of stdout.")] = None,
+    output: Annotated[
+        Optional[Path],
+        typer.Option("--output", metavar="FILE", help="Write the report to this file instead of stdout."),
+    ] = None,
     stages_dir: StagesDirOpt = None,
-    seed: Annotated[Optional[str], typer.Option("--seed", metavar="SEED", help="Add random cases: an integer seed, or 'random' (recorded in the results).")] = None,
+    seed: Annotated[
+        Optional[str],
+        typer.Option(
+            "--seed", metavar="SEED", help="Add random cases: an integer seed, or 'random' (recorded in the results)."
+        ),
+    ] = None,
     memory_limit: MemoryLimitOpt = DEFAULT_MEMORY_MB,
-    watch: Annotated[bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")] = False,
-    poll: Annotated[bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")] = False,
-    untrusted: Annotated[bool, typer.Option("--untrusted", help="Grade as `grade` does: ignore the course's stages, weights and timeout; allow-listed environment (implied by CI=true and --format gradescope).")] = False,
-    all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")
+    ] = False,
+    poll: Annotated[
+        bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")
+    ] = False,
+    untrusted: Annotated[
+        bool,
+        typer.Option(
+            "--untrusted",
+            help="Grade as `grade` does: ignore the course's stages, weights and timeout; allow-listed environment (implied by CI=true and --format gradescope).",
+        ),
+    ] = False,
+    all_cases: Annotated[
+        bool,
+        typer.Option(
+            "--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped)."
+        ),
+    ] = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
@@ -112,8 +150,10 @@ def test(
     # Results that count as grades come from the instructor's inputs only (see the README's threat model).
     untrusted = untrusted or in_ci() or fmt is Format.gradescope
     if untrusted and watch:
-        raise UsageError("--watch trusts the course directory; it cannot be combined with untrusted grading "
-                         "(--untrusted, CI=true or --format gradescope)")
+        raise UsageError(
+            "--watch trusts the course directory; it cannot be combined with untrusted grading "
+            "(--untrusted, CI=true or --format gradescope)"
+        )
     options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
     with open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted) as session:
         # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
@@ -127,8 +167,11 @@ def test(
             raise typer.Exit(run_watch(Watch(session, wanted, show, options=options, poll=poll, on_fingerprint=show)))
         selected = choose_stages(session, wanted)
         if wanted is None and len(selected) == 1:
-            err_console().print(f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
-                                "(--all grades every stage, --stage ID a given one)", soft_wrap=True)
+            err_console().print(
+                f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
+                "(--all grades every stage, --stage ID a given one)",
+                soft_wrap=True,
+            )
         run = session.run(selected, options)
         if not untrusted:
             notice = record_progress(session.course.root, run, timeout)
@@ -155,7 +198,12 @@ def _print_version(value: bool) -> None:
 
 @app.callback()
 def handle_root_options(
-    show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version, help="Print theinference's version and exit.")] = False,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print theinference's version and exit."
+        ),
+    ] = False,
 ) -> None:
     """The grader for the course 'Build your own KV cache'."""
 

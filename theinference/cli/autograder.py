@@ -7,8 +7,17 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from theinference.grading.autograder import (AutograderError, Grading, Weights, check_weights_file, copy_wheel, obtain_wheel,
-                                     render_workflow, repo_path, write_gradescope_bundle)
+from theinference.grading.autograder import (
+    AutograderError,
+    Grading,
+    Weights,
+    check_weights_file,
+    copy_wheel,
+    obtain_wheel,
+    render_workflow,
+    repo_path,
+    write_gradescope_bundle,
+)
 from theinference.cli.common import err_console
 from theinference.cli.weights import Preset
 from theinference.grading.randomcases import resolve_seed
@@ -18,15 +27,51 @@ from theinference.model.weights import WeightsError
 
 autograder_app = typer.Typer(help="Write what grades a class on Gradescope or GitHub Actions.", no_args_is_help=True)
 
-WheelOpt = Annotated[Optional[Path], typer.Option("--wheel", metavar="FILE", help="theinference's wheel to carry (default: build this version's from its source checkout).")]
-WeightsOpt = Annotated[Optional[Path], typer.Option("--weights", metavar="FILE", help="A model.safetensors (its config.json comes along) instead of a preset.")]
-PresetOpt = Annotated[Preset, typer.Option("--preset", help="Synthetic weights made where grading runs (ignored with --weights).")]
-SeedOpt = Annotated[int, typer.Option("--seed", metavar="SEED", help="The synthetic weights' seed (as for `weights synth`).")]
-StagesDirOpt = Annotated[Optional[list[Path]], typer.Option("--stages-dir", metavar="DIR", help="A directory of the course's own stage files (repeatable).")]
-StageOpt = Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Grade only this stage (repeatable; default all).")]
-TimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS", min=0.001, help="Seconds per adapter call (default: each stage's).")]
-MemoryOpt = Annotated[Optional[int], typer.Option("--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (default: grade's).")]
-CasesSeedOpt = Annotated[Optional[str], typer.Option("--cases-seed", metavar="SEED", help="grade's --seed: random extra cases, an integer or 'random' (new ones every run).")]
+WheelOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--wheel",
+        metavar="FILE",
+        help="theinference's wheel to carry (default: build this version's from its source checkout).",
+    ),
+]
+WeightsOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--weights", metavar="FILE", help="A model.safetensors (its config.json comes along) instead of a preset."
+    ),
+]
+PresetOpt = Annotated[
+    Preset, typer.Option("--preset", help="Synthetic weights made where grading runs (ignored with --weights).")
+]
+SeedOpt = Annotated[
+    int, typer.Option("--seed", metavar="SEED", help="The synthetic weights' seed (as for `weights synth`).")
+]
+StagesDirOpt = Annotated[
+    Optional[list[Path]],
+    typer.Option("--stages-dir", metavar="DIR", help="A directory of the course's own stage files (repeatable)."),
+]
+StageOpt = Annotated[
+    Optional[list[str]], typer.Option("--stage", metavar="ID", help="Grade only this stage (repeatable; default all).")
+]
+TimeoutOpt = Annotated[
+    Optional[float],
+    typer.Option("--timeout", metavar="SECONDS", min=0.001, help="Seconds per adapter call (default: each stage's)."),
+]
+MemoryOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (default: grade's)."
+    ),
+]
+CasesSeedOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--cases-seed",
+        metavar="SEED",
+        help="grade's --seed: random extra cases, an integer or 'random' (new ones every run).",
+    ),
+]
 
 
 def _grading(stages_dir, stage, timeout, memory_limit, cases_seed) -> Grading:
@@ -36,8 +81,13 @@ def _grading(stages_dir, stage, timeout, memory_limit, cases_seed) -> Grading:
     except ValueError:
         raise UsageError(f"--cases-seed takes an integer or 'random', not {cases_seed!r}") from None
     select_stages(load_stages(stage_dirs(None, stages_dir or [])), stage or [])
-    return Grading(stages_dirs=[Path(d) for d in stages_dir or []], stage_ids=stage or [], timeout=timeout,
-                   memory_mb=memory_limit, cases_seed=cases_seed)
+    return Grading(
+        stages_dirs=[Path(d) for d in stages_dir or []],
+        stage_ids=stage or [],
+        timeout=timeout,
+        memory_mb=memory_limit,
+        cases_seed=cases_seed,
+    )
 
 
 def _weights(weights: Optional[Path], preset: Preset, seed: int) -> tuple[Weights, list[str]]:
@@ -59,11 +109,27 @@ ERRORS = (AutograderError, StageError, UsageError, WeightsError)
 
 @autograder_app.command()
 def gradescope(
-    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="The zip to upload as the assignment's autograder.")] = Path("autograder.zip"),
-    wheel: WheelOpt = None, weights: WeightsOpt = None, preset: PresetOpt = Preset.gpt2, seed: SeedOpt = 0,
-    stages_dir: StagesDirOpt = None, stage: StageOpt = None, timeout: TimeoutOpt = None, memory_limit: MemoryOpt = None,
+    out: Annotated[
+        Path, typer.Option("--out", metavar="FILE", help="The zip to upload as the assignment's autograder.")
+    ] = Path("autograder.zip"),
+    wheel: WheelOpt = None,
+    weights: WeightsOpt = None,
+    preset: PresetOpt = Preset.gpt2,
+    seed: SeedOpt = 0,
+    stages_dir: StagesDirOpt = None,
+    stage: StageOpt = None,
+    timeout: TimeoutOpt = None,
+    memory_limit: MemoryOpt = None,
     cases_seed: CasesSeedOpt = None,
-    time_budget: Annotated[float, typer.Option("--time-budget", metavar="SECONDS", min=1, help="Seconds one submission may take in all; keep it below the assignment's Gradescope timeout.")] = 540,
+    time_budget: Annotated[
+        float,
+        typer.Option(
+            "--time-budget",
+            metavar="SECONDS",
+            min=1,
+            help="Seconds one submission may take in all; keep it below the assignment's Gradescope timeout.",
+        ),
+    ] = 540,
 ) -> None:
     """Write autograder.zip for Gradescope: setup.sh, run_autograder, this version's wheel, stages, weights.
 
@@ -76,19 +142,40 @@ def gradescope(
         found, wheel_warnings = obtain_wheel(wheel, Path(workdir))
         write_gradescope_bundle(out, found, chosen, grading, time_budget)
     _warn(warnings + wheel_warnings)
-    what = f"weights {chosen.file}" if chosen.file else f"{chosen.preset} synthetic weights (seed {chosen.seed}) made at setup"
+    what = (
+        f"weights {chosen.file}"
+        if chosen.file
+        else f"{chosen.preset} synthetic weights (seed {chosen.seed}) made at setup"
+    )
     own = f", stages from {', '.join(map(str, grading.stages_dirs))}" if grading.stages_dirs else ""
     err_console().print(f"wrote {out} ({found.name}, {what}{own})", soft_wrap=True)
 
 
 @autograder_app.command()
 def github(
-    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="Where to write the workflow.")] = Path(".github/workflows/grade.yml"),
-    shards: Annotated[int, typer.Option("--shards", metavar="N", min=1, max=256, help="Machines grading at once (the matrix size).")] = 4,
-    roster: Annotated[Path, typer.Option("--roster", metavar="FILE", help="The file listing the repositories to grade, one owner/name per line.")] = Path("submissions.txt"),
-    repo: Annotated[Path, typer.Option("--repo", metavar="DIR", help="The root of the repository the workflow lives in.")] = Path("."),
-    wheel: WheelOpt = None, weights: WeightsOpt = None, preset: PresetOpt = Preset.gpt2, seed: SeedOpt = 0,
-    stages_dir: StagesDirOpt = None, stage: StageOpt = None, timeout: TimeoutOpt = None, memory_limit: MemoryOpt = None,
+    out: Annotated[Path, typer.Option("--out", metavar="FILE", help="Where to write the workflow.")] = Path(
+        ".github/workflows/grade.yml"
+    ),
+    shards: Annotated[
+        int, typer.Option("--shards", metavar="N", min=1, max=256, help="Machines grading at once (the matrix size).")
+    ] = 4,
+    roster: Annotated[
+        Path,
+        typer.Option(
+            "--roster", metavar="FILE", help="The file listing the repositories to grade, one owner/name per line."
+        ),
+    ] = Path("submissions.txt"),
+    repo: Annotated[
+        Path, typer.Option("--repo", metavar="DIR", help="The root of the repository the workflow lives in.")
+    ] = Path("."),
+    wheel: WheelOpt = None,
+    weights: WeightsOpt = None,
+    preset: PresetOpt = Preset.gpt2,
+    seed: SeedOpt = 0,
+    stages_dir: StagesDirOpt = None,
+    stage: StageOpt = None,
+    timeout: TimeoutOpt = None,
+    memory_limit: MemoryOpt = None,
     cases_seed: CasesSeedOpt = None,
 ) -> None:
     """Write a GitHub Actions workflow that grades a class on a matrix (`grade --shard I/N`) and merges the shards.
@@ -108,4 +195,6 @@ def github(
     _warn(warnings + wheel_warnings)
     if not roster.is_file():
         _warn([f"{roster} does not exist yet: list the repositories to grade in it (see the workflow's comments)"])
-    err_console().print(f"wrote {out} and {placed}: commit both, then run the workflow from the Actions tab", soft_wrap=True)
+    err_console().print(
+        f"wrote {out} and {placed}: commit both, then run the workflow from the Actions tab", soft_wrap=True
+    )

@@ -29,8 +29,14 @@ def in_ci() -> bool:
 def console_for(stream) -> Console:
     """A console on stream; plain (no colour) when not a terminal, in CI or with NO_COLOR."""
     plain = in_ci() or not stream.isatty()
-    return Console(file=stream, no_color=plain or None, highlight=False, soft_wrap=False,
-                   force_terminal=False if plain else None, width=None if stream.isatty() else 160)
+    return Console(
+        file=stream,
+        no_color=plain or None,
+        highlight=False,
+        soft_wrap=False,
+        force_terminal=False if plain else None,
+        width=None if stream.isatty() else 160,
+    )
 
 
 def err_console() -> Console:
@@ -82,8 +88,14 @@ class ItemProgress:
                 err_console().print(f"{self.label} [{done}/{total} {self.unit}]{what}", markup=False, soft_wrap=True)
             return
         if self.bar is None:
-            self.bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TextColumn(self.unit),
-                                TimeElapsedColumn(), console=err_console())
+            self.bar = Progress(
+                TextColumn(self.label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn(self.unit),
+                TimeElapsedColumn(),
+                console=err_console(),
+            )
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=total)
         assert self.task is not None
@@ -148,13 +160,24 @@ class OracleProgress:
             self.unsaid = [0, 0.0]
 
 
-def run_options(timeout: float | None, memory_limit_mb: int, seed: str | None, untrusted: bool = False,
-                all_cases: bool = False, submission_timeout: float | None = None, env: dict | None = None) -> RunOptions:
+def run_options(
+    timeout: float | None,
+    memory_limit_mb: int,
+    seed: str | None,
+    untrusted: bool = False,
+    all_cases: bool = False,
+    submission_timeout: float | None = None,
+    env: dict | None = None,
+) -> RunOptions:
     """RunOptions from command-line values; untrusted grading (and CI) gives students an allow-listed environment."""
     try:
         resolved = resolve_seed(seed)
     except ValueError:
         raise UsageError(f"--seed takes an integer or 'random', not {seed!r}") from None
-    limits = Limits(timeout=timeout, memory_mb=memory_limit_mb or None, untrusted=untrusted or in_ci(),
-                    env=MappingProxyType(dict(env or {})))
+    limits = Limits(
+        timeout=timeout,
+        memory_mb=memory_limit_mb or None,
+        untrusted=untrusted or in_ci(),
+        env=MappingProxyType(dict(env or {})),
+    )
     return RunOptions(limits=limits, seed=resolved, all_cases=all_cases, submission_timeout=submission_timeout or None)

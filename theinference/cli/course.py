@@ -25,19 +25,24 @@ DEMO_MUTANT = "position-stuck"
 
 def init_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Where to create the course.")],
-    force: Annotated[bool, typer.Option("--force", help="Copy into DIR even if it is not empty (existing files are overwritten).")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Copy into DIR even if it is not empty (existing files are overwritten).")
+    ] = False,
 ) -> None:
     """Start the course: copy the starter (src/, tests/adapters.py, theinference.toml) into DIR."""
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{directory} exists and is not a directory")
     if directory.is_dir() and any(directory.iterdir()) and not force:
         raise ConfigError(f"{directory} is not empty; pass --force to copy the starter into it anyway")
-    shutil.copytree(data_dir("course") / "starter", directory, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        data_dir("course") / "starter", directory, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+    )
     console = console_for(sys.stdout)
     console.print(f"created the course in {directory}: src/gpt2.py, src/kvcache.py, tests/adapters.py", soft_wrap=True)
-    console.print(f"next:  cd {directory} && theinference stages show single-step-attention && theinference test --watch",
-                  soft_wrap=True)
+    console.print(
+        f"next:  cd {directory} && theinference stages show single-step-attention && theinference test --watch",
+        soft_wrap=True,
+    )
 
 
 def demo_command(
@@ -55,7 +60,9 @@ def demo_command(
             good = session.grader.grade(session.course, session.stages, RunOptions())
             render_run(console, good, __version__)
             console.rule(f"2. the same code with one bug: {mutant.description}")
-            bad = session.grader.grade(load_course(buggy), select_stages(session.stages, list(mutant.expect)), RunOptions())
+            bad = session.grader.grade(
+                load_course(buggy), select_stages(session.stages, list(mutant.expect)), RunOptions()
+            )
             render_run(console, bad, __version__)
     diagnosed = all(s.diagnosis and s.diagnosis.shape in mutant.expect[s.id] for s in bad.stages)
     console.print("\nnext: `theinference init my-course` starts the course." if good.passed and diagnosed else "")

@@ -15,8 +15,19 @@ from typer.core import TyperCommand
 
 from theinference import __version__
 from theinference.proc import interrupt
-from theinference.grading.batch import (BatchError, BatchInterrupted, CsvWriter, SubmissionResult, check_output,
-                                        first_errors, grade_batch, graded_with, parse_shard, shard, submissions)
+from theinference.grading.batch import (
+    BatchError,
+    BatchInterrupted,
+    CsvWriter,
+    SubmissionResult,
+    check_output,
+    first_errors,
+    grade_batch,
+    graded_with,
+    parse_shard,
+    shard,
+    submissions,
+)
 from theinference.cli.common import err_console, in_ci, run_options, synth_progress, write_atomic
 from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
@@ -50,8 +61,14 @@ class BatchProgress:
     def __init__(self, total: int, stages: list):
         self.plain = in_ci() or not sys.stderr.isatty()
         self.stages, self.total, self.done, self.started = stages, total, 0, time.perf_counter()
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=err_console(), disable=self.plain)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err_console(),
+            disable=self.plain,
+        )
         self.oracle_task: TaskID | None = None
         self.grade_task = self.bar.add_task("grading", total=total)
 
@@ -74,20 +91,36 @@ class BatchProgress:
         points = "{:g}/{:g}".format(*result.points(self.stages))
         errors = first_errors(result)
         why = f" ({errors[:LINE_ERROR_CHARS]}{'…' if len(errors) > LINE_ERROR_CHARS else ''})" if errors else ""
-        self.say(f"[{self.done}/{self.total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}")
+        self.say(
+            f"[{self.done}/{self.total}] {result.id}: {result.status} {points} points, {result.seconds:.1f} s{why}"
+        )
 
 
 def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
     choice, model, _ = obtain_weights(weights, None, synth_progress())
     # One grader for every submission: weights, oracle cache, launcher.
-    return Grader(weights=choice, model=model, launcher=default_launcher(student_env, untrusted=True), untrusted=True,
-                  extra_stage_dirs=list(stages_dir)), stages
+    return Grader(
+        weights=choice,
+        model=model,
+        launcher=default_launcher(student_env, untrusted=True),
+        untrusted=True,
+        extra_stage_dirs=list(stages_dir),
+    ), stages
 
 
 def merge_command(
-    parts: Annotated[list[Path], typer.Argument(metavar="SHARD...", help="The files `grade --shard I/N` wrote: all CSV or all JSON.")],
-    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", help="Where to write the merged grades (default: grades.csv, or grades.json for JSON shards).")] = None,
+    parts: Annotated[
+        list[Path], typer.Argument(metavar="SHARD...", help="The files `grade --shard I/N` wrote: all CSV or all JSON.")
+    ],
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out",
+            metavar="FILE",
+            help="Where to write the merged grades (default: grades.csv, or grades.json for JSON shards).",
+        ),
+    ] = None,
 ) -> None:
     """Combine the CSV or JSON files of `theinference grade --shard I/N` runs into one, sorted by id.
 
@@ -117,19 +150,54 @@ class GradeCommand(TyperCommand):
 
 
 def grade_command(
-    submission_dirs: Annotated[list[Path], typer.Argument(metavar="SUBMISSION_DIR...", help="Course directories to grade.")],
-    out: Annotated[Optional[Path], typer.Option("--out", metavar="FILE", help="Where to write the grades (default: grades.csv; grades.json for json; results.json for gradescope).")] = None,
-    fmt: Annotated[BatchFormat, typer.Option("--format", help="csv: one row per submission, written as each finishes; json: every run's full results; gradescope: one submission's results.json.")] = BatchFormat.csv,
+    submission_dirs: Annotated[
+        list[Path], typer.Argument(metavar="SUBMISSION_DIR...", help="Course directories to grade.")
+    ],
+    out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--out",
+            metavar="FILE",
+            help="Where to write the grades (default: grades.csv; grades.json for json; results.json for gradescope).",
+        ),
+    ] = None,
+    fmt: Annotated[
+        BatchFormat,
+        typer.Option(
+            "--format",
+            help="csv: one row per submission, written as each finishes; json: every run's full results; gradescope: one submission's results.json.",
+        ),
+    ] = BatchFormat.csv,
     jobs: JobsOpt = DEFAULT_JOBS,
-    shard_spec: Annotated[Optional[str], typer.Option("--shard", metavar="I/N", help="Grade only the I-th of N deterministic slices.")] = None,
-    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Grade only this stage (repeatable; default all).")] = None,
+    shard_spec: Annotated[
+        Optional[str], typer.Option("--shard", metavar="I/N", help="Grade only the I-th of N deterministic slices.")
+    ] = None,
+    stage: Annotated[
+        Optional[list[str]],
+        typer.Option("--stage", metavar="ID", help="Grade only this stage (repeatable; default all)."),
+    ] = None,
     stages_dir: StagesDirOpt = None,
     weights: WeightsOpt = None,
     timeout: TimeoutOpt = None,
     memory_limit: MemoryLimitOpt = DEFAULT_MEMORY_MB,
-    seed: Annotated[Optional[str], typer.Option("--seed", metavar="SEED", help="Random extra cases (same for every submission).")] = None,
-    all_cases: Annotated[bool, typer.Option("--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped).")] = False,
-    submission_timeout: Annotated[float, typer.Option("--submission-timeout", metavar="SECONDS", min=0, help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).")] = SUBMISSION_TIMEOUT,
+    seed: Annotated[
+        Optional[str], typer.Option("--seed", metavar="SEED", help="Random extra cases (same for every submission).")
+    ] = None,
+    all_cases: Annotated[
+        bool,
+        typer.Option(
+            "--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped)."
+        ),
+    ] = False,
+    submission_timeout: Annotated[
+        float,
+        typer.Option(
+            "--submission-timeout",
+            metavar="SECONDS",
+            min=0,
+            help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).",
+        ),
+    ] = SUBMISSION_TIMEOUT,
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 
@@ -143,8 +211,15 @@ def grade_command(
     out = out or Path(DEFAULT_OUT[fmt])
     # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
     student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
-    options = run_options(timeout, memory_limit, seed, untrusted=True, all_cases=all_cases,
-                          submission_timeout=submission_timeout, env=student_env)
+    options = run_options(
+        timeout,
+        memory_limit,
+        seed,
+        untrusted=True,
+        all_cases=all_cases,
+        submission_timeout=submission_timeout,
+        env=student_env,
+    )
     check_output(out)
     subs = submissions(submission_dirs)
     if fmt is BatchFormat.gradescope and len(subs) != 1:
@@ -159,8 +234,10 @@ def grade_command(
         err_console().print(f"{stopped}; the {len(results)} graded are in {out}", soft_wrap=True, markup=False)
         raise typer.Exit(interrupt.exit_code() or 130)
     graded = sum(r.run is not None for r in results)
-    err_console().print(f"graded {graded} of {len(results)} submissions into {out}"
-                        + (f" (seed {options.seed})" if options.seed is not None else ""))
+    err_console().print(
+        f"graded {graded} of {len(results)} submissions into {out}"
+        + (f" (seed {options.seed})" if options.seed is not None else "")
+    )
 
 
 def _run(subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat) -> tuple[list[SubmissionResult], str]:
@@ -195,8 +272,11 @@ def _run(subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat) -> tu
 
 def _write_gradescope(result: SubmissionResult, stages, out: Path, seed: int | None) -> None:
     # The batch applies the seed to the stages itself; the report still names it, for `test --seed`.
-    text = (render_gradescope(dataclasses.replace(result.run, seed=seed), __version__) if result.run
-            else render_gradescope_ungraded(stages, result.error, __version__))
+    text = (
+        render_gradescope(dataclasses.replace(result.run, seed=seed), __version__)
+        if result.run
+        else render_gradescope_ungraded(stages, result.error, __version__)
+    )
     # Atomically: Gradescope must never read a half-written results.json.
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")

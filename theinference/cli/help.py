@@ -13,7 +13,9 @@ from typing import Any
 
 from typer.core import TyperArgument, TyperOption
 
-_TYPER_OPTION_TYPE: Callable[..., Any] | None = getattr(TyperOption, "display_type_rich", None)  # typer's own, kept for options without a metavar
+_TYPER_OPTION_TYPE: Callable[..., Any] | None = getattr(
+    TyperOption, "display_type_rich", None
+)  # typer's own, kept for options without a metavar
 
 
 def _option_type(self, ctx) -> str | None:
@@ -25,7 +27,7 @@ def _option_type(self, ctx) -> str | None:
     assert _TYPER_OPTION_TYPE is not None  # apply() installs this only where typer has it
     label = _TYPER_OPTION_TYPE(self, ctx).strip("<>")
     if label.startswith("list[") and label.endswith("]"):
-        label = label[len("list["):-1]
+        label = label[len("list[") : -1]
     return f"[{label}]" if "|" in label else label.split()[0].upper()
 
 

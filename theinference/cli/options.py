@@ -10,17 +10,39 @@ from typing import Annotated, Optional
 
 import typer
 
-WeightsOpt = Annotated[Optional[str], typer.Option(
-    "--weights", metavar="PATH", help="model.safetensors (or its directory) to grade against, or tiny / gpt2 for the synthetic presets (default: see `theinference weights`).")]
-CourseOpt = Annotated[Optional[Path], typer.Option(
-    "--course", metavar="DIR", help="Course directory (default: the nearest ancestor holding theinference.toml or tests/adapters.py).")]
-StagesDirOpt = Annotated[Optional[list[Path]], typer.Option(
-    "--stages-dir", metavar="DIR", help="Another directory of stage files (repeatable).")]
-TimeoutOpt = Annotated[Optional[float], typer.Option(
-    "--timeout", metavar="SECONDS", min=0.001, help="Seconds each adapter call may take, overriding the stage's.")]
-MemoryLimitOpt = Annotated[int, typer.Option(
-    "--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (0: none).")]
-JobsOpt = Annotated[int, typer.Option(
-    "--jobs", metavar="N", min=1, help="Submissions (or, for `stages check`, subjects) graded at once.")]
+WeightsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--weights",
+        metavar="PATH",
+        help="model.safetensors (or its directory) to grade against, or tiny / gpt2 for the synthetic presets (default: see `theinference weights`).",
+    ),
+]
+CourseOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--course",
+        metavar="DIR",
+        help="Course directory (default: the nearest ancestor holding theinference.toml or tests/adapters.py).",
+    ),
+]
+StagesDirOpt = Annotated[
+    Optional[list[Path]],
+    typer.Option("--stages-dir", metavar="DIR", help="Another directory of stage files (repeatable)."),
+]
+TimeoutOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--timeout", metavar="SECONDS", min=0.001, help="Seconds each adapter call may take, overriding the stage's."
+    ),
+]
+MemoryLimitOpt = Annotated[
+    int,
+    typer.Option("--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (0: none)."),
+]
+JobsOpt = Annotated[
+    int,
+    typer.Option("--jobs", metavar="N", min=1, help="Submissions (or, for `stages check`, subjects) graded at once."),
+]
 
 DEFAULT_JOBS = os.cpu_count() or 1

@@ -18,7 +18,9 @@ from theinference.cli.options import CourseOpt, StagesDirOpt, WeightsOpt
 def oracle_command(
     stage: Annotated[str, typer.Option("--stage", metavar="ID", help="The stage whose cases to export.")],
     out: Annotated[Path, typer.Option("--out", metavar="FILE", help="The .npz file to write.")],
-    case: Annotated[Optional[list[str]], typer.Option("--case", metavar="NAME", help="Only this case (repeatable).")] = None,
+    case: Annotated[
+        Optional[list[str]], typer.Option("--case", metavar="NAME", help="Only this case (repeatable).")
+    ] = None,
     course: CourseOpt = None,
     weights: WeightsOpt = None,
     stages_dir: StagesDirOpt = None,

@@ -46,7 +46,15 @@ def list_stages(
         status = describe_entry(progress[s.id]) if s.id in progress else "not graded"
         marker = " ◀ next" if upcoming is not None and s.id == upcoming.id else ""
         # progress.json is the course's file: its text is shown as text, never as markup or escape sequences
-        table.add_row(s.id, Text(for_terminal(status) + marker), s.title, s.adapter, str(len(s.cases)), f"{s.points:g}", s.source.name)
+        table.add_row(
+            s.id,
+            Text(for_terminal(status) + marker),
+            s.title,
+            s.adapter,
+            str(len(s.cases)),
+            f"{s.points:g}",
+            s.source.name,
+        )
     console_for(sys.stdout).print(table)
 
 
@@ -65,15 +73,29 @@ def show(
         raise StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}") from None
     console = console_for(sys.stdout)
     console.print(Markdown(lesson))
-    tolerance = f"tie rtol {stage.tie_rtol:g}" if stage.tie_rtol is not None else f"atol {stage.atol:g} rtol {stage.rtol:g}"
-    console.print(f"\nadapter {stage.adapter}() · {tolerance} · "
-                  f"{len(stage.cases)} cases · {stage.points:g} points · timeout {stage.timeout:g} s", style="dim")
+    tolerance = (
+        f"tie rtol {stage.tie_rtol:g}" if stage.tie_rtol is not None else f"atol {stage.atol:g} rtol {stage.rtol:g}"
+    )
+    console.print(
+        f"\nadapter {stage.adapter}() · {tolerance} · "
+        f"{len(stage.cases)} cases · {stage.points:g} points · timeout {stage.timeout:g} s",
+        style="dim",
+    )
 
 
 @stages_app.command("check")
 def check(
-    source: Annotated[Optional[Path], typer.Option("--source", metavar="DIR", help="Course source holding solution/, starter/, mutants/ (default: the bundled course).")] = None,
-    stage: Annotated[Optional[list[str]], typer.Option("--stage", metavar="ID", help="Check only this stage (repeatable).")] = None,
+    source: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--source",
+            metavar="DIR",
+            help="Course source holding solution/, starter/, mutants/ (default: the bundled course).",
+        ),
+    ] = None,
+    stage: Annotated[
+        Optional[list[str]], typer.Option("--stage", metavar="ID", help="Check only this stage (repeatable).")
+    ] = None,
     stages_dir: StagesDirOpt = None,
     weights: WeightsOpt = None,
     timeout: TimeoutOpt = None,
@@ -90,7 +112,9 @@ def check(
     console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
     progress = ItemProgress("checking", "cells")
     # The instructor's own subjects: the persistent oracle store may serve them (see grading.oracle_store).
-    with Grader(weights=choice, model=model, launcher=default_launcher(), cache=OracleCache(store=default_store())) as grader:
+    with Grader(
+        weights=choice, model=model, launcher=default_launcher(), cache=OracleCache(store=default_store())
+    ) as grader:
         try:
             result = check_course(source, all_stages, selected, grader, timeout=timeout, jobs=jobs, progress=progress)
         finally:
@@ -102,7 +126,10 @@ def check(
 @stages_app.command("new")
 def new(
     stage_id: Annotated[str, typer.Argument(metavar="ID", help="The new stage's id: lowercase words joined by '-'.")],
-    stages_dir: Annotated[Optional[Path], typer.Option("--stages-dir", metavar="DIR", help="Directory to write the stage into (default: ./stages).")] = None,
+    stages_dir: Annotated[
+        Optional[Path],
+        typer.Option("--stages-dir", metavar="DIR", help="Directory to write the stage into (default: ./stages)."),
+    ] = None,
 ) -> None:
     """Scaffold a new stage: stage file, oracle file and lesson stub that load as they are, and
     print the adapter to add to the solution's and the starter's tests/adapters.py."""
@@ -115,8 +142,13 @@ def new(
     solution, starter = adapter_snippets(stage_id)
     console = console_for(sys.stdout)
     console.print("wrote\n" + "".join(f"  {p}\n" for p in written), markup=False, soft_wrap=True)
-    console.print(f"Add to the solution's tests/adapters.py (what the oracle's template computes):\n\n{solution}\n"
-                  f"and to the starter's tests/adapters.py:\n\n{starter}\n"
-                  f"Then: theinference stages show {stage_id} --stages-dir {directory}\n"
-                  f"      theinference stages check --source COURSE_SOURCE --stages-dir {directory} --stage {stage_id}\n"
-                  "(docs/authoring.md walks through each step)", markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"Add to the solution's tests/adapters.py (what the oracle's template computes):\n\n{solution}\n"
+        f"and to the starter's tests/adapters.py:\n\n{starter}\n"
+        f"Then: theinference stages show {stage_id} --stages-dir {directory}\n"
+        f"      theinference stages check --source COURSE_SOURCE --stages-dir {directory} --stage {stage_id}\n"
+        "(docs/authoring.md walks through each step)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -18,7 +18,9 @@ def render_regrade(report: Regrade, root) -> None:
     console.clear()
     when = time.strftime("%H:%M:%S", time.localtime(report.at))
     if report.waiting:
-        console.print(f"[dim]{when}[/dim] [bold yellow]{escape(report.error)}[/bold yellow] — Ctrl-C exits", soft_wrap=True)
+        console.print(
+            f"[dim]{when}[/dim] [bold yellow]{escape(report.error)}[/bold yellow] — Ctrl-C exits", soft_wrap=True
+        )
         return
     what = ", ".join(_relative(p, root) for p in report.changed) if report.changed else "first run"
     console.print(f"[dim]{when} · {escape(what)} · graded in {report.seconds:.2f} s[/dim]", soft_wrap=True)
@@ -47,7 +49,9 @@ def run_watch(watch: Watch) -> int:
         watch.start_observer()
     except OSError as e:
         hint = "" if watch.poll else " Try --poll (polling works on WSL2 Windows mounts and network filesystems)."
-        err_console().print(f"[bold red]error:[/bold red] cannot watch {watch.session.course.root}: {e}.{hint}", soft_wrap=True)
+        err_console().print(
+            f"[bold red]error:[/bold red] cannot watch {watch.session.course.root}: {e}.{hint}", soft_wrap=True
+        )
         return 2
     if sys.stdin.isatty():
         watch.start_keys()

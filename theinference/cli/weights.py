@@ -13,12 +13,19 @@ from theinference.cli.common import console_for, err_console, synth_progress
 from theinference.course import find_course_root, load_course
 from theinference.model.weights_choice import CHOICE_ORDER, resolve_weights
 from theinference.model.synth import PRESETS, write_synthetic
-from theinference.model.weights import (GPT2Config, expected_shapes, inspect_checkpoint, locate_checkpoint,
-                                        synthetic_description)
+from theinference.model.weights import (
+    GPT2Config,
+    expected_shapes,
+    inspect_checkpoint,
+    locate_checkpoint,
+    synthetic_description,
+)
 from theinference.cli.options import WeightsOpt
 
-weights_app = typer.Typer(help="Which weights `test` would use, and why (without a subcommand); make and inspect GPT-2 weights.",
-                          invoke_without_command=True)
+weights_app = typer.Typer(
+    help="Which weights `test` would use, and why (without a subcommand); make and inspect GPT-2 weights.",
+    invoke_without_command=True,
+)
 
 
 class Preset(str, Enum):
@@ -47,15 +54,21 @@ def which(ctx: typer.Context, weights: WeightsOpt = None) -> None:
 
 @weights_app.command()
 def synth(
-    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="Directory to write model.safetensors and config.json into.")],
-    preset: Annotated[Preset, typer.Option("--preset", help="gpt2: the 124M shape; tiny: 2 layers, 128 wide.")] = Preset.tiny,
+    out: Annotated[
+        Path, typer.Option("--out", metavar="DIR", help="Directory to write model.safetensors and config.json into.")
+    ],
+    preset: Annotated[
+        Preset, typer.Option("--preset", help="gpt2: the 124M shape; tiny: 2 layers, 128 wide.")
+    ] = Preset.tiny,
     seed: Annotated[int, typer.Option("--seed", metavar="SEED", help="Same seed, same bytes.")] = 0,
 ) -> None:
     """Write a deterministic synthetic GPT-2-layout checkpoint (model.safetensors + config.json)."""
     path = write_synthetic(out, preset=preset.value, seed=seed, progress=synth_progress())
     c = PRESETS[preset.value]
-    err_console().print(f"wrote {path} ({preset.value}: n_layer {c.n_layer}, n_head {c.n_head}, n_embd {c.n_embd}, "
-                        f"n_ctx {c.n_ctx}, n_vocab {c.n_vocab}; seed {seed})")
+    err_console().print(
+        f"wrote {path} ({preset.value}: n_layer {c.n_layer}, n_head {c.n_head}, n_embd {c.n_embd}, "
+        f"n_ctx {c.n_ctx}, n_vocab {c.n_vocab}; seed {seed})"
+    )
 
 
 def _print_summary(path: Path, console) -> tuple[Path, dict, GPT2Config]:

@@ -22,8 +22,10 @@ def fast_loop_hint(run: RunResult) -> str:
     seconds = student_seconds(run)
     if not larger or seconds <= SLOW_SECONDS:
         return ""
-    return (f"your code took {seconds:.0f} s on these {run.config['n_layer']}-layer weights: `--weights tiny` gives the "
-            "same verdicts in seconds (the identities hold for any weights); keep these for a final check")
+    return (
+        f"your code took {seconds:.0f} s on these {run.config['n_layer']}-layer weights: `--weights tiny` gives the "
+        "same verdicts in seconds (the identities hold for any weights); keep these for a final check"
+    )
 
 
 def next_stage_line(stages: list[StageSpec], progress: dict[str, dict]) -> str:

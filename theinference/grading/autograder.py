@@ -81,7 +81,8 @@ def build_wheel(dest: Path) -> Path:
     if root is None:
         raise AutograderError(
             "theinference is installed from a wheel, not from a source checkout, so it cannot rebuild itself: "
-            "pass --wheel PATH (the theinference wheel it was installed from)")
+            "pass --wheel PATH (the theinference wheel it was installed from)"
+        )
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(root)]
     if importlib.util.find_spec("hatchling") is not None:
         command.insert(4, "--no-build-isolation")  # the installed backend: no download needed
@@ -92,7 +93,8 @@ def build_wheel(dest: Path) -> Path:
         raise AutograderError(
             f"building theinference's wheel from {root} failed ({' '.join(command[2:4])} ...):\n{tail}\n"
             "Its build backend, hatchling, comes from PyPI unless installed: `pip install hatchling`, "
-            "or pass --wheel PATH.")
+            "or pass --wheel PATH."
+        )
     return wheels[-1]
 
 
@@ -102,8 +104,10 @@ def check_wheel(path: Path) -> list[str]:
     if not path.is_file() or path.suffix != ".whl" or len(parts) < 3 or parts[0] != "theinference":
         raise AutograderError(f"{path}: not a theinference wheel (theinference-VERSION-...whl)")
     if parts[1] != __version__:
-        return [f"{path.name} is theinference {parts[1]}, not this version ({__version__}): "
-                "the bundle's scripts are written for this version's command line"]
+        return [
+            f"{path.name} is theinference {parts[1]}, not this version ({__version__}): "
+            "the bundle's scripts are written for this version's command line"
+        ]
     return []
 
 
@@ -120,8 +124,10 @@ def check_weights_file(path: Path) -> list[str]:
     check_entries(path, entries, infer_config(path, entries), path.stat().st_size - data_start)
     size_mb = path.stat().st_size / 1e6
     if size_mb > LARGE_WEIGHTS_MB:
-        return [f"the bundle carries {size_mb:.0f} MB of weights ({path}); uploads that large are slow and "
-                "may be refused: --preset makes synthetic weights during setup instead"]
+        return [
+            f"the bundle carries {size_mb:.0f} MB of weights ({path}); uploads that large are slow and "
+            "may be refused: --preset makes synthetic weights during setup instead"
+        ]
     return []
 
 
@@ -190,8 +196,9 @@ def repo_path(path: Path, repo: Path) -> str:
     try:
         return path.resolve().relative_to(repo.resolve()).as_posix()
     except ValueError:
-        raise AutograderError(f"{path} is outside the repository ({repo}): the workflow can only use "
-                              "files committed to it") from None
+        raise AutograderError(
+            f"{path} is outside the repository ({repo}): the workflow can only use files committed to it"
+        ) from None
 
 
 def render_workflow(repo: Path, shards: int, wheel: Path, weights: Weights, grading: Grading, roster: Path) -> str:
@@ -207,9 +214,13 @@ def render_workflow(repo: Path, shards: int, wheel: Path, weights: Weights, grad
         # One seed for the whole run, so every shard grades the same random cases.
         grading = dataclasses.replace(grading, cases_seed="${{ github.run_id }}")
     values = {
-        "VERSION": __version__, "SHARDS": str(shards), "SHARD_LIST": ", ".join(map(str, range(1, shards + 1))),
-        "WHEEL_PATH": shlex.quote(repo_path(wheel, repo)), "ROSTER": shlex.quote(repo_path(roster, repo)),
-        "WEIGHTS_COMMAND": command, "GRADE_ARGS": shlex.join(["--weights", weights_path, *grading.grade_args(stages)]),
+        "VERSION": __version__,
+        "SHARDS": str(shards),
+        "SHARD_LIST": ", ".join(map(str, range(1, shards + 1))),
+        "WHEEL_PATH": shlex.quote(repo_path(wheel, repo)),
+        "ROSTER": shlex.quote(repo_path(roster, repo)),
+        "WEIGHTS_COMMAND": command,
+        "GRADE_ARGS": shlex.join(["--weights", weights_path, *grading.grade_args(stages)]),
     }
     text = asset("autograder/grade.yml").read_text()
     for name, value in values.items():

@@ -114,9 +114,15 @@ def _grade_one(sub: Submission, grader: Grader, stages: list[StageSpec], options
     return SubmissionResult(sub.id, str(sub.path), run, seconds=time.perf_counter() - started)
 
 
-def grade_batch(subs: list[Submission], grader: Grader, stages: list[StageSpec], options: RunOptions, jobs: int,
-                on_result: Callable[[SubmissionResult], None],
-                on_oracle: OracleProgress | None = None) -> list[SubmissionResult]:
+def grade_batch(
+    subs: list[Submission],
+    grader: Grader,
+    stages: list[StageSpec],
+    options: RunOptions,
+    jobs: int,
+    on_result: Callable[[SubmissionResult], None],
+    on_oracle: OracleProgress | None = None,
+) -> list[SubmissionResult]:
     """Grade every submission (jobs at a time); on_oracle follows the oracle's warm-up, on_result each submission.
 
     On Ctrl-C or SIGTERM every student process is killed at once and BatchInterrupted carries

@@ -52,8 +52,10 @@ _CONSUMED: dict[str, tuple[Callable[[dict], list], Callable[[dict], Any]]] = {
     "layer0-attn-sublayer": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"]))),
     "layer0-attn-last": (lambda i: list(i["seq"]), lambda i: len(i["seq"]) - 1),
     "decode-step-logits": (lambda i: [*i["prompt"], i["next_id"]], lambda i: len(i["prompt"])),
-    "per-step-logits": (lambda i: [*i["prompt"], *i["cont"][:-1]],
-                        lambda i: slice(len(i["prompt"]) - 1, len(i["prompt"]) - 1 + len(i["cont"]))),
+    "per-step-logits": (
+        lambda i: [*i["prompt"], *i["cont"][:-1]],
+        lambda i: slice(len(i["prompt"]) - 1, len(i["prompt"]) - 1 + len(i["cont"])),
+    ),
 }
 
 
@@ -95,56 +97,101 @@ def _shared_cache(model: Model, oracle_name: str, inputs: dict, history: list) -
     for block in [np.arange(prefill)] + [np.arange(i, i + 1) for i in range(prefill, len(ids))]:
         x = params["wte"]["weight"][ids[block]] + params["wpe"]["weight"][block]
         for layer in params["h"]:
-            x = x + _attend_shared(oracle.layer_norm(x, **layer["ln_1"]), **layer["attn"], n_head=model.config.n_head,
-                                   shared=shared)
+            x = x + _attend_shared(
+                oracle.layer_norm(x, **layer["ln_1"]), **layer["attn"], n_head=model.config.n_head, shared=shared
+            )
             x = x + oracle.ffn(oracle.layer_norm(x, **layer["ln_2"]), **layer["mlp"])
         hidden.append(x)
     return _logits_at(params, oracle.layer_norm(np.concatenate(hidden), **params["ln_f"]), rows(inputs))
 
 
 _BUILTIN = (
-    Bug("missing-scale", "no 1/sqrt(head_dim) scale on the attention scores", ALL,
-        Defects(scale_block=False, scale_decode=False)),
-    Bug("missing-scale-decode", "no 1/sqrt(head_dim) scale in the single-query decode steps (prefill has it)", MODEL,
-        Defects(scale_decode=False)),
-    Bug("wpe-off-by-one", "wpe[pos + 1] for every token computed incrementally (the position base is off by one)", ALL,
-        Defects(decode_position="plus-one")),
-    Bug("position-zero", "every incremental token embedded at position 0 (wpe[0])", ALL,
-        Defects(decode_position="zero")),
-    Bug("position-stuck", "every decode step embedded at position len(prompt): the counter does not advance", MODEL,
-        Defects(decode_position="stuck")),
-    Bug("position-reset", "decode step k embedded at position k: the counter restarts at 0 and forgets the prompt", MODEL,
-        Defects(decode_position="reset")),
-    Bug("mask-on-decode", "a causal mask re-applied to each single new query, so it sees only key 0", ALL,
-        Defects(decode_keys="first")),
-    Bug("no-self-attention", "each new token not attending to itself (its k/v reach the cache after attention)", ALL,
-        Defects(decode_keys="earlier")),
-    Bug("empty-cache", "each new token attending only to itself: the cache it reads holds nothing earlier", ALL,
-        Defects(decode_keys="self")),
-    Bug("prefill-cache-lost", "decoding from an empty cache after prefill: decode steps see only the decoded tokens",
-        MODEL, Defects(decode_keys="decoded")),
-    Bug("mask-off-by-one", "a causal mask off by one: no position attends to itself", ALL,
-        Defects(mask_sees_self=False)),
-    Bug("c-proj-transposed", "the attention's c_proj weight used transposed", ALL,
-        Defects(c_proj_transposed=True)),
-    Bug("c-attn-transposed", "each square q/k/v block of c_attn used transposed", ALL,
-        Defects(c_attn_transposed=True)),
-    Bug("qkv-order-kqv", "q and k swapped when splitting c_attn's output (k, q, v)", ALL,
-        Defects(qkv_order=(1, 0, 2))),
-    Bug("qkv-order-qvk", "k and v swapped when splitting c_attn's output (q, v, k)", ALL,
-        Defects(qkv_order=(0, 2, 1))),
-    Bug("ln-eps-missing", "layer norm without its epsilon (eps 0 instead of 1e-5)", ALL,
-        Defects(ln_eps=0.0)),
-    Bug("gelu-erf", "the exact (erf) GELU instead of GPT-2's tanh approximation", MODEL,
-        Defects(gelu="erf")),
-    Bug("no-ln-f", "no final layer norm (ln_f) before the tied LM head", MODEL,
-        Defects(ln_f=False)),
-    Bug("record-after-consume", "each row recorded after consuming cont_ids[k] instead of before", ("per-step-logits",),
-        compute=_recorded_after),
-    Bug("shared-cache", "one cache shared by every layer: each layer also attends to the keys and values of the "
-        "layers before it", MODEL, compute=_shared_cache),
-    Bug("cache-not-cleared", "a cache never cleared between calls: each case also attends to the earlier cases' rows", ALL,
-        compute=_cache_kept, uses_history=True),
+    Bug(
+        "missing-scale",
+        "no 1/sqrt(head_dim) scale on the attention scores",
+        ALL,
+        Defects(scale_block=False, scale_decode=False),
+    ),
+    Bug(
+        "missing-scale-decode",
+        "no 1/sqrt(head_dim) scale in the single-query decode steps (prefill has it)",
+        MODEL,
+        Defects(scale_decode=False),
+    ),
+    Bug(
+        "wpe-off-by-one",
+        "wpe[pos + 1] for every token computed incrementally (the position base is off by one)",
+        ALL,
+        Defects(decode_position="plus-one"),
+    ),
+    Bug(
+        "position-zero", "every incremental token embedded at position 0 (wpe[0])", ALL, Defects(decode_position="zero")
+    ),
+    Bug(
+        "position-stuck",
+        "every decode step embedded at position len(prompt): the counter does not advance",
+        MODEL,
+        Defects(decode_position="stuck"),
+    ),
+    Bug(
+        "position-reset",
+        "decode step k embedded at position k: the counter restarts at 0 and forgets the prompt",
+        MODEL,
+        Defects(decode_position="reset"),
+    ),
+    Bug(
+        "mask-on-decode",
+        "a causal mask re-applied to each single new query, so it sees only key 0",
+        ALL,
+        Defects(decode_keys="first"),
+    ),
+    Bug(
+        "no-self-attention",
+        "each new token not attending to itself (its k/v reach the cache after attention)",
+        ALL,
+        Defects(decode_keys="earlier"),
+    ),
+    Bug(
+        "empty-cache",
+        "each new token attending only to itself: the cache it reads holds nothing earlier",
+        ALL,
+        Defects(decode_keys="self"),
+    ),
+    Bug(
+        "prefill-cache-lost",
+        "decoding from an empty cache after prefill: decode steps see only the decoded tokens",
+        MODEL,
+        Defects(decode_keys="decoded"),
+    ),
+    Bug(
+        "mask-off-by-one", "a causal mask off by one: no position attends to itself", ALL, Defects(mask_sees_self=False)
+    ),
+    Bug("c-proj-transposed", "the attention's c_proj weight used transposed", ALL, Defects(c_proj_transposed=True)),
+    Bug("c-attn-transposed", "each square q/k/v block of c_attn used transposed", ALL, Defects(c_attn_transposed=True)),
+    Bug("qkv-order-kqv", "q and k swapped when splitting c_attn's output (k, q, v)", ALL, Defects(qkv_order=(1, 0, 2))),
+    Bug("qkv-order-qvk", "k and v swapped when splitting c_attn's output (q, v, k)", ALL, Defects(qkv_order=(0, 2, 1))),
+    Bug("ln-eps-missing", "layer norm without its epsilon (eps 0 instead of 1e-5)", ALL, Defects(ln_eps=0.0)),
+    Bug("gelu-erf", "the exact (erf) GELU instead of GPT-2's tanh approximation", MODEL, Defects(gelu="erf")),
+    Bug("no-ln-f", "no final layer norm (ln_f) before the tied LM head", MODEL, Defects(ln_f=False)),
+    Bug(
+        "record-after-consume",
+        "each row recorded after consuming cont_ids[k] instead of before",
+        ("per-step-logits",),
+        compute=_recorded_after,
+    ),
+    Bug(
+        "shared-cache",
+        "one cache shared by every layer: each layer also attends to the keys and values of the layers before it",
+        MODEL,
+        compute=_shared_cache,
+    ),
+    Bug(
+        "cache-not-cleared",
+        "a cache never cleared between calls: each case also attends to the earlier cases' rows",
+        ALL,
+        compute=_cache_kept,
+        uses_history=True,
+    ),
 )
 BUILTIN_BUGS = {bug.name: bug for bug in _BUILTIN}
 
@@ -155,8 +202,13 @@ def resolve_bug(name: str, stage_source: Path) -> Bug:
         return BUILTIN_BUGS[name]
     spec = load_file_function(stage_source, name)
     owner = f"bug '{name}' of {stage_source.name}"
-    return Bug(name=name, finding=name, oracles=(), compute=lambda model, _, inputs, __: compute_expected(spec, model, inputs, owner),
-               stamp=spec.stamp)
+    return Bug(
+        name=name,
+        finding=name,
+        oracles=(),
+        compute=lambda model, _, inputs, __: compute_expected(spec, model, inputs, owner),
+        stamp=spec.stamp,
+    )
 
 
 _DECODE_FIELDS = {"scale_decode", "decode_position", "decode_keys"}
@@ -167,12 +219,15 @@ def is_inert(bug: Bug, spec: OracleSpec, inputs: dict) -> bool:
     comes before the first decode step (attention is causal), so no forward is needed."""
     if bug.defects is None:
         return False
-    changed = {f.name for f in dataclasses.fields(Defects) if getattr(bug.defects, f.name) != getattr(oracle.EXACT, f.name)}
+    changed = {
+        f.name for f in dataclasses.fields(Defects) if getattr(bug.defects, f.name) != getattr(oracle.EXACT, f.name)
+    }
     return changed <= _DECODE_FIELDS and max(spec.positions(inputs), default=0) < spec.prefill(inputs)
 
 
-def bug_output(bug: Bug, spec: OracleSpec, oracle_name: str, model: Model, inputs: dict,
-               history: tuple | list = ()) -> np.ndarray:
+def bug_output(
+    bug: Bug, spec: OracleSpec, oracle_name: str, model: Model, inputs: dict, history: tuple | list = ()
+) -> np.ndarray:
     """What the stage's adapter returns for these inputs (after the earlier cases' calls) with this bug: one forward."""
     if bug.compute is not None:
         return np.asarray(bug.compute(model, oracle_name, inputs, list(history)))

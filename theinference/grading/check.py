@@ -35,14 +35,30 @@ def _first_message(result: StageResult) -> str:
     return f"{case.name}: {case.message}" if case else ""
 
 
-def _grade_subject(name: str, course_dir: Path, expectations: dict, stages: list[StageSpec], grader: Grader,
-                   options: RunOptions, fingerprints: dict, on_cell: Callable[[CheckCell], None]) -> list[CheckCell]:
+def _grade_subject(
+    name: str,
+    course_dir: Path,
+    expectations: dict,
+    stages: list[StageSpec],
+    grader: Grader,
+    options: RunOptions,
+    fingerprints: dict,
+    on_cell: Callable[[CheckCell], None],
+) -> list[CheckCell]:
     run = grader.grade(load_course(course_dir), stages, options)
     cells = []
     for stage, result in zip(stages, run.stages):
-        cells.append(CheckCell(subject=name, stage=stage.id, expected=expectations.get(stage.id, ("pass",)),
-                               got=observed(result), message=_first_message(result),
-                               expected_bugs=fingerprints.get(stage.id), got_bugs=named_bugs(result)))
+        cells.append(
+            CheckCell(
+                subject=name,
+                stage=stage.id,
+                expected=expectations.get(stage.id, ("pass",)),
+                got=observed(result),
+                message=_first_message(result),
+                expected_bugs=fingerprints.get(stage.id),
+                got_bugs=named_bugs(result),
+            )
+        )
         on_cell(cells[-1])
     return cells
 
@@ -56,6 +72,7 @@ def _counter(total: int, progress: Callable[[int, int, str], None] | None) -> Ca
             done[0] += 1
             if progress:
                 progress(done[0], total, f"{cell.subject} × {cell.stage}: {cell.got}{'' if cell.ok else ' (mismatch)'}")
+
     return on_cell
 
 
@@ -68,9 +85,15 @@ def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) ->
     return {s: shape for s, shape in mutant.expect.items() if s in selected}, unknown
 
 
-def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSpec], grader: Grader,
-                 timeout: float | None = None, jobs: int = 2,
-                 progress: Callable[[int, int, str], None] | None = None) -> CheckResult:
+def check_course(
+    source: Path,
+    all_stages: list[StageSpec],
+    stages: list[StageSpec],
+    grader: Grader,
+    timeout: float | None = None,
+    jobs: int = 2,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations;
     progress(done, total, what) is called as each subject × stage cell is finished."""
     options = RunOptions(limits=Limits(timeout=timeout))
@@ -88,8 +111,9 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
             for mutant in mutants:
                 expect, unknown = _mutant_expectations(mutant, {s.id for s in all_stages}, {s.id for s in stages})
                 result.problems.extend(unknown)
-                subjects.append((mutant.name, build_mutant(mutant, solution, Path(tmp) / mutant.name), expect,
-                                 mutant.fingerprint))
+                subjects.append(
+                    (mutant.name, build_mutant(mutant, solution, Path(tmp) / mutant.name), expect, mutant.fingerprint)
+                )
         except MutantError as e:
             result.problems.append(str(e))
         result.subjects = [name for name, *_ in subjects]
@@ -97,7 +121,8 @@ def check_course(source: Path, all_stages: list[StageSpec], stages: list[StageSp
         # The solution first and alone: it fills the oracle cache every other subject reuses.
         result.cells.extend(_grade_subject(*subjects[0][:3], stages, grader, options, subjects[0][3], on_cell))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for cells in pool.map(lambda s: _grade_subject(s[0], s[1], s[2], stages, grader, options, s[3], on_cell),
-                                  subjects[1:]):
+            for cells in pool.map(
+                lambda s: _grade_subject(s[0], s[1], s[2], stages, grader, options, s[3], on_cell), subjects[1:]
+            ):
                 result.cells.extend(cells)
     return result

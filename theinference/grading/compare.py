@@ -40,12 +40,22 @@ def compare_rows(
         diff, bad, worst, max_rel, nonfinite = _chunk_stats(e, g, atol, rtol)
         for i in range(len(e)):
             row, w = start + i, int(worst[i])
-            rows.append(RowStats(
-                row=row, position=positions[row], token=tokens[row],
-                max_abs=float(diff[i, w]), max_rel=float(max_rel[i]), n_bad=int(bad[i].sum()), n=e.shape[1],
-                n_nonfinite=int(nonfinite[i]), worst_index=w, expected=float(e[i, w]), got=float(g[i, w]),
-                ok=not bad[i].any(),
-            ))
+            rows.append(
+                RowStats(
+                    row=row,
+                    position=positions[row],
+                    token=tokens[row],
+                    max_abs=float(diff[i, w]),
+                    max_rel=float(max_rel[i]),
+                    n_bad=int(bad[i].sum()),
+                    n=e.shape[1],
+                    n_nonfinite=int(nonfinite[i]),
+                    worst_index=w,
+                    expected=float(e[i, w]),
+                    got=float(g[i, w]),
+                    ok=not bad[i].any(),
+                )
+            )
     return rows
 
 
@@ -53,8 +63,9 @@ def token_summary(got: list[int], path_logits: np.ndarray) -> np.ndarray:
     """What the token walk reads of each step's logits: [n, 4] = argmax, its logit, got's logit, max |logit|."""
     rows = np.arange(len(got))
     best = np.argmax(path_logits, axis=1)
-    return np.stack([best, path_logits[rows, best], path_logits[rows, got], np.abs(path_logits).max(axis=1)],
-                    axis=1).astype(np.float64)
+    return np.stack(
+        [best, path_logits[rows, best], path_logits[rows, got], np.abs(path_logits).max(axis=1)], axis=1
+    ).astype(np.float64)
 
 
 def walk_tokens(got: list[int], path_logits: np.ndarray, tie_rtol: float, start_position: int) -> list[TokenStep]:
@@ -75,8 +86,11 @@ def walk_summary(got: list[int], summary: np.ndarray, tie_rtol: float, start_pos
         gap = float(best_logit) - float(token_logit)
         allowed = tie_rtol * float(largest)
         verdict = "match" if token == best else "near-tie" if gap <= allowed else "mismatch"
-        steps.append(TokenStep(step=k, position=start_position + k, got=token, expected=best, gap=gap,
-                               verdict=verdict, allowed=allowed))
+        steps.append(
+            TokenStep(
+                step=k, position=start_position + k, got=token, expected=best, gap=gap, verdict=verdict, allowed=allowed
+            )
+        )
         if verdict == "mismatch":
             break
     return steps

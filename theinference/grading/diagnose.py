@@ -55,8 +55,9 @@ def _spread(values: np.ndarray) -> float:
 
 def _grows(tail: np.ndarray) -> bool:
     third = max(1, len(tail) // 3)
-    return (_rank_correlation(tail) >= MIN_RANK_CORRELATION
-            and tail[-third:].mean() >= GROWTH_RATIO * tail[:third].mean())
+    return (
+        _rank_correlation(tail) >= MIN_RANK_CORRELATION and tail[-third:].mean() >= GROWTH_RATIO * tail[:third].mean()
+    )
 
 
 def _shape_of_errors(ok: list[bool], err: np.ndarray) -> str:
@@ -100,8 +101,13 @@ def classify_rows(rows: list[RowStats], expected=None, got=None, atol=0.0, rtol=
     bad = err[~np.array(ok)]
     first_bad = ok.index(False) if False in ok else 0
     matching = f"{_rows_before(first_bad)}; from row {first_bad} on " if first_bad else "every row is off and "
-    facts.update(lo=float(bad.min()) if len(bad) else 0.0, hi=float(bad.max()) if len(bad) else 0.0,
-                 first=float(err[first_bad]), first_bad=first_bad, matching=matching)
+    facts.update(
+        lo=float(bad.min()) if len(bad) else 0.0,
+        hi=float(bad.max()) if len(bad) else 0.0,
+        first=float(err[first_bad]),
+        first_bad=first_bad,
+        matching=matching,
+    )
     return shape, facts
 
 
@@ -114,5 +120,7 @@ def diagnose_rows(rows, hints: dict, expected=None, got=None, atol=0.0, rtol=0.0
 def diagnose_tokens(steps: list[TokenStep], hints: dict, describe=str) -> Diagnosis:
     """Diagnosis of a greedy case whose walk ended in a mismatch."""
     last = steps[-1]
-    summary = _SUMMARIES["token-mismatch"].format(step=last.step, got=describe(last.got), expected=describe(last.expected))
+    summary = _SUMMARIES["token-mismatch"].format(
+        step=last.step, got=describe(last.got), expected=describe(last.expected)
+    )
     return Diagnosis(shape="token-mismatch", summary=summary, hint=hints.get("token-mismatch", ""))

@@ -21,8 +21,15 @@ def oracle_arrays(stage: StageSpec, model: Model, cases: list[CaseSpec]) -> dict
         arrays[f"{case.name}.expected"] = expected
         if stage.compare == "tokens":  # the logits each greedy choice was made from
             arrays[f"{case.name}.logits"] = oracle.per_step_logits(
-                model.params, case.inputs["prompt"], list(expected), model.config.n_head)
-    meta = {"stage": stage.id, "weights": str(model.path), "atol": stage.atol, "rtol": stage.rtol,
-            "cases": [c.name for c in cases], "adapter": stage.adapter}
+                model.params, case.inputs["prompt"], list(expected), model.config.n_head
+            )
+    meta = {
+        "stage": stage.id,
+        "weights": str(model.path),
+        "atol": stage.atol,
+        "rtol": stage.rtol,
+        "cases": [c.name for c in cases],
+        "adapter": stage.adapter,
+    }
     arrays["meta"] = np.asarray(json.dumps(meta))
     return arrays

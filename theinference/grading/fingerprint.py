@@ -41,8 +41,15 @@ def _key(model: Model, stage: StageSpec, bug: Bug, inputs: dict, history: list) 
 
 def _durable(stage: StageSpec, spec: OracleSpec, bug: Bug, inputs: dict, history: list) -> tuple:
     """What besides the weights' content determines a bug's output, for the persistent store."""
-    return ("bug", stage.oracle, oracle_version(spec.stamp), bug.name, oracle_version(bug.stamp), inputs,
-            history if bug.uses_history else [])
+    return (
+        "bug",
+        stage.oracle,
+        oracle_version(spec.stamp),
+        bug.name,
+        oracle_version(bug.stamp),
+        inputs,
+        history if bug.uses_history else [],
+    )
 
 
 def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
@@ -52,7 +59,9 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _close(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> bool:
-    return got.shape == target.shape and bool(np.allclose(got, target, atol=stage.atol, rtol=stage.rtol, equal_nan=True))
+    return got.shape == target.shape and bool(
+        np.allclose(got, target, atol=stage.atol, rtol=stage.rtol, equal_nan=True)
+    )
 
 
 def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
@@ -60,17 +69,25 @@ def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
     return sorted(cases, key=lambda c: (c.status == "pass", np.asarray(c.output).size))
 
 
-def _match(bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec, model: Model, cache,
-           histories: dict) -> Match | None:
+def _match(
+    bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec, model: Model, cache, histories: dict
+) -> Match | None:
     worst, visible = 0.0, False
     for case in cases:
         got = np.asarray(case.output)
         expected = cache.get(model, stage, spec, case)
         history = histories[case.name]
-        out = expected if is_inert(bug, spec, case.inputs) else cache.memo(
-            _key(model, stage, bug, case.inputs, history),
-            lambda: bug_output(bug, spec, stage.oracle, model, case.inputs, history), model=model,
-            durable=_durable(stage, spec, bug, case.inputs, history), label=f"{stage.id}: {case.name} with {bug.name}")
+        out = (
+            expected
+            if is_inert(bug, spec, case.inputs)
+            else cache.memo(
+                _key(model, stage, bug, case.inputs, history),
+                lambda: bug_output(bug, spec, stage.oracle, model, case.inputs, history),
+                model=model,
+                durable=_durable(stage, spec, bug, case.inputs, history),
+                label=f"{stage.id}: {case.name} with {bug.name}",
+            )
+        )
         if not _close(got, out, stage):
             return None
         visible = visible or not _close(out, expected, stage)
@@ -84,8 +101,9 @@ def find_matches(stage: StageSpec, cases: list[CaseResult], model: Model, cache,
     ordered = _read_order(cases)
     for case in ordered:  # once, not once per candidate bug
         case.output = np.asarray(case.output, dtype=np.float32)
-    matches = (_match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories)
-               for name in stage.bugs)
+    matches = (
+        _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories) for name in stage.bugs
+    )
     return [m for m in matches if m is not None]
 
 
@@ -93,19 +111,25 @@ def _finding(matches: list[Match], cases: list[CaseResult], stage: StageSpec) ->
     off = max((r.max_abs for c in cases for r in c.rows), default=0.0)
     where = f"at every position of {len(cases)} case(s)"
     if len(matches) == 1:
-        evidence = (f"your output equals GPT-2 with {matches[0].bug.finding}, to {matches[0].max_abs:.2g} {where}; "
-                    f"the correct output differs by up to {off:.3g}")
+        evidence = (
+            f"your output equals GPT-2 with {matches[0].bug.finding}, to {matches[0].max_abs:.2g} {where}; "
+            f"the correct output differs by up to {off:.3g}"
+        )
     else:
         each = "; ".join(f"{m.bug.finding} (to {m.max_abs:.2g})" for m in matches)
-        evidence = (f"your output equals GPT-2 with each of these bugs {where}, which these cases cannot tell apart: "
-                    f"{each}; the correct output differs by up to {off:.3g}")
+        evidence = (
+            f"your output equals GPT-2 with each of these bugs {where}, which these cases cannot tell apart: "
+            f"{each}; the correct output differs by up to {off:.3g}"
+        )
     hint = " ".join(stage.bug_hints[m.bug.name] for m in matches if stage.bug_hints.get(m.bug.name))
     return Diagnosis(shape="", summary="", hint=hint, bug=", ".join(m.bug.name for m in matches), evidence=evidence)
 
 
 def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: int) -> Diagnosis:
     if found is None:
-        return dataclasses.replace(diagnosis, evidence=f"{UNKNOWN} ({checked} checked): the shape alone cannot name the cause")
+        return dataclasses.replace(
+            diagnosis, evidence=f"{UNKNOWN} ({checked} checked): the shape alone cannot name the cause"
+        )
     return dataclasses.replace(diagnosis, hint=found.hint or diagnosis.hint, bug=found.bug, evidence=found.evidence)
 
 
@@ -147,5 +171,7 @@ def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> 
     for case in failing:
         if case.diagnosis is not None:
             case.diagnosis = _apply(case.diagnosis, found, len(stage.bugs))
-        elif found is not None and result.cross_case is None:  # a one-row case has no shape, but the bug explains it too
+        elif (
+            found is not None and result.cross_case is None
+        ):  # a one-row case has no shape, but the bug explains it too
             case.diagnosis = found

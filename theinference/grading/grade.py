@@ -15,7 +15,13 @@ from theinference.grading.fingerprint import fingerprint_stage
 from theinference.grading.frames import course_file, deepest_course_frame
 from theinference.grading.oracle_store import OracleStore, oracle_version
 from theinference.proc.launch import Launcher, SubprocessLauncher
-from theinference.grading.oracle_registry import ID_INPUTS, OracleSpec, compute_expected, positions_needed, resolve_oracle
+from theinference.grading.oracle_registry import (
+    ID_INPUTS,
+    OracleSpec,
+    compute_expected,
+    positions_needed,
+    resolve_oracle,
+)
 from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
 from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
@@ -43,9 +49,13 @@ class OracleCache:
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
         inputs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items())
         key = (str(model.path), model.stamp, stage.oracle, spec.stamp, inputs)
-        return self.memo(key, lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'"), model=model,
-                         durable=("oracle", stage.oracle, oracle_version(spec.stamp), case.inputs),
-                         label=f"{stage.id}: {case.name}")
+        return self.memo(
+            key,
+            lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'"),
+            model=model,
+            durable=("oracle", stage.oracle, oracle_version(spec.stamp), case.inputs),
+            label=f"{stage.id}: {case.name}",
+        )
 
     def memo(self, key: tuple, compute, model: Model | None = None, durable: tuple = (), label: str = "") -> np.ndarray:
         """Any output computed from these weights (the oracle's, a bug oracle's), once per key.
@@ -70,6 +80,7 @@ class OracleCache:
                 return compute()
             finally:
                 self.progress.finish(label)
+
         return run
 
 
@@ -91,11 +102,15 @@ def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
     config = model.config
     needed = positions_needed(case.inputs)
     if needed > config.n_ctx:
-        raise GradeError(f"{stage.source}: case '{case.name}' needs {needed} positions; the weights have n_ctx={config.n_ctx}")
+        raise GradeError(
+            f"{stage.source}: case '{case.name}' needs {needed} positions; the weights have n_ctx={config.n_ctx}"
+        )
     for name, value in case.inputs.items():
         ids = value if isinstance(value, list) else [value] if name in ID_INPUTS else []
         if ids and max(ids) >= config.n_vocab:
-            raise GradeError(f"{stage.source}: case '{case.name}': token id {max(ids)} in '{name}' is >= n_vocab={config.n_vocab}")
+            raise GradeError(
+                f"{stage.source}: case '{case.name}': token id {max(ids)} in '{name}' is >= n_vocab={config.n_vocab}"
+            )
 
 
 def _consumed_tokens(inputs: dict, positions: list[int]) -> list[int | None]:
@@ -112,12 +127,17 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
     if stage.bugs:  # kept until fingerprinted: a match must hold on every case with numbers, passing ones too
         result.output = got
     positions = spec.positions(result.inputs) or list(range(len(expected)))
-    result.rows = compare_rows(expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions))
+    result.rows = compare_rows(
+        expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions)
+    )
     if all(r.ok for r in result.rows):
         result.status = "pass"
         return
     bad = sum(not r.ok for r in result.rows)
-    result.status, result.message = "fail", f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}"
+    result.status, result.message = (
+        "fail",
+        f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}",
+    )
     if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
         result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
 
@@ -140,10 +160,21 @@ def _output_cap(shape: tuple[int, ...]) -> int:
     return _OUTPUT_SLACK * int(np.prod(shape)) * 8 + _OUTPUT_FLOOR
 
 
-def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec) -> CaseResult:
-    result = CaseResult(name=case.name, status=outcome.status, message=outcome.message, inputs=case.inputs,
-                        texts=case.texts, traceback=outcome.traceback, stdout=outcome.stdout, stderr=outcome.stderr,
-                        seconds=outcome.seconds, at=deepest_course_frame(outcome.traceback, ctx.course.root))
+def _case_result(
+    stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec
+) -> CaseResult:
+    result = CaseResult(
+        name=case.name,
+        status=outcome.status,
+        message=outcome.message,
+        inputs=case.inputs,
+        texts=case.texts,
+        traceback=outcome.traceback,
+        stdout=outcome.stdout,
+        stderr=outcome.stderr,
+        seconds=outcome.seconds,
+        at=deepest_course_frame(outcome.traceback, ctx.course.root),
+    )
     # A timed generation that outlasts its budget has no cache; a hang while importing, or a case
     # skipped for the stage's or submission's budget, says nothing about the cache.
     if outcome.status == "timeout" and stage.scaling is not None and outcome.message.endswith("while running"):
@@ -158,11 +189,12 @@ def _case_result(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Gr
         result.status, result.detail = "fail", "wrong-shape"
         result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
         return result
-    assert outcome.value is not None, "an \"ok\" outcome carries the adapter's array"
+    assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
     if stage.compare in TOKEN_COMPARES:  # verified on the student's own path: no oracle continuation needed
         assert stage.tie_rtol is not None, "the loader requires [tie] for token stages"
-        verify_tokens(result, outcome.value, ctx.model, stage.tie_rtol, stage.hints, ctx.cache,
-                      f"{stage.id}: {case.name}")
+        verify_tokens(
+            result, outcome.value, ctx.model, stage.tie_rtol, stage.hints, ctx.cache, f"{stage.id}: {case.name}"
+        )
         # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
         if stage.scaling is not None and result.status == "pass" and not outcome.timing:
             result.status, result.message = "fail", "the adapter's process reported no timings"
@@ -239,23 +271,45 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
 
     job = AdapterJob(
-        course_root=ctx.course.root, adapters=ctx.course.adapters, names=stage.adapter_names,
+        course_root=ctx.course.root,
+        adapters=ctx.course.adapters,
+        names=stage.adapter_names,
         calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
-        weights=ctx.model.path, timeout=ctx.limits.timeout or ctx.course.timeout or stage.timeout, limits=ctx.limits,
-        launcher=ctx.launcher, scaling=scaling.job_scaling(stage),
-        output_cap=output_cap, consume=consume, all_cases=ctx.all_cases, case_names=tuple(c.name for c in stage.cases),
-        deadline=ctx.deadline, deadline_budget=ctx.budget,
+        weights=ctx.model.path,
+        timeout=ctx.limits.timeout or ctx.course.timeout or stage.timeout,
+        limits=ctx.limits,
+        launcher=ctx.launcher,
+        scaling=scaling.job_scaling(stage),
+        output_cap=output_cap,
+        consume=consume,
+        all_cases=ctx.all_cases,
+        case_names=tuple(c.name for c in stage.cases),
+        deadline=ctx.deadline,
+        deadline_budget=ctx.budget,
     )
     outcomes = run_adapter(job)
-    cases = [graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
-             for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))]
+    cases = [
+        graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
+        for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))
+    ]
     source, line = adapter_definition(ctx.course, outcomes, stage.adapter_names)
     result = StageResult(
-        id=stage.id, title=stage.title, status=_stage_status(cases), cases=cases,
-        points=_points(stage, cases), max_points=stage.points, adapter=stage.adapter,
-        adapters_file=str(ctx.course.adapters), lesson=str(stage.lesson), atol=stage.atol, rtol=stage.rtol,
-        compare=stage.compare, tie_rtol=stage.tie_rtol, seconds=time.perf_counter() - started,
-        adapter_line=line, adapter_source=source,
+        id=stage.id,
+        title=stage.title,
+        status=_stage_status(cases),
+        cases=cases,
+        points=_points(stage, cases),
+        max_points=stage.points,
+        adapter=stage.adapter,
+        adapters_file=str(ctx.course.adapters),
+        lesson=str(stage.lesson),
+        atol=stage.atol,
+        rtol=stage.rtol,
+        compare=stage.compare,
+        tie_rtol=stage.tie_rtol,
+        seconds=time.perf_counter() - started,
+        adapter_line=line,
+        adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
     )
     if ctx.fingerprint:

@@ -60,23 +60,42 @@ class Grader:
         """Stop the pre-warmed student-process launcher, if any."""
         self.launcher.close()
 
-    def grade(self, course: Course, stages: list[StageSpec], options: RunOptions | None = None,
-              notices: Iterable[str] = ()) -> RunResult:
+    def grade(
+        self, course: Course, stages: list[StageSpec], options: RunOptions | None = None, notices: Iterable[str] = ()
+    ) -> RunResult:
         """Grade the stages in order on the course (with the seed's random cases added, if any)."""
         options = options or RunOptions()
         budget = options.submission_timeout
         untrusted = self.untrusted or options.limits.untrusted
-        ctx = GradeContext(course=course, model=self.model, cache=self.cache, limits=options.limits, launcher=self.launcher,
-                           fingerprint=options.fingerprint, all_cases=options.all_cases, budget=budget,
-                           deadline=time.monotonic() + budget if budget else None)
-        results = [dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
-                   for stage in self.with_seed(stages, options)]
+        ctx = GradeContext(
+            course=course,
+            model=self.model,
+            cache=self.cache,
+            limits=options.limits,
+            launcher=self.launcher,
+            fingerprint=options.fingerprint,
+            all_cases=options.all_cases,
+            budget=budget,
+            deadline=time.monotonic() + budget if budget else None,
+        )
+        results = [
+            dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
+            for stage in self.with_seed(stages, options)
+        ]
         return RunResult(
-            course=str(course.root), weights_path=str(self.model.path), weights_source=self.weights.source,
-            weights_why=self.weights.why, synthetic=self.model.synthetic, config=self.model.config.as_dict(),
-            stages=results, notices=[*notices, *self.model.notices], seed=options.seed, untrusted=untrusted,
+            course=str(course.root),
+            weights_path=str(self.model.path),
+            weights_source=self.weights.source,
+            weights_why=self.weights.why,
+            synthetic=self.model.synthetic,
+            config=self.model.config.as_dict(),
+            stages=results,
+            notices=[*notices, *self.model.notices],
+            seed=options.seed,
+            untrusted=untrusted,
             course_supplied=self._course_supplied(course, results, options),
-            isolation=self.launcher.isolation.level, isolation_summary=self.launcher.isolation.summary,
+            isolation=self.launcher.isolation.level,
+            isolation_summary=self.launcher.isolation.summary,
         )
 
     def fingerprint(self, stages: list[StageSpec], run: RunResult, options: RunOptions | None = None) -> None:
@@ -107,7 +126,9 @@ class Grader:
         lines = []
         ours = [s for s in stages if s.origin == "course"]
         if ours:
-            lines.append("stages from the course directory: " + ", ".join(f"{s.id} ({s.max_points:g} points)" for s in ours))
+            lines.append(
+                "stages from the course directory: " + ", ".join(f"{s.id} ({s.max_points:g} points)" for s in ours)
+            )
         if self.weights.source == "theinference.toml":
             lines.append(f"weights from the course's theinference.toml: {self.model.path}")
         if course.timeout and options.limits.timeout is None:

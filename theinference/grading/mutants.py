@@ -77,10 +77,18 @@ def load_mutant(path: Path) -> Mutant:
         shapes = (shapes,) if isinstance(shapes, str) else tuple(shapes) if isinstance(shapes, list) else (None,)
         for shape in shapes:
             if shape not in OBSERVABLES:
-                raise MutantError(f"{path}: field 'expect.{stage_id}': unknown shape {shape!r} (known: {', '.join(OBSERVABLES)})")
+                raise MutantError(
+                    f"{path}: field 'expect.{stage_id}': unknown shape {shape!r} (known: {', '.join(OBSERVABLES)})"
+                )
         expect[stage_id] = shapes
-    return Mutant(name=path.parent.name, description=data["description"], edits=tuple(edits), expect=expect, source=path,
-                  fingerprint=fingerprint)
+    return Mutant(
+        name=path.parent.name,
+        description=data["description"],
+        edits=tuple(edits),
+        expect=expect,
+        source=path,
+        fingerprint=fingerprint,
+    )
 
 
 def _fingerprint(path: Path, table) -> dict:

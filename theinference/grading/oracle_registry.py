@@ -56,15 +56,17 @@ def _step_positions(inputs: dict) -> list[int]:
 BUILTIN_ORACLES = {
     "layer0-attn-last": OracleSpec(
         inputs=("seq",),
-        compute=lambda m, seq, defects=oracle.EXACT: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head,
-                                                                                 defects)[-1],
+        compute=lambda m, seq, defects=oracle.EXACT: oracle.layer0_attn_sublayer(
+            m.params, seq, m.config.n_head, defects
+        )[-1],
         positions=_last_position,
         prefill=lambda inputs: len(inputs["seq"]) - 1,
     ),
     "decode-step-logits": OracleSpec(
         inputs=("prompt", "next_id"),
         compute=lambda m, prompt, next_id, defects=oracle.EXACT: oracle.logits(
-            m.params, [*prompt, next_id], m.config.n_head, rows=slice(len(prompt), len(prompt) + 1), defects=defects)[0],
+            m.params, [*prompt, next_id], m.config.n_head, rows=slice(len(prompt), len(prompt) + 1), defects=defects
+        )[0],
         positions=_last_position,
         prefill=lambda inputs: len(inputs["prompt"]),
     ),
@@ -75,13 +77,16 @@ BUILTIN_ORACLES = {
     ),
     "layer0-attn-sublayer": OracleSpec(
         inputs=("seq",),
-        compute=lambda m, seq, defects=oracle.EXACT: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects),
+        compute=lambda m, seq, defects=oracle.EXACT: oracle.layer0_attn_sublayer(
+            m.params, seq, m.config.n_head, defects
+        ),
         positions=_seq_positions,
     ),
     "per-step-logits": OracleSpec(
         inputs=("prompt", "cont"),
-        compute=lambda m, prompt, cont, defects=oracle.EXACT: oracle.per_step_logits(m.params, prompt, cont,
-                                                                                     m.config.n_head, defects),
+        compute=lambda m, prompt, cont, defects=oracle.EXACT: oracle.per_step_logits(
+            m.params, prompt, cont, m.config.n_head, defects
+        ),
         positions=_step_positions,
         prefill=lambda inputs: len(inputs["prompt"]),
     ),
@@ -161,8 +166,10 @@ def _failure(spec: OracleSpec, owner: str, e: Exception) -> str:
     head = f"{owner}: " if owner else ""
     hint = _CONFIG_HINT if isinstance(e, TypeError) and "GPT2Config" in str(e) else ""
     trace = "".join(traceback.format_list(frames)).rstrip()
-    return (f"{head}the oracle {name}() failed at {where}: {type(e).__name__}: {e}{hint}\n"
-            f"the oracle's traceback (most recent call last):\n{trace}")
+    return (
+        f"{head}the oracle {name}() failed at {where}: {type(e).__name__}: {e}{hint}\n"
+        f"the oracle's traceback (most recent call last):\n{trace}"
+    )
 
 
 _CONFIG_HINT = " (model.config is an object, not a dict: write model.config.n_layer, not model.config['n_layer'])"

@@ -38,8 +38,14 @@ _LOW_WATER = 0.8  # eviction frees down to this fraction of the cap, so it does 
 _STALE_TEMP = 3600  # seconds after which a temporary file is a crashed writer's leftover
 # The modules whose source defines the built-in oracles and bug oracles: editing one invalidates every entry.
 # Relative to the package: the modules whose code decides an oracle output (a change in any invalidates the store).
-_ORACLE_MODULES = ("model/gpt2.py", "grading/oracle_registry.py", "grading/bugs.py", "grading/compare.py",
-                  "grading/verification.py", "grading/scaling.py")
+_ORACLE_MODULES = (
+    "model/gpt2.py",
+    "grading/oracle_registry.py",
+    "grading/bugs.py",
+    "grading/compare.py",
+    "grading/verification.py",
+    "grading/scaling.py",
+)
 
 
 def _blake(data: bytes = b"") -> "hashlib.blake2b":
@@ -74,6 +80,7 @@ def _canonical(parts) -> bytes:
         if isinstance(value, np.generic):
             return value.item()
         raise TypeError(f"cannot key an oracle output by {type(value).__name__}")
+
     return json.dumps(parts, sort_keys=True, separators=(",", ":"), default=plain).encode()
 
 
@@ -119,7 +126,14 @@ class OracleStore:
             return None
         if (stat.st_mtime_ns, stat.st_size) != model.stamp:
             return None
-        identity = (str(model.path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        identity = (
+            str(model.path.resolve()),
+            stat.st_dev,
+            stat.st_ino,
+            stat.st_size,
+            stat.st_mtime_ns,
+            stat.st_ctime_ns,
+        )
         if identity not in self._weights:
             self._weights[identity] = self._remembered_digest(model.path, identity)
         return self._weights[identity]

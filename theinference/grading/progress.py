@@ -52,8 +52,12 @@ def record_progress(root: Path, run: RunResult, timeout: float | None = None) ->
     """Remember each graded stage's status, weights and --timeout; return a notice if a corrupt file was replaced, else ""."""
     stages, problem = read_progress(root)
     for stage in run.stages:
-        stages[stage.id] = {"status": stage.status, "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                            "weights": weights_name(run), "timeout": timeout}
+        stages[stage.id] = {
+            "status": stage.status,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "weights": weights_name(run),
+            "timeout": timeout,
+        }
     try:
         (root / PROGRESS_FILE).parent.mkdir(exist_ok=True)
         (root / PROGRESS_FILE).write_text(json.dumps({"format_version": 1, "stages": stages}, indent=2) + "\n")
@@ -66,7 +70,11 @@ def describe_entry(entry: dict) -> str:
     """'pass (tiny weights, --timeout 5)': a stage's recorded status and what it was graded with."""
     found = [f"{entry['weights']} weights"] if isinstance(entry.get("weights"), str) else []
     if isinstance(entry.get("timeout"), (int, float)):  # the course's file: an int may be too large for a float
-        found.append(f"--timeout {entry['timeout']:g}" if isinstance(entry["timeout"], float) else f"--timeout {entry['timeout']}")
+        found.append(
+            f"--timeout {entry['timeout']:g}"
+            if isinstance(entry["timeout"], float)
+            else f"--timeout {entry['timeout']}"
+        )
     return f"{entry['status']} ({', '.join(found)})" if found else entry["status"]
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from theinference.grading.stages import StageError, StageSpec, valid_id
 
-STAGE = '''\
+STAGE = """\
 # Stage {id}: every field is described in docs/authoring.md.
 format_version = 1
 id = "{id}"
@@ -32,7 +32,7 @@ seq = [464]
 [[case]]
 name = "sentence"
 seq = "The quick brown fox jumps over the lazy dog."
-'''
+"""
 
 ORACLE = '''\
 """The oracle of stage {id}: what {adapter}() must return, computed from the weights."""
@@ -47,13 +47,13 @@ def {func}(model, seq):
     return oracle.embed(model.params, seq)
 '''
 
-LESSON = '''\
+LESSON = """\
 # {id}
 
 TODO: what the student builds in this stage, why, and how `{adapter}` is graded.
 
 `theinference stages show {id}` shows this lesson; `theinference test --stage {id}` grades it.
-'''
+"""
 
 SOLUTION_ADAPTER = '''\
 def {adapter}(seq_ids):
@@ -85,9 +85,11 @@ def scaffold_stage(directory: Path, stage_id: str, existing: list[StageSpec]) ->
         raise StageError(f"a stage '{stage_id}' already exists: {taken.source}")
     names = stage_names(stage_id)
     order = max((s.order for s in existing), default=0) + 10
-    files = {directory / f"{stage_id}.toml": STAGE.format(order=order, **names),
-             directory / names["oracle_file"]: ORACLE.format(**names),
-             directory / "lessons" / f"{stage_id}.md": LESSON.format(**names)}
+    files = {
+        directory / f"{stage_id}.toml": STAGE.format(order=order, **names),
+        directory / names["oracle_file"]: ORACLE.format(**names),
+        directory / "lessons" / f"{stage_id}.md": LESSON.format(**names),
+    }
     present = [str(p) for p in files if p.exists()]
     if present:
         raise StageError(f"not overwriting {', '.join(present)}")

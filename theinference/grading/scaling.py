@@ -14,8 +14,10 @@ from theinference.grading.results import CaseResult, Diagnosis, ScalingResult
 from theinference.grading.stages import StageSpec
 from theinference.model.weights import Model
 
-_NO_CACHE = ("the cost of a token grows with its position, as it does when every step recomputes the "
-             "whole sequence. With a cache, token k costs about the same as token 1.")
+_NO_CACHE = (
+    "the cost of a token grows with its position, as it does when every step recomputes the "
+    "whole sequence. With a cache, token k costs about the same as token 1."
+)
 
 
 def fit_to_context(stage: StageSpec, n_ctx: int) -> StageSpec:
@@ -48,16 +50,24 @@ def recompute_seconds(cache, model: Model, prompt: list[int], n_new: int) -> flo
     with length, so the n steps cost about n forwards of the middle length. One such forward is
     timed (not all n of them, which takes minutes on the gpt2 shape) and multiplied by n_new.
     """
+
     def estimate() -> float:
         middle = [*prompt, *([prompt[-1]] * (n_new // 2))]
-        _, seconds = timing.single_thread_cpu(lambda: oracle.logits(model.params, middle, model.config.n_head,
-                                                                    rows=slice(len(middle) - 1, len(middle))))
+        _, seconds = timing.single_thread_cpu(
+            lambda: oracle.logits(model.params, middle, model.config.n_head, rows=slice(len(middle) - 1, len(middle)))
+        )
         return seconds * n_new
 
     # Kept across runs like an oracle output (it only informs the report), but per machine: it is a timing.
     host = ("recompute-estimate", platform.node(), platform.machine(), oracle_version(()), prompt, n_new)
-    return float(cache.memo(("recompute-estimate", str(model.path), model.stamp, tuple(prompt), n_new), estimate,
-                            model=model, durable=host))
+    return float(
+        cache.memo(
+            ("recompute-estimate", str(model.path), model.stamp, tuple(prompt), n_new),
+            estimate,
+            model=model,
+            durable=host,
+        )
+    )
 
 
 def judge_timing(result: CaseResult, stage: StageSpec, timing: dict, oracle_seconds: float | None) -> None:
@@ -65,15 +75,22 @@ def judge_timing(result: CaseResult, stage: StageSpec, timing: dict, oracle_seco
     spec = stage.scaling
     assert spec is not None, "called for cache-scaling stages only"
     blas = [pool["threads"] for pool in timing.get("blas", [])]
-    result.scaling = ScalingResult(lengths=spec.lengths, seconds=tuple(timing["seconds"]), max_ratio=spec.max_ratio,
-                                   blas_threads=max(blas, default=1), oracle_seconds=oracle_seconds)
+    result.scaling = ScalingResult(
+        lengths=spec.lengths,
+        seconds=tuple(timing["seconds"]),
+        max_ratio=spec.max_ratio,
+        blas_threads=max(blas, default=1),
+        oracle_seconds=oracle_seconds,
+    )
     ratio = result.scaling.ratio
     if ratio <= spec.max_ratio:
         result.status = "pass"
         return
     first, last = spec.lengths[0], spec.lengths[-1]
     result.status = "fail"
-    result.message = f"per-token cost grows {ratio:.1f}× from {first} to {last} tokens (at most {spec.max_ratio:g}× passes)"
+    result.message = (
+        f"per-token cost grows {ratio:.1f}× from {first} to {last} tokens (at most {spec.max_ratio:g}× passes)"
+    )
     result.diagnosis = Diagnosis(shape="no-cache", summary=_NO_CACHE, hint=stage.hints.get("no-cache", ""))
 
 
@@ -82,6 +99,8 @@ def judge_timeout(result: CaseResult, stage: StageSpec) -> None:
     assert stage.scaling is not None, "called for cache-scaling stages only"
     lengths = ", ".join(str(n) for n in stage.scaling.lengths)
     result.status = "fail"
-    result.message = (f"{result.message}: generating {lengths} tokens ({stage.scaling.repeats} times each) "
-                      "takes seconds with a cache; this took longer than the whole stage allows")
+    result.message = (
+        f"{result.message}: generating {lengths} tokens ({stage.scaling.repeats} times each) "
+        "takes seconds with a cache; this took longer than the whole stage allows"
+    )
     result.diagnosis = Diagnosis(shape="no-cache", summary=_NO_CACHE, hint=stage.hints.get("no-cache", ""))

@@ -86,8 +86,13 @@ class Session:
         return self.grader.grade(self.course, selected, options, self.notices)
 
 
-def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs: list[Path],
-                 progress: Callable[[int, int], None] | None = None, untrusted: bool = False) -> Session:
+def open_session(
+    course_dir: Path | None,
+    weights: str | None,
+    extra_stage_dirs: list[Path],
+    progress: Callable[[int, int], None] | None = None,
+    untrusted: bool = False,
+) -> Session:
     """Load course, stages and weights (making the default synthetic weights if they are the choice).
 
     untrusted: the course's own stages, stage dirs, weights and timeout are ignored (theinference.trust), and
@@ -105,6 +110,13 @@ def open_session(course_dir: Path | None, weights: str | None, extra_stage_dirs:
         raise
     # The persistent store is read by trusted runs only: a student process could have written into it.
     cache = OracleCache(store=None if untrusted else default_store())
-    grader = Grader(weights=choice, model=model, made_weights=made, untrusted=untrusted, cache=cache,
-                    extra_stage_dirs=list(extra_stage_dirs), launcher=launcher)
+    grader = Grader(
+        weights=choice,
+        model=model,
+        made_weights=made,
+        untrusted=untrusted,
+        cache=cache,
+        extra_stage_dirs=list(extra_stage_dirs),
+        launcher=launcher,
+    )
     return Session(course=course, stages=stages, grader=grader, notices=notices)

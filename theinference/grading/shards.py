@@ -6,7 +6,14 @@ from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
-from theinference.grading.batch import BATCH_SCHEMA, GRADED_WITH_COLUMNS, INTERRUPTED_MARK, BatchError, check_output, write_csv
+from theinference.grading.batch import (
+    BATCH_SCHEMA,
+    GRADED_WITH_COLUMNS,
+    INTERRUPTED_MARK,
+    BatchError,
+    check_output,
+    write_csv,
+)
 
 _WORDS = {"theinference": "theinference version", "weights": "weights", "stage_files": "stage files", "seed": "--seed"}
 _HOW = "merge only shards graded alike: the same theinference, --weights, --stages-dir, --stage and --seed"
@@ -45,7 +52,7 @@ def read_csv_shard(path: Path) -> Shard:
     header, entries = rows[0], []
     for row in rows[1:]:
         if row and row[0].startswith(INTERRUPTED_MARK):
-            raise BatchError(f"{path}: {row[0][len(INTERRUPTED_MARK):].strip()}; grade that shard again")
+            raise BatchError(f"{path}: {row[0][len(INTERRUPTED_MARK) :].strip()}; grade that shard again")
         if row:
             record = dict(zip(header, row))
             entries.append((row[0], {k: record.get(k, "") for k in GRADED_WITH_COLUMNS}, row))
@@ -80,8 +87,10 @@ def _check_alike(shards: list[Shard]) -> None:
     first = shards[0]
     for shard in shards[1:]:
         if shard.stages != first.stages:
-            raise BatchError(f"{shard.path}: graded on stages {', '.join(shard.stages) or 'none'}, but {first.path} "
-                             f"on {', '.join(first.stages) or 'none'}; {_HOW}")
+            raise BatchError(
+                f"{shard.path}: graded on stages {', '.join(shard.stages) or 'none'}, but {first.path} "
+                f"on {', '.join(first.stages) or 'none'}; {_HOW}"
+            )
         if shard.format == "csv" and shard.head != first.head:
             raise BatchError(f"{shard.path}: its columns differ from {first.path}'s (written by another theinference?)")
     records = [(shard.path, graded) for shard in shards for _, graded, _ in shard.entries]
@@ -89,8 +98,10 @@ def _check_alike(shards: list[Shard]) -> None:
     for path, graded in records[1:]:
         for key in GRADED_WITH_COLUMNS:
             if graded[key] != ref[key]:
-                raise BatchError(f"{path}: graded with {_WORDS[key]} {graded[key] or 'none'}, but {ref_path} "
-                                 f"with {ref[key] or 'none'}; {_HOW}")
+                raise BatchError(
+                    f"{path}: graded with {_WORDS[key]} {graded[key] or 'none'}, but {ref_path} "
+                    f"with {ref[key] or 'none'}; {_HOW}"
+                )
 
 
 def _output(fmt: str, out: Path | None) -> Path:

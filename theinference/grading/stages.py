@@ -77,8 +77,17 @@ _REQUIRED = {
     "points": (int, float),
     "case": list,
 }
-_OPTIONAL = {"aliases": list, "hints": dict, "credit": str, "inputs": list, "tolerance": dict, "tie": dict,
-             "scaling": dict, "bugs": list, "bug_hints": dict}
+_OPTIONAL = {
+    "aliases": list,
+    "hints": dict,
+    "credit": str,
+    "inputs": list,
+    "tolerance": dict,
+    "tie": dict,
+    "scaling": dict,
+    "bugs": list,
+    "bug_hints": dict,
+}
 
 
 class StageError(ConfigError):
@@ -234,7 +243,7 @@ def _oracle_inputs(path: Path, data: dict) -> tuple[str, ...]:
     if not func.isidentifier():
         raise _fail(path, "oracle", f"'{func}' is not a function name")
     if "inputs" not in data:
-        raise _fail(path, "inputs", "an instructor's oracle needs `inputs`, e.g. inputs = [\"seq\"]")
+        raise _fail(path, "inputs", 'an instructor\'s oracle needs `inputs`, e.g. inputs = ["seq"]')
     for i, name in enumerate(data["inputs"]):
         if name not in TOKEN_INPUTS + COUNT_INPUTS + ID_INPUTS:
             known = ", ".join(TOKEN_INPUTS + COUNT_INPUTS + ID_INPUTS)
@@ -264,7 +273,9 @@ def _check_values(path: Path, data: dict) -> None:
         raise _fail(path, "case", "a stage needs at least one [[case]]")
 
 
-def _tolerance(path: Path, table: dict, name: str = "tolerance", keys: tuple[str, ...] = ("atol", "rtol")) -> tuple[float, ...]:
+def _tolerance(
+    path: Path, table: dict, name: str = "tolerance", keys: tuple[str, ...] = ("atol", "rtol")
+) -> tuple[float, ...]:
     """The finite, non-negative numbers of a tolerance table ([tolerance] atol, rtol; [tie] rtol)."""
     for key in table:
         if key not in keys:
@@ -281,13 +292,13 @@ def _tolerance(path: Path, table: dict, name: str = "tolerance", keys: tuple[str
 def _scaling(path: Path, data: dict) -> ScalingSpec | None:
     if data["compare"] != "scaling":
         if "scaling" in data:
-            raise _fail(path, "scaling", "only a stage with compare = \"scaling\" takes a [scaling] table")
+            raise _fail(path, "scaling", 'only a stage with compare = "scaling" takes a [scaling] table')
         return None
     if data["oracle"] != "greedy":
-        raise _fail(path, "oracle", "compare = \"scaling\" times run_greedy-like adapters: the oracle must be \"greedy\"")
+        raise _fail(path, "oracle", 'compare = "scaling" times run_greedy-like adapters: the oracle must be "greedy"')
     table = data.get("scaling")
     if table is None:
-        raise _fail(path, "scaling", "compare = \"scaling\" needs a [scaling] table (lengths, repeats, max_ratio)")
+        raise _fail(path, "scaling", 'compare = "scaling" needs a [scaling] table (lengths, repeats, max_ratio)')
     for key in table:
         if key not in ("lengths", "repeats", "max_ratio"):
             raise _fail(path, f"scaling.{key}", "unknown field (known fields: lengths, max_ratio, repeats)")
@@ -321,12 +332,12 @@ def _tolerances(path: Path, data: dict) -> tuple[float, float, float | None]:
     kind = data["compare"]
     if kind in TOKEN_COMPARES:
         if "tolerance" in data:
-            raise _fail(path, "tolerance", f"a \"{kind}\" stage takes [tie] (near-tie tolerance), not [tolerance]")
+            raise _fail(path, "tolerance", f'a "{kind}" stage takes [tie] (near-tie tolerance), not [tolerance]')
         if "tie" not in data:
-            raise _fail(path, "tie", f"missing required field (a \"{kind}\" stage needs [tie] rtol)")
+            raise _fail(path, "tie", f'missing required field (a "{kind}" stage needs [tie] rtol)')
         return 0.0, 0.0, _tolerance(path, data["tie"], "tie", ("rtol",))[0]
     if "tie" in data:
-        raise _fail(path, "tie", "only a stage that checks greedy tokens (compare \"tokens\" or \"scaling\") takes [tie]")
+        raise _fail(path, "tie", 'only a stage that checks greedy tokens (compare "tokens" or "scaling") takes [tie]')
     if "tolerance" not in data:
         raise _fail(path, "tolerance", "missing required field")
     atol, rtol = _tolerance(path, data["tolerance"])
@@ -348,9 +359,13 @@ def _bugs(path: Path, data: dict) -> tuple[tuple[str, ...], dict]:
         if ":" in name:
             file_name, _, func = name.partition(":")
             if not (path.parent / file_name).is_file() or not func.isidentifier():
-                raise _fail(path, f"bugs[{i}]", f"'{name}': no file '{file_name}' beside the stage file, or not a function name")
+                raise _fail(
+                    path, f"bugs[{i}]", f"'{name}': no file '{file_name}' beside the stage file, or not a function name"
+                )
         elif name not in BUILTIN_BUGS:
-            raise _fail(path, f"bugs[{i}]", f"unknown bug '{name}' (built-in: {', '.join(BUILTIN_BUGS)}; or 'file.py:function')")
+            raise _fail(
+                path, f"bugs[{i}]", f"unknown bug '{name}' (built-in: {', '.join(BUILTIN_BUGS)}; or 'file.py:function')"
+            )
         elif data["oracle"] not in BUILTIN_BUGS[name].oracles:
             raise _fail(path, f"bugs[{i}]", f"bug '{name}' cannot be computed for oracle '{data['oracle']}'")
     hints = data.get("bug_hints", {})

@@ -29,26 +29,30 @@ def token_problem(got: np.ndarray, n_new: int, n_vocab: int) -> str | None:
     return None
 
 
-def check_steps(model: Model, prompt: list[int], tokens: list[int], tie_rtol: float, cache=None,
-                label: str = "") -> list[TokenStep]:
+def check_steps(
+    model: Model, prompt: list[int], tokens: list[int], tie_rtol: float, cache=None, label: str = ""
+) -> list[TokenStep]:
     """Walk the student's tokens over the oracle's logits on their own path, up to the first mismatch.
 
     With an OracleCache, what the walk reads of those logits is cached like an oracle output.
     """
+
     def summary() -> np.ndarray:
         return token_summary(tokens, oracle.per_step_logits(model.params, prompt, tokens, model.config.n_head))
 
     if cache is not None:
         key = ("token-path", str(model.path), model.stamp, tuple(prompt), tuple(tokens))
-        found = cache.memo(key, summary, model=model, durable=("token-path", oracle_version(()), prompt, tokens),
-                           label=label)
+        found = cache.memo(
+            key, summary, model=model, durable=("token-path", oracle_version(()), prompt, tokens), label=label
+        )
     else:
         found = summary()
     return walk_summary(tokens, found, tie_rtol, len(prompt) - 1)
 
 
-def verify_tokens(result: CaseResult, got: np.ndarray, model: Model, tie_rtol: float, hints: dict, cache=None,
-                  label: str = "") -> None:
+def verify_tokens(
+    result: CaseResult, got: np.ndarray, model: Model, tie_rtol: float, hints: dict, cache=None, label: str = ""
+) -> None:
     """Fill a case's status, steps, tokens, message and diagnosis from the ids the student generated."""
     prompt, n_new = result.inputs["prompt"], result.inputs["n_new"]
     problem = token_problem(got, n_new, model.config.n_vocab)
@@ -62,7 +66,9 @@ def verify_tokens(result: CaseResult, got: np.ndarray, model: Model, tie_rtol: f
         return
     k = len(result.steps)
     result.expected_tokens = result.got_tokens[: k - 1] + [result.steps[-1].expected]
-    result.expected_tokens += oracle.greedy(model.params, prompt + result.expected_tokens, n_new - k, model.config.n_head)
+    result.expected_tokens += oracle.greedy(
+        model.params, prompt + result.expected_tokens, n_new - k, model.config.n_head
+    )
     result.status = "fail"
     result.message = f"token {k - 1} of {n_new} differs from the oracle's greedy choice"
     result.diagnosis = diagnose_tokens(result.steps, hints, lambda t: f"{t} {tokenizer.token_text(t)!r}")

@@ -120,7 +120,7 @@ class Watch:
     def start_observer(self) -> None:
         """Start watchdog on the course directory (PollingObserver with poll=True)."""
         root = self.session.course.root
-        observer = (PollingObserver(timeout=0.1) if self.poll else Observer())
+        observer = PollingObserver(timeout=0.1) if self.poll else Observer()
         observer.schedule(_Handler(root, self.events), str(root), recursive=True)
         observer.start()
         self.observer, self.watched_id = observer, _dir_id(root)
@@ -140,8 +140,14 @@ class Watch:
         """Say the course directory is gone, wait until one is back, watch it afresh; False on quit."""
         root = self.session.course.root
         self.stop_observer()
-        self.on_regrade(Regrade(changed=[], at=time.time(), waiting=True,
-                                error=f"{root} is gone (renamed or deleted): waiting for it to come back"))
+        self.on_regrade(
+            Regrade(
+                changed=[],
+                at=time.time(),
+                waiting=True,
+                error=f"{root} is gone (renamed or deleted): waiting for it to come back",
+            )
+        )
         previous, current = None, _tree_state(root)
         while current is None or current != previous:  # absent, or still being copied or checked out
             if stop.is_set() or self._quit_requested():
@@ -163,6 +169,7 @@ class Watch:
 
     def start_keys(self) -> None:
         """Read Enter / q+Enter from a terminal's stdin into the event queue."""
+
         def read() -> None:
             for line in sys.stdin:
                 self.events.put(("key", line.strip().lower()))
@@ -190,7 +197,9 @@ class Watch:
         if BACK in changed or any(Path(p).name == "theinference.toml" for p in changed):
             session.course = load_course(session.course.root)
         if BACK in changed or any(p.endswith(".toml") for p in changed):
-            session.stages = load_stages(stage_dirs(session.course.root, [*session.course.stages_dirs, *session.grader.extra_stage_dirs]))
+            session.stages = load_stages(
+                stage_dirs(session.course.root, [*session.course.stages_dirs, *session.grader.extra_stage_dirs])
+            )
         grader = session.grader
         if grader.model.is_stale():
             grader.model = load_model(grader.model.path)

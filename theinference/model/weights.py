@@ -121,9 +121,15 @@ def _check_entry_fields(path: Path, key: str, entry) -> dict:
     shape, offsets = entry["shape"], entry["data_offsets"]
     if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
         raise WeightsError(f"{path}: tensor '{key}': 'shape' is {shape!r}, not a list of non-negative integers")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(n) for n in offsets)
-            and offsets[0] <= offsets[1]):
-        raise WeightsError(f"{path}: tensor '{key}': 'data_offsets' is {offsets!r}, not [start, end] with 0 <= start <= end")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(_is_count(n) for n in offsets)
+        and offsets[0] <= offsets[1]
+    ):
+        raise WeightsError(
+            f"{path}: tensor '{key}': 'data_offsets' is {offsets!r}, not [start, end] with 0 <= start <= end"
+        )
     return entry
 
 
@@ -154,8 +160,10 @@ def _embedding_dims(path: Path, wte: list, wpe: list) -> tuple[int, int, int]:
         raise WeightsError(f"{path}: tensor 'wte.weight' has shape {wte}, expected [n_vocab, n_embd] with both >= 1")
     if wte[1] != wpe[1]:
         transposed = " (is it transposed?)" if wte[0] == wpe[1] else ""
-        raise WeightsError(f"{path}: tensor 'wte.weight' has shape {wte} but 'wpe.weight' has {wpe}: "
-                           f"expected wte [n_vocab, {wpe[1]}]{transposed}")
+        raise WeightsError(
+            f"{path}: tensor 'wte.weight' has shape {wte} but 'wpe.weight' has {wpe}: "
+            f"expected wte [n_vocab, {wpe[1]}]{transposed}"
+        )
     return wte[0], wte[1], wpe[0]
 
 
@@ -177,8 +185,10 @@ def check_supported(config_path: Path, config_json: dict) -> None:
         value = config_json.get(name, accepted[0])
         if value not in accepted or type(value) is not type(accepted[0]):
             wanted = " or ".join(json.dumps(v) for v in accepted)
-            raise WeightsError(f"{config_path}: field '{name}' is {json.dumps(value)}; theinference grades GPT-2 with "
-                               f"{name} {wanted} only, and will not grade a different model as if it were that one")
+            raise WeightsError(
+                f"{config_path}: field '{name}' is {json.dumps(value)}; theinference grades GPT-2 with "
+                f"{name} {wanted} only, and will not grade a different model as if it were that one"
+            )
 
 
 def read_config_json(path: Path) -> dict:
@@ -210,7 +220,9 @@ def check_entries(path: Path, entries: dict, config: GPT2Config, data_len: int) 
         if tuple(entry.get("shape", ())) != shape:
             raise WeightsError(f"{path}: tensor '{name}' has shape {entry.get('shape')}, expected {list(shape)}")
         if entry.get("dtype") not in _DTYPES:
-            raise WeightsError(f"{path}: tensor '{name}' has dtype {entry.get('dtype')}; supported: F32, F16, BF16, F64")
+            raise WeightsError(
+                f"{path}: tensor '{name}' has dtype {entry.get('dtype')}; supported: F32, F16, BF16, F64"
+            )
         start, end = entry["data_offsets"]
         itemsize = 2 if entry["dtype"] == "BF16" else np.dtype(_DTYPES[entry["dtype"]]).itemsize
         if end - start != itemsize * int(np.prod(shape)) or end > data_len:
@@ -250,8 +262,10 @@ def check_tied_head(path: Path, entries: dict, data_start: int) -> None:
         return
     same = (head["dtype"], head["shape"]) == (wte["dtype"], wte["shape"]) and _same_bytes(path, data_start, head, wte)
     if not same:
-        raise WeightsError(f"{path}: tensor 'lm_head.weight' differs from 'wte.weight': the LM head is not tied, "
-                           "and theinference grades GPT-2 with its head tied to wte only")
+        raise WeightsError(
+            f"{path}: tensor 'lm_head.weight' differs from 'wte.weight': the LM head is not tied, "
+            "and theinference grades GPT-2 with its head tied to wte only"
+        )
 
 
 def _same_bytes(path: Path, data_start: int, a: dict, b: dict, chunk: int = 1 << 24) -> bool:
@@ -279,8 +293,10 @@ def locate_checkpoint(path: str | Path) -> Path:
         path = path / "model.safetensors"
     index = path.parent / INDEX_FILE
     if path.name == INDEX_FILE or (index.is_file() and not (path.name == "model.safetensors" and path.is_file())):
-        raise WeightsError(f"{index}: a sharded checkpoint (an index and several .safetensors shards); theinference "
-                           "reads one model.safetensors: merge the shards into one file first")
+        raise WeightsError(
+            f"{index}: a sharded checkpoint (an index and several .safetensors shards); theinference "
+            "reads one model.safetensors: merge the shards into one file first"
+        )
     if not path.is_file():
         raise WeightsError(f"{path}: no such weights file")
     return path
@@ -313,8 +329,14 @@ def load_model(path: str | Path) -> Model:
                 flat[name] = _read_tensor(f, path, name, entries[name], data_start)
         return _nest(flat, config.n_layer)
 
-    return Model(path=path, config=config, params=LazyParams(read), synthetic=synthetic_description(path),
-                 notices=notices, stamp=stamp)
+    return Model(
+        path=path,
+        config=config,
+        params=LazyParams(read),
+        synthetic=synthetic_description(path),
+        notices=notices,
+        stamp=stamp,
+    )
 
 
 class LazyParams(Mapping):

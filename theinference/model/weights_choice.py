@@ -64,8 +64,12 @@ def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=o
     """Pick the weights by the documented order; the default synthetic file may not exist yet."""
     # Paths are made absolute, never resolved: config.json is read beside a symlink, not beside its target.
     if cli_path in PRESETS and not Path(cli_path).exists():  # `--weights tiny`; a file or directory so named wins
-        return WeightsChoice(synthetic_path(cli_path, environ), "synthetic-preset",
-                             f"--weights {cli_path}: the synthetic {cli_path} preset, made on first use", cli_path)
+        return WeightsChoice(
+            synthetic_path(cli_path, environ),
+            "synthetic-preset",
+            f"--weights {cli_path}: the synthetic {cli_path} preset, made on first use",
+            cli_path,
+        )
     if cli_path:
         return WeightsChoice(Path(cli_path).expanduser().absolute(), "--weights", "given with --weights")
     if environ.get(WEIGHTS_ENV):
@@ -75,12 +79,17 @@ def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=o
     hf = find_hf_gpt2(environ)
     if hf is not None:
         return WeightsChoice(hf, "huggingface-cache", "real GPT-2 found in the Hugging Face cache")
-    return WeightsChoice(default_synthetic_path(environ), "default-synthetic",
-                         "no weights configured: synthetic GPT-2-shape weights", DEFAULT_SYNTH[0])
+    return WeightsChoice(
+        default_synthetic_path(environ),
+        "default-synthetic",
+        "no weights configured: synthetic GPT-2-shape weights",
+        DEFAULT_SYNTH[0],
+    )
 
 
-def obtain_weights(cli_path: str | None, course_weights: Path | None,
-                   progress: Callable[[int, int], None] | None = None) -> tuple[WeightsChoice, Model, bool]:
+def obtain_weights(
+    cli_path: str | None, course_weights: Path | None, progress: Callable[[int, int], None] | None = None
+) -> tuple[WeightsChoice, Model, bool]:
     """Resolve, make if it is the missing default, and load: (choice, model, whether it was made)."""
     choice = resolve_weights(cli_path, course_weights, os.environ)
     made = ensure_weights(choice, progress)

@@ -71,19 +71,33 @@ def _load(job: protocol.Job, proto):
     try:
         module = _import_adapters(path)
     except SyntaxError as e:
-        _send(proto, event=protocol.LOAD_ERROR, kind="syntax", message=f"syntax error in {e.filename}, line {e.lineno}",
-              traceback="".join(traceback.format_exception_only(e)))
+        _send(
+            proto,
+            event=protocol.LOAD_ERROR,
+            kind="syntax",
+            message=f"syntax error in {e.filename}, line {e.lineno}",
+            traceback="".join(traceback.format_exception_only(e)),
+        )
         return None
     except BaseException as e:  # noqa: BLE001 - anything the student's import does is reported
-        _send(proto, event=protocol.LOAD_ERROR, kind="import", message=f"importing {path.name} failed: {type(e).__name__}: {e}",
-              traceback=_student_traceback(e))
+        _send(
+            proto,
+            event=protocol.LOAD_ERROR,
+            kind="import",
+            message=f"importing {path.name} failed: {type(e).__name__}: {e}",
+            traceback=_student_traceback(e),
+        )
         return None
     func = _find_function(module, job["names"])
     if func is None:
         expected, aliases = job["names"][0], ", ".join(job["names"][1:])
         also = f" (also accepted: {aliases})" if aliases else ""
-        _send(proto, event=protocol.LOAD_ERROR, kind="missing",
-              message=f"{path.name} defines no function '{expected}'{also}")
+        _send(
+            proto,
+            event=protocol.LOAD_ERROR,
+            kind="missing",
+            message=f"{path.name} defines no function '{expected}'{also}",
+        )
     return func
 
 
@@ -121,8 +135,11 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict 
         done(status=protocol.ERROR, message=f"the adapter called sys.exit({e.code!r})", traceback=_student_traceback(e))
         return
     except MemoryError as e:
-        done(status=protocol.ERROR, message=f"out of memory: the adapter exceeded its memory limit (MemoryError: {e})",
-             traceback=_student_traceback(e))
+        done(
+            status=protocol.ERROR,
+            message=f"out of memory: the adapter exceeded its memory limit (MemoryError: {e})",
+            traceback=_student_traceback(e),
+        )
         return
     except BaseException as e:  # noqa: BLE001 - the student's exception is the result
         done(status=protocol.ERROR, message=f"{type(e).__name__}: {e}", traceback=_student_traceback(e))
@@ -147,10 +164,17 @@ def _save_problem(error: OSError, array) -> str:
     cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     # numpy's writer may report the short write without an errno: the array's size tells.
     if error.errno == errno.EFBIG or (cap != resource.RLIM_INFINITY and array.nbytes >= cap):
-        limit = "the file size limit" if cap == resource.RLIM_INFINITY else \
-            f"{cap >> 30} GB" if cap % 2**30 == 0 else f"{cap >> 20} MB"
-        return (f"the adapter's output exceeded {limit} (it returned {array.nbytes / 1e9:.1f} GB, "
-                f"shape {list(array.shape)}, {array.dtype})")
+        limit = (
+            "the file size limit"
+            if cap == resource.RLIM_INFINITY
+            else f"{cap >> 30} GB"
+            if cap % 2**30 == 0
+            else f"{cap >> 20} MB"
+        )
+        return (
+            f"the adapter's output exceeded {limit} (it returned {array.nbytes / 1e9:.1f} GB, "
+            f"shape {list(array.shape)}, {array.dtype})"
+        )
     return f"the adapter's output could not be saved: {error}"
 
 

@@ -29,6 +29,7 @@ from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reach
 from theinference.trust import allowed_env
 from theinference.errors import ConfigError
 
+
 class StudentProcess(Protocol):
     """A started student process, as the runner sees it."""
 
@@ -152,9 +153,22 @@ class SubprocessLauncher:
         with theirs:
             # -P: the monitor is grader code and must not import anything from the course directory.
             monitor = subprocess.Popen(
-                [sys.executable, "-P", "-m", "theinference.proc.reaper", str(theirs.fileno()), "--", *self._command(args, cwd, env)],
-                cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                pass_fds=(proto_fd, theirs.fileno()), start_new_session=True,
+                [
+                    sys.executable,
+                    "-P",
+                    "-m",
+                    "theinference.proc.reaper",
+                    str(theirs.fileno()),
+                    "--",
+                    *self._command(args, cwd, env),
+                ],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=(proto_fd, theirs.fileno()),
+                start_new_session=True,
             )
         return MonitoredProcess(ours, monitor)
 
@@ -174,8 +188,10 @@ class SubprocessLauncher:
 def _check_readable(course_root: str, weights: str) -> None:
     for path in (Path(course_root), Path(weights)):
         if not reachable_by_others(path):
-            raise ConfinementError(f"{path} is not readable by user nobody, whom student code runs as "
-                                   "(make it and its parent directories world-readable, or install bubblewrap)")
+            raise ConfinementError(
+                f"{path} is not readable by user nobody, whom student code runs as "
+                "(make it and its parent directories world-readable, or install bubblewrap)"
+            )
 
 
 class ZygoteLauncher:
@@ -203,9 +219,13 @@ class ZygoteLauncher:
     def _spawn(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
         path = os.path.join(self._dir, "zygote.sock")
-        self._proc = subprocess.Popen([sys.executable, "-m", "theinference.proc.zygote", path],
-                                      env={**allowed_env(os.environ), **self._env},
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "theinference.proc.zygote", path],
+            env={**allowed_env(os.environ), **self._env},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
         self._ready = False
         atexit.register(self.close)
 

@@ -41,7 +41,7 @@ def _children(parent: int) -> list[int]:
         except OSError:
             continue
         # The command name may hold spaces and parentheses: fields resume after the last ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) > 1 and int(fields[1]) == parent:
             found.append(int(entry))
     return found

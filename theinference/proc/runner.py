@@ -133,11 +133,20 @@ class _Child:
     def __init__(self, job: AdapterJob, start: int, work: Path):
         job_file = work / f"job-{start}.json"
         with os.fdopen(_create(job_file)[0], "w") as f:
-            f.write(json.dumps(protocol.Job(
-                course_root=str(job.course_root), adapters=str(job.adapters), names=list(job.names),
-                calls=[list(c) for c in job.calls], start=start, out_dir=str(work), scaling=job.scaling,
-                limits=job.limits.for_worker(FILE_CAP),
-            )))
+            f.write(
+                json.dumps(
+                    protocol.Job(
+                        course_root=str(job.course_root),
+                        adapters=str(job.adapters),
+                        names=list(job.names),
+                        calls=[list(c) for c in job.calls],
+                        start=start,
+                        out_dir=str(work),
+                        scaling=job.scaling,
+                        limits=job.limits.for_worker(FILE_CAP),
+                    )
+                )
+            )
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.limits.untrusted else dict(os.environ)
         env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
@@ -249,7 +258,9 @@ def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | 
             shape, dtype = _read_header(f, expected.name)
             nbytes = math.prod(shape) * dtype.itemsize
             if cap is not None and nbytes > cap:
-                return CallOutcome(status="too-large", message=f"returned {_size(nbytes)} (shape {list(shape)}, {dtype})")
+                return CallOutcome(
+                    status="too-large", message=f"returned {_size(nbytes)} (shape {list(shape)}, {dtype})"
+                )
             if f.tell() + nbytes > info.st_size:
                 raise ProtocolError(f"{expected.name} is shorter than its header says")
             f.seek(0)
@@ -267,8 +278,13 @@ def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None, s
         raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
     if type(seconds) not in (int, float) or not math.isfinite(seconds) or seconds < 0:
         raise ProtocolError(f"'seconds' of case {index} is not a duration")
-    outcome = CallOutcome(status=status, message=_text(message, "message"), traceback=_text(message, "traceback"),
-                          seconds=float(seconds), timing=_timing(message, index, scaling))
+    outcome = CallOutcome(
+        status=status,
+        message=_text(message, "message"),
+        traceback=_text(message, "traceback"),
+        seconds=float(seconds),
+        timing=_timing(message, index, scaling),
+    )
     if status == protocol.OK:
         value = _load_output(message.get("file"), index, work, cap)
         if isinstance(value, CallOutcome):
@@ -282,8 +298,14 @@ def _defined_at(message: dict) -> tuple[str, int] | None:
     value = message.get("defined_at")
     if value is None:
         return None
-    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and len(value[0]) <= 4096
-            and type(value[1]) is int and value[1] >= 0):
+    if not (
+        isinstance(value, list)
+        and len(value) == 2
+        and isinstance(value[0], str)
+        and len(value[0]) <= 4096
+        and type(value[1]) is int
+        and value[1] >= 0
+    ):
         raise ProtocolError("'defined_at' of the 'loaded' message is not a file and a line")
     return value[0], value[1]
 
@@ -297,11 +319,17 @@ def _timing(message: dict, index: int, scaling: dict | None) -> dict | None:
         raise ProtocolError(f"case {index} reports timings the stage did not ask for")
     seconds = timing.get("seconds") if isinstance(timing, dict) else None
     blas = timing.get("blas") if isinstance(timing, dict) else None
-    if not (isinstance(seconds, list) and len(seconds) == len(scaling["lengths"])
-            and all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in seconds)):
+    if not (
+        isinstance(seconds, list)
+        and len(seconds) == len(scaling["lengths"])
+        and all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in seconds)
+    ):
         raise ProtocolError(f"'timing' of case {index} does not hold a list of durations")
-    if not (isinstance(blas, list) and len(blas) <= 64
-            and all(isinstance(b, dict) and type(b.get("threads")) is int for b in blas)):
+    if not (
+        isinstance(blas, list)
+        and len(blas) <= 64
+        and all(isinstance(b, dict) and type(b.get("threads")) is int for b in blas)
+    ):
         raise ProtocolError(f"'timing' of case {index} does not hold a list of BLAS pools")
     return timing
 
@@ -314,8 +342,11 @@ def _unexpected(message: dict, current: int, n_calls: int) -> str:
     case = message.get("case")
     if "case" in message and not (type(case) is int and 0 <= case < n_calls):
         return f"a {message['event']!r} message for case {str(case)[:40]}, out of range (the stage has {n_calls} cases)"
-    return f"an unexpected {message['event']!r} message" + (f" for case {case}" if "case" in message else "") + \
-        f" (case {current} was due)"
+    return (
+        f"an unexpected {message['event']!r} message"
+        + (f" for case {case}" if "case" in message else "")
+        + f" (case {current} was due)"
+    )
 
 
 @dataclass
@@ -329,8 +360,9 @@ class _Progress:
     case_output: list[int] = field(default_factory=lambda: [0, 0])
 
 
-def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, work: Path,
-            outcomes: dict[int, CallOutcome]) -> CallOutcome | None:
+def _handle(
+    message: dict, state: _Progress, child: "_Child", job: AdapterJob, work: Path, outcomes: dict[int, CallOutcome]
+) -> CallOutcome | None:
     """Apply one message in the order the protocol allows; return a load failure, raise ProtocolError otherwise."""
     event = message["event"]
     if event == protocol.LOAD_ERROR and not state.loaded:
@@ -340,7 +372,9 @@ def _handle(message: dict, state: _Progress, child: "_Child", job: AdapterJob, w
     elif event == protocol.START and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
     elif event == protocol.DONE and state.started and _is_case(message, state.current):
-        returned = message.get("status") == protocol.OK  # the cap asks the oracle: only for a case that returned an array
+        returned = (
+            message.get("status") == protocol.OK
+        )  # the cap asks the oracle: only for a case that returned an array
         cap = job.output_cap(state.current) if job.output_cap and returned else None
         outcome = _outcome_from_done(message, state.current, work, cap, job.scaling)
         child.attach_output(outcome, state.case_output, _offsets(message))
@@ -374,9 +408,15 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
             if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
                 deadline = min(time.monotonic() + job.timeout, stage_deadline)
     except TimeoutError:
-        failure, kill_now = CallOutcome(status="timeout", message=_timeout_message(job, state.loaded, stage_deadline)), True
+        failure, kill_now = (
+            CallOutcome(status="timeout", message=_timeout_message(job, state.loaded, stage_deadline)),
+            True,
+        )
     except ProtocolError as e:
-        failure, kill_now = CallOutcome(status="error", message=f"the adapter's process broke the result protocol: {e}"), True
+        failure, kill_now = (
+            CallOutcome(status="error", message=f"the adapter's process broke the result protocol: {e}"),
+            True,
+        )
     except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
         child.finish(graceful=False)
         raise
@@ -429,8 +469,9 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
             over = time.monotonic() >= stage_deadline  # then the rest are reported as over budget instead
             if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == "timeout":
                 name = job.case_names[start - 1] if job.case_names else start - 1
-                skipped = CallOutcome(status="timeout", message=f"skipped after a timeout in case {name} "
-                                      "(--all-cases runs every case)")
+                skipped = CallOutcome(
+                    status="timeout", message=f"skipped after a timeout in case {name} (--all-cases runs every case)"
+                )
                 outcomes.update((i, skipped) for i in range(start, len(job.calls)))
                 start = len(job.calls)
     spent = CallOutcome(status="timeout", message=_spent_message(job))

@@ -58,7 +58,19 @@ def _working_bwrap() -> str | None:
     bwrap = shutil.which("bwrap")
     if not bwrap or sys.platform != "linux":
         return None
-    probe = [bwrap, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--die-with-parent", *_NAMESPACES, "true"]
+    probe = [
+        bwrap,
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--die-with-parent",
+        *_NAMESPACES,
+        "true",
+    ]
     try:
         done = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
@@ -94,9 +106,14 @@ def reachable_by_others(path: Path) -> bool:
 def basic_isolation() -> Isolation:
     """What every launcher gives without a sandbox: the subreaper monitor on Linux, the process group elsewhere."""
     if sys.platform == "linux":
-        return Isolation("subreaper", "no sandbox: student code runs with your rights; "
-                                      "every process it starts is killed before results are accepted")
-    return Isolation("process-group", "no sandbox: student code runs with your rights; its process group is killed after each run")
+        return Isolation(
+            "subreaper",
+            "no sandbox: student code runs with your rights; "
+            "every process it starts is killed before results are accepted",
+        )
+    return Isolation(
+        "process-group", "no sandbox: student code runs with your rights; its process group is killed after each run"
+    )
 
 
 def strongest_isolation() -> Isolation:
@@ -104,26 +121,45 @@ def strongest_isolation() -> Isolation:
     bwrap = _working_bwrap()
     if bwrap:
         as_nobody = f" as user nobody ({NOBODY})" if _is_root() else ""
-        return Isolation("sandbox", f"bubblewrap sandbox{as_nobody}: own PID namespace, no network, read-only "
-                                    "filesystem but for the run's output, grader's package hidden",
-                         bwrap=bwrap, run_as=NOBODY if _is_root() else None)
+        return Isolation(
+            "sandbox",
+            f"bubblewrap sandbox{as_nobody}: own PID namespace, no network, read-only "
+            "filesystem but for the run's output, grader's package hidden",
+            bwrap=bwrap,
+            run_as=NOBODY if _is_root() else None,
+        )
     basic, unshare = basic_isolation(), _working_unshare()
     run_as = NOBODY if _is_root() and reachable_by_others(Path(sys.executable)) else None
-    who = f" as user nobody ({NOBODY})" if run_as else " as root (Python is not readable by nobody)" if _is_root() else ""
+    who = (
+        f" as user nobody ({NOBODY})" if run_as else " as root (Python is not readable by nobody)" if _is_root() else ""
+    )
     if unshare:
-        return Isolation("namespaces", f"unshare{who}, bubblewrap unavailable: own PID namespace, no network; "
-                                       "the filesystem, the grader's package included, stays readable",
-                         unshare=unshare, run_as=run_as)
+        return Isolation(
+            "namespaces",
+            f"unshare{who}, bubblewrap unavailable: own PID namespace, no network; "
+            "the filesystem, the grader's package included, stays readable",
+            unshare=unshare,
+            run_as=run_as,
+        )
     if run_as:
-        return Isolation("unprivileged", f"no sandbox (bubblewrap unavailable): student code runs{who}; "
-                                         "every process it starts is killed", run_as=run_as)
+        return Isolation(
+            "unprivileged",
+            f"no sandbox (bubblewrap unavailable): student code runs{who}; every process it starts is killed",
+            run_as=run_as,
+        )
     root = "; as root, since Python is not readable by nobody" if _is_root() else ""
     return Isolation(basic.level, f"{basic.summary} (bubblewrap unavailable{root})")
 
 
 def _python_dirs() -> list[str]:
     """Directories the student's interpreter needs: its prefixes and every site-packages on sys.path."""
-    dirs = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(Path(sys.executable).resolve().parent.parent)}
+    dirs = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        str(Path(sys.executable).resolve().parent.parent),
+    }
     dirs |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()}
     return sorted(d for d in dirs if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in dirs))
 
@@ -163,7 +199,16 @@ class Sandbox:
         # The weights file and its config.json, not their directory: it may be private, or hold more than they need.
         config = Path(weights).parent / "config.json"
         readable = [*python, course_root, weights, *([str(config)] if config.exists() else []), self.stub_root]
-        args = [self.isolation.bwrap, "--die-with-parent", "--new-session", *_NAMESPACES, "--proc", "/proc", "--dev", "/dev"]
+        args = [
+            self.isolation.bwrap,
+            "--die-with-parent",
+            "--new-session",
+            *_NAMESPACES,
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+        ]
         for parent in _parents([*readable, run_dir]):  # bwrap would make them 0700: the student's user must pass
             args += ["--perms", "0755", "--dir", parent]
         for path in _SYSTEM_DIRS:

@@ -12,7 +12,9 @@ import time
 def _blas_threads() -> list[dict]:
     from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
 
-    return [{"api": p.get("internal_api", p.get("user_api", "?")), "threads": p["num_threads"]} for p in threadpool_info()]
+    return [
+        {"api": p.get("internal_api", p.get("user_api", "?")), "threads": p["num_threads"]} for p in threadpool_info()
+    ]
 
 
 def measure(func, prompt: list[int], lengths: list[int], repeats: int) -> tuple[object, dict]:

@@ -40,10 +40,15 @@ def render_check(console: Console, result: CheckResult) -> None:
     console.print(table)
     for cell in result.cells:
         if not cell.ok:
-            console.print(f"[red]mismatch:[/red] {cell.subject} × {cell.stage}: expected {escape(_mismatch(cell))}"
-                          f"{' — ' + escape(cell.message) if cell.message else ''}", soft_wrap=True)
+            console.print(
+                f"[red]mismatch:[/red] {cell.subject} × {cell.stage}: expected {escape(_mismatch(cell))}"
+                f"{' — ' + escape(cell.message) if cell.message else ''}",
+                soft_wrap=True,
+            )
     for problem in result.problems:
         console.print(f"[red]problem:[/red] {escape(problem)}", soft_wrap=True)
-    verdict = "[bold green]stages check passed[/bold green]" if result.ok else "[bold red]stages check failed[/bold red]"
+    verdict = (
+        "[bold green]stages check passed[/bold green]" if result.ok else "[bold red]stages check failed[/bold red]"
+    )
     bad = sum(not c.ok for c in result.cells)
     console.print(f"{verdict} · {len(result.cells)} checks, {bad} mismatches, {len(result.problems)} problems")

@@ -18,8 +18,11 @@ def _relative(path: str) -> str:
 def _location(run: RunResult, stage: StageResult) -> str:
     """Where the first failing case's traceback left the course directory, else the adapter's definition."""
     at = next((c.at for c in stage.cases if c.status != "pass" and c.at), None)
-    path, line = (os.path.join(run.course, at[0]), at[1]) if at else (stage.adapter_source or stage.adapters_file,
-                                                                      stage.adapter_line)
+    path, line = (
+        (os.path.join(run.course, at[0]), at[1])
+        if at
+        else (stage.adapter_source or stage.adapters_file, stage.adapter_line)
+    )
     return f"file={workflow_property(_relative(path))}" + (f",line={line}" if line else "")
 
 
@@ -41,12 +44,18 @@ def render_annotations(run: RunResult) -> str:
 def render_summary(run: RunResult, version: str) -> str:
     """A Markdown summary for $GITHUB_STEP_SUMMARY."""
     earned, possible = run.points
-    out = [f"## theinference: {earned:g}/{possible:g} points", "",
-           "| stage | status | cases | points |", "|---|---|---|---|"]
+    out = [
+        f"## theinference: {earned:g}/{possible:g} points",
+        "",
+        "| stage | status | cases | points |",
+        "|---|---|---|---|",
+    ]
     for stage in run.stages:
         mark = "✅" if stage.status == "pass" else "❌"
-        out.append(f"| `{stage.id}` | {mark} {stage.status} | {stage.passed_cases}/{len(stage.cases)} | "
-                   f"{stage.points:g}/{stage.max_points:g} |")
+        out.append(
+            f"| `{stage.id}` | {mark} {stage.status} | {stage.passed_cases}/{len(stage.cases)} | "
+            f"{stage.points:g}/{stage.max_points:g} |"
+        )
     for stage in run.stages:
         for group in group_cases([c for c in stage.cases if c.status != "pass"]):
             more = f" ({repeated_note(group)})" if len(group) > 1 else ""
@@ -55,6 +64,10 @@ def render_summary(run: RunResult, version: str) -> str:
     if run.course_supplied:
         out += ["", *(f"> **not the instructor's:** {for_terminal(line)}  " for line in run.course_supplied)]
     seed = f" · seed {run.seed}" if run.seed is not None else ""
-    out += ["", f"<sub>theinference {version} · weights `{run.weights_path}`{seed} · "
-                f"isolation: {run.isolation} ({run.isolation_summary})</sub>", ""]
+    out += [
+        "",
+        f"<sub>theinference {version} · weights `{run.weights_path}`{seed} · "
+        f"isolation: {run.isolation} ({run.isolation_summary})</sub>",
+        "",
+    ]
     return "\n".join(out)

@@ -26,8 +26,8 @@ def render_gradescope(run: RunResult, version: str) -> str:
         "max_score": possible,
         "execution_time": round(sum(s.seconds for s in run.stages), 3),
         "output": f"theinference {version}: {run_summary(run)} (weights: {run.weights_path}{seed}; "
-                  f"isolation: {run.isolation}: {run.isolation_summary})"
-                  + "".join(f"\nnot the instructor's: {line}" for line in run.course_supplied),
+        f"isolation: {run.isolation}: {run.isolation_summary})"
+        + "".join(f"\nnot the instructor's: {line}" for line in run.course_supplied),
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
@@ -37,9 +37,24 @@ def render_gradescope(run: RunResult, version: str) -> str:
 
 def render_gradescope_ungraded(stages: list[StageSpec], error: str, version: str) -> str:
     """results.json for a submission that could not be graded at all: every stage 0 points, and why."""
-    tests = [{"name": f"{s.id}: {s.title}", "score": 0, "max_score": s.points, "status": "failed",
-              "output": f"not graded: {error}", "visibility": "visible"} for s in stages]
-    document = {"score": 0, "max_score": sum(s.points for s in stages), "execution_time": 0,
-                "output": f"theinference {version}: this submission could not be graded (0 points): {error}",
-                "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+    tests = [
+        {
+            "name": f"{s.id}: {s.title}",
+            "score": 0,
+            "max_score": s.points,
+            "status": "failed",
+            "output": f"not graded: {error}",
+            "visibility": "visible",
+        }
+        for s in stages
+    ]
+    document = {
+        "score": 0,
+        "max_score": sum(s.points for s in stages),
+        "execution_time": 0,
+        "output": f"theinference {version}: this submission could not be graded (0 points): {error}",
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": tests,
+    }
     return json.dumps(document, indent=2) + "\n"

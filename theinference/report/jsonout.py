@@ -33,22 +33,36 @@ def scaling_document(scaling: ScalingResult | None) -> dict | None:
     if scaling is None:
         return None
     return {
-        "lengths": scaling.lengths, "cpu_seconds": scaling.seconds, "ms_per_token": scaling.ms_per_token,
-        "marginal_ms_per_token": scaling.marginal_ms, "ratio": scaling.ratio, "max_ratio": scaling.max_ratio,
-        "blas_threads": scaling.blas_threads, "oracle_cpu_seconds": scaling.oracle_seconds, "speedup": scaling.speedup,
+        "lengths": scaling.lengths,
+        "cpu_seconds": scaling.seconds,
+        "ms_per_token": scaling.ms_per_token,
+        "marginal_ms_per_token": scaling.marginal_ms,
+        "ratio": scaling.ratio,
+        "max_ratio": scaling.max_ratio,
+        "blas_threads": scaling.blas_threads,
+        "oracle_cpu_seconds": scaling.oracle_seconds,
+        "speedup": scaling.speedup,
     }
 
 
 def case_document(case: CaseResult) -> dict:
     doc = {
-        "name": case.name, "status": case.status, "message": case.message, "detail": case.detail,
-        "inputs": case.inputs, "texts": case.texts, "seconds": case.seconds,
+        "name": case.name,
+        "status": case.status,
+        "message": case.message,
+        "detail": case.detail,
+        "inputs": case.inputs,
+        "texts": case.texts,
+        "seconds": case.seconds,
         "first_bad_row": case.first_bad_row,
         "rows": [dataclasses.asdict(r) for r in case.rows],
         "steps": [dataclasses.asdict(s) for s in case.steps],
-        "expected_tokens": case.expected_tokens, "got_tokens": case.got_tokens,
+        "expected_tokens": case.expected_tokens,
+        "got_tokens": case.got_tokens,
         "diagnosis": dataclasses.asdict(case.diagnosis) if case.diagnosis else None,
-        "traceback": case.traceback, "stdout": case.stdout, "stderr": case.stderr,
+        "traceback": case.traceback,
+        "stdout": case.stdout,
+        "stderr": case.stderr,
         "at": {"file": case.at[0], "line": case.at[1]} if case.at else None,
         "scaling": scaling_document(case.scaling),
     }
@@ -57,13 +71,22 @@ def case_document(case: CaseResult) -> dict:
 
 def stage_document(stage: StageResult) -> dict:
     return {
-        "id": stage.id, "title": stage.title, "status": stage.status,
-        "points": stage.points, "max_points": stage.max_points,
-        "passed_cases": stage.passed_cases, "total_cases": len(stage.cases),
-        "adapter": stage.adapter, "adapters_file": stage.adapters_file, "lesson": stage.lesson,
+        "id": stage.id,
+        "title": stage.title,
+        "status": stage.status,
+        "points": stage.points,
+        "max_points": stage.max_points,
+        "passed_cases": stage.passed_cases,
+        "total_cases": len(stage.cases),
+        "adapter": stage.adapter,
+        "adapters_file": stage.adapters_file,
+        "lesson": stage.lesson,
         "compare": stage.compare,
-        **({"tie": {"rtol": stage.tie_rtol}} if stage.tie_rtol is not None else
-           {"tolerance": {"atol": stage.atol, "rtol": stage.rtol}}),
+        **(
+            {"tie": {"rtol": stage.tie_rtol}}
+            if stage.tie_rtol is not None
+            else {"tolerance": {"atol": stage.atol, "rtol": stage.rtol}}
+        ),
         "seconds": stage.seconds,
         "diagnosis": dataclasses.asdict(stage.diagnosis) if stage.diagnosis else None,
         "cross_case": stage.cross_case is not None,
@@ -74,33 +97,61 @@ def stage_document(stage: StageResult) -> dict:
 
 def run_document(run: RunResult, version: str) -> dict:
     earned, possible = run.points
-    return _clean({
-        "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "theinference_version": version,
-        "status": "pass" if run.passed else "fail",
-        "points": earned, "max_points": possible,
-        "course": run.course, "seed": run.seed,
-        "weights": {"path": run.weights_path, "source": run.weights_source, "why": run.weights_why,
-                    "synthetic": run.synthetic, "config": run.config},
-        "untrusted": run.untrusted, "course_supplied": run.course_supplied,
-        "notices": run.notices,
-        "isolation": {"level": run.isolation, "summary": run.isolation_summary},
-        "stages": [stage_document(s) for s in run.stages],
-    })
+    return _clean(
+        {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "theinference_version": version,
+            "status": "pass" if run.passed else "fail",
+            "points": earned,
+            "max_points": possible,
+            "course": run.course,
+            "seed": run.seed,
+            "weights": {
+                "path": run.weights_path,
+                "source": run.weights_source,
+                "why": run.weights_why,
+                "synthetic": run.synthetic,
+                "config": run.config,
+            },
+            "untrusted": run.untrusted,
+            "course_supplied": run.course_supplied,
+            "notices": run.notices,
+            "isolation": {"level": run.isolation, "summary": run.isolation_summary},
+            "stages": [stage_document(s) for s in run.stages],
+        }
+    )
 
 
 def render_json(run: RunResult, version: str) -> str:
     return json.dumps(run_document(run, version), indent=2, allow_nan=False) + "\n"
 
 
-def batch_document(results: list[SubmissionResult], stages: list[StageSpec], graded: GradedWith,
-                   interrupted: str = "") -> dict:
+def batch_document(
+    results: list[SubmissionResult], stages: list[StageSpec], graded: GradedWith, interrupted: str = ""
+) -> dict:
     """The batch JSON document (schema "theinference.batch", see README): every run's full results."""
     docs = []
     for r in results:
         earned, possible = r.points(stages)
-        docs.append({"id": r.id, "path": r.path, "status": r.status, "points": earned, "max_points": possible,
-                     "error": first_errors(r), "seconds": r.seconds,
-                     "results": run_document(r.run, __version__) if r.run else None})
-    return {"schema": BATCH_SCHEMA, "schema_version": BATCH_SCHEMA_VERSION, "graded_with": dataclasses.asdict(graded),
-            "stages": [s.id for s in stages], "seed": graded.seed, "interrupted": interrupted or None,
-            "submissions": docs}
+        docs.append(
+            {
+                "id": r.id,
+                "path": r.path,
+                "status": r.status,
+                "points": earned,
+                "max_points": possible,
+                "error": first_errors(r),
+                "seconds": r.seconds,
+                "results": run_document(r.run, __version__) if r.run else None,
+            }
+        )
+    return {
+        "schema": BATCH_SCHEMA,
+        "schema_version": BATCH_SCHEMA_VERSION,
+        "graded_with": dataclasses.asdict(graded),
+        "stages": [s.id for s in stages],
+        "seed": graded.seed,
+        "interrupted": interrupted or None,
+        "submissions": docs,
+    }

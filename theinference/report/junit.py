@@ -8,9 +8,12 @@ from theinference.grading.results import NO_ANSWER, RunResult
 
 
 def _scaling_properties(scaling) -> list[ET.Element]:
-    values = [("cpu_ms_per_token", " ".join(f"{n}:{ms:.4g}" for n, ms in zip(scaling.lengths, scaling.ms_per_token))),
-              ("ratio", f"{scaling.ratio:.4g}"), ("max_ratio", f"{scaling.max_ratio:g}"),
-              ("blas_threads", str(scaling.blas_threads))]
+    values = [
+        ("cpu_ms_per_token", " ".join(f"{n}:{ms:.4g}" for n, ms in zip(scaling.lengths, scaling.ms_per_token))),
+        ("ratio", f"{scaling.ratio:.4g}"),
+        ("max_ratio", f"{scaling.max_ratio:g}"),
+        ("blas_threads", str(scaling.blas_threads)),
+    ]
     if scaling.speedup is not None:
         values.append(("speedup", f"{scaling.speedup:.4g}"))
     return [ET.Element("property", name=name, value=value) for name, value in values]
@@ -21,18 +24,33 @@ def render_junit(run: RunResult, version: str) -> str:
     root = ET.Element("testsuites", name="theinference", tests=str(sum(len(s.cases) for s in run.stages)))
     failures = errors = 0
     for stage in run.stages:
-        suite = ET.SubElement(root, "testsuite", name=stage.id, tests=str(len(stage.cases)), time=f"{stage.seconds:.3f}")
+        suite = ET.SubElement(
+            root, "testsuite", name=stage.id, tests=str(len(stage.cases)), time=f"{stage.seconds:.3f}"
+        )
         props = ET.SubElement(suite, "properties")
-        for name, value in (("title", stage.title), ("points", f"{stage.points:g}"), ("max_points", f"{stage.max_points:g}"),
-                            ("status", stage.status), ("weights", run.weights_path), ("seed", str(run.seed)),
-                            ("isolation", f"{run.isolation}: {run.isolation_summary}"),
-                            ("theinference_version", version), ("source", stage.origin),
-                            ("course_supplied", "; ".join(run.course_supplied))):
+        for name, value in (
+            ("title", stage.title),
+            ("points", f"{stage.points:g}"),
+            ("max_points", f"{stage.max_points:g}"),
+            ("status", stage.status),
+            ("weights", run.weights_path),
+            ("seed", str(run.seed)),
+            ("isolation", f"{run.isolation}: {run.isolation_summary}"),
+            ("theinference_version", version),
+            ("source", stage.origin),
+            ("course_supplied", "; ".join(run.course_supplied)),
+        ):
             ET.SubElement(props, "property", name=name, value=value)
         stage_failures = stage_errors = 0
         for case in stage.cases:
-            element = ET.SubElement(suite, "testcase", classname=f"theinference.{stage.id}", name=case.name,
-                                    time=f"{case.seconds:.3f}", file=stage.adapters_file)
+            element = ET.SubElement(
+                suite,
+                "testcase",
+                classname=f"theinference.{stage.id}",
+                name=case.name,
+                time=f"{case.seconds:.3f}",
+                file=stage.adapters_file,
+            )
             if case.scaling:
                 ET.SubElement(element, "properties").extend(_scaling_properties(case.scaling))
             if case.status == "pass":

@@ -19,13 +19,29 @@ FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a lo
 FOLD_LIMIT = 16  # cases with more rows than this are folded
 _SPARKS = "▁▂▃▄▅▆▇█"
 _ASCII_SPARKS = "_.-:=+*#"
-_MARK: dict[str, str] = {Status.PASS: "✔", Status.FAIL: "✘", Status.NOT_STARTED: "·", Status.ERROR: "✘", Status.TIMEOUT: "⏱",
-         Status.CRASH: "✘"}
-_STYLE: dict[str, str] = {Status.PASS: "green", Status.FAIL: "red", Status.NOT_STARTED: "yellow", Status.ERROR: "red",
-          Status.TIMEOUT: "red", Status.CRASH: "red"}
+_MARK: dict[str, str] = {
+    Status.PASS: "✔",
+    Status.FAIL: "✘",
+    Status.NOT_STARTED: "·",
+    Status.ERROR: "✘",
+    Status.TIMEOUT: "⏱",
+    Status.CRASH: "✘",
+}
+_STYLE: dict[str, str] = {
+    Status.PASS: "green",
+    Status.FAIL: "red",
+    Status.NOT_STARTED: "yellow",
+    Status.ERROR: "red",
+    Status.TIMEOUT: "red",
+    Status.CRASH: "red",
+}
 _WORDS: dict[str, str] = {
-    Status.PASS: "passed", Status.FAIL: "failed", Status.NOT_STARTED: "not started", Status.ERROR: "error",
-    Status.TIMEOUT: "timed out", Status.CRASH: "crashed",
+    Status.PASS: "passed",
+    Status.FAIL: "failed",
+    Status.NOT_STARTED: "not started",
+    Status.ERROR: "error",
+    Status.TIMEOUT: "timed out",
+    Status.CRASH: "crashed",
 }
 
 
@@ -78,7 +94,9 @@ def render_header(console: Console, run: RunResult, version: str) -> None:
     if run.isolation:
         console.print(f"isolation: {run.isolation} · {escape(run.isolation_summary)}")
     if run.untrusted:
-        console.print("         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim")
+        console.print(
+            "         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim"
+        )
     for line in run.course_supplied:
         console.print(f"[bold yellow]not the instructor's:[/bold yellow] {escape(for_terminal(line))}", soft_wrap=True)
     for notice in run.notices:
@@ -106,9 +124,15 @@ def _visible_rows(case: CaseResult) -> tuple[list[RowStats], list[RowStats]]:
 
 # Divergence-table columns in display order: (key, title, justify).
 _COLUMNS: dict[str, tuple[str, Literal["left", "right"]]] = {
-    "row": ("row", "right"), "pos": ("pos", "right"), "case": ("case", "left"), "token": ("token", "left"),
-    "max_abs": ("max |Δ|", "right"), "max_rel": ("max rel Δ", "right"), "out": ("out of tol", "right"),
-    "worst": ("worst: expected vs got", "left"), "verdict": ("", "left"),
+    "row": ("row", "right"),
+    "pos": ("pos", "right"),
+    "case": ("case", "left"),
+    "token": ("token", "left"),
+    "max_abs": ("max |Δ|", "right"),
+    "max_rel": ("max rel Δ", "right"),
+    "out": ("out of tol", "right"),
+    "worst": ("worst: expected vs got", "left"),
+    "verdict": ("", "left"),
 }
 # Column priority on a narrow terminal. Always shown: where the row is (row or case, position,
 # token), how far off it is (max |Δ|) and its verdict: what a student reads to find the first bad
@@ -122,9 +146,16 @@ _GAP = 3  # " | " between columns (no outer edge or padding)
 
 def _row_cells(row: RowStats, vocab: bool, verdict: str) -> dict[str, str]:
     pct = 100.0 * row.n_bad / row.n
-    return {"row": str(row.row), "pos": str(row.position), "token": token_label(row.token),
-            "max_abs": _cell_float(row.max_abs), "max_rel": _cell_float(row.max_rel),
-            "out": f"{row.n_bad} ({pct:.0f}%)", "worst": _worst_cell(row, vocab), "verdict": verdict}
+    return {
+        "row": str(row.row),
+        "pos": str(row.position),
+        "token": token_label(row.token),
+        "max_abs": _cell_float(row.max_abs),
+        "max_rel": _cell_float(row.max_rel),
+        "out": f"{row.n_bad} ({pct:.0f}%)",
+        "worst": _worst_cell(row, vocab),
+        "verdict": verdict,
+    }
 
 
 def _verdict(row: RowStats, first: int | None) -> str:
@@ -158,7 +189,9 @@ def divergence_table(keys: list[str], lines: list[tuple[dict[str, str], str]], w
         title, justify = _COLUMNS[key]
         # Only text columns may wrap: a number or a verdict cut to "1.…" says nothing.
         wraps = key in ("token", "case", "worst")
-        table.add_column(title, justify=justify, no_wrap=not wraps, overflow="fold", min_width=None if wraps else natural[key])
+        table.add_column(
+            title, justify=justify, no_wrap=not wraps, overflow="fold", min_width=None if wraps else natural[key]
+        )
     for cells, style in lines:
         table.add_row(*(cells.get(key, "") for key in shown), style=style)
     return table
@@ -177,8 +210,17 @@ def rows_table(case: CaseResult, vocab: bool, plain: bool = False, width: int = 
     below = [r for r in folded if shown and r.row > shown[-1].row]
     if below:
         bad = sum(not r.ok for r in below)
-        lines.append(({"row": "…", "token": f"{len(below)} rows below", "max_abs": f"≤ {_cell_float(max(r.max_abs for r in below))}",
-                       "verdict": f"{bad} off"}, ""))
+        lines.append(
+            (
+                {
+                    "row": "…",
+                    "token": f"{len(below)} rows below",
+                    "max_abs": f"≤ {_cell_float(max(r.max_abs for r in below))}",
+                    "verdict": f"{bad} off",
+                },
+                "",
+            )
+        )
     keys = ["row", "pos", "token", "max_abs", "max_rel", "out", "worst", "verdict"]
     return divergence_table(keys, lines, width, plain)
 
@@ -234,18 +276,33 @@ def scaling_lines(case: CaseResult) -> list[Text]:
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
     threads = "one BLAS thread" if t.blas_threads == 1 else f"{t.blas_threads} BLAS threads (could not limit to one)"
-    lines = [Text(f"  timed in your process: CPU time, {threads}, fastest of repeated calls · "
-                  f"per-token cost ×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
-                  f"(at most ×{t.max_ratio:g} passes)", style="dim")]
+    lines = [
+        Text(
+            f"  timed in your process: CPU time, {threads}, fastest of repeated calls · "
+            f"per-token cost ×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
+            f"(at most ×{t.max_ratio:g} passes)",
+            style="dim",
+        )
+    ]
     if case.status == "pass" and t.speedup is not None:
-        lines.append(Text(f"  your cache: {t.lengths[-1]} tokens in {t.seconds[-1]:.2f} s; "
-                          f"recompute (estimated): {t.oracle_seconds:.2f} s; {t.speedup:.1f}× faster", style="green"))
+        lines.append(
+            Text(
+                f"  your cache: {t.lengths[-1]} tokens in {t.seconds[-1]:.2f} s; "
+                f"recompute (estimated): {t.oracle_seconds:.2f} s; {t.speedup:.1f}× faster",
+                style="green",
+            )
+        )
     return lines
 
 
 def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int) -> list:
-    parts: list[Text | Table] = [Text.assemble((f"  case {case.name}: ", "bold"), (_WORDS[case.status], _STYLE[case.status]),
-                           (f" — {for_terminal(case.message)}" if case.message else "", ""))]
+    parts: list[Text | Table] = [
+        Text.assemble(
+            (f"  case {case.name}: ", "bold"),
+            (_WORDS[case.status], _STYLE[case.status]),
+            (f" — {for_terminal(case.message)}" if case.message else "", ""),
+        )
+    ]
     if case.rows and case.status == "fail":
         parts.append(rows_table(case, vocab, plain, width))
         if len(case.rows) > 1:  # one character says nothing the table does not
@@ -281,14 +338,23 @@ def diagnosis_lines(d: Diagnosis) -> list[Text]:
 def _greedy_text(case: CaseResult) -> list[Text]:
     """The prompt and both continuations as text (on synthetic weights, gibberish: the ids are what count)."""
     prompt = case.texts.get("prompt") or tokenizer.decode(case.inputs.get("prompt", []))
-    return [Text(f"  {label:<9} {text!r}") for label, text in (
-        ("prompt:", prompt), ("expected:", tokenizer.decode(case.expected_tokens)), ("got:", tokenizer.decode(case.got_tokens)))]
+    return [
+        Text(f"  {label:<9} {text!r}")
+        for label, text in (
+            ("prompt:", prompt),
+            ("expected:", tokenizer.decode(case.expected_tokens)),
+            ("got:", tokenizer.decode(case.got_tokens)),
+        )
+    ]
 
 
 def _same_failure(a: CaseResult, b: CaseResult) -> bool:
     """Errors that repeat case after case (an import error, the same exception) are shown once."""
     return (a.status in NO_ANSWER or a.status == Status.NOT_STARTED) and (a.status, a.message, a.traceback) == (
-        b.status, b.message, b.traceback)
+        b.status,
+        b.message,
+        b.traceback,
+    )
 
 
 def _tie_note(step) -> str:
@@ -301,16 +367,25 @@ def _near_ties(case: CaseResult) -> list:
 
 def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
     mark = _MARK[stage.status]
-    console.print(Text.assemble(
-        (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"), f"  {stage.title}  ",
-        (f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
-         f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s", "dim"),
-        (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
-    ))
+    console.print(
+        Text.assemble(
+            (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"),
+            f"  {stage.title}  ",
+            (
+                f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
+                f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s",
+                "dim",
+            ),
+            (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
+        )
+    )
     if stage.status == "not-started":
         raised = stage.cases[0].message if stage.cases else "NotImplementedError"
-        console.print(f"  not started: {stage.adapter}() in {escape(stage.adapters_file)} raises {escape(for_terminal(raised))}",
-                      style="yellow", soft_wrap=True)
+        console.print(
+            f"  not started: {stage.adapter}() in {escape(stage.adapters_file)} raises {escape(for_terminal(raised))}",
+            style="yellow",
+            soft_wrap=True,
+        )
         return
     # A stage read across one-row cases shows their rows in one table, not one table per case.
     across = stage.cross_case is not None
@@ -337,8 +412,12 @@ def _print_cross_case(console: Console, stage: StageResult, n_vocab: int) -> Non
     numeric = [c for c in stage.cases if c.rows]
     failed = sum(c.status == "fail" for c in numeric)
     vocab = numeric[0].rows[0].n == n_vocab
-    console.print(Text(f"  {failed} of {len(numeric)} cases off; each gives one row, so they are read together, "
-                       "ordered by position:"))
+    console.print(
+        Text(
+            f"  {failed} of {len(numeric)} cases off; each gives one row, so they are read together, "
+            "ordered by position:"
+        )
+    )
     console.print(cases_table(numeric, vocab, is_plain(console), console.width))
     for line in diagnosis_lines(stage.cross_case) if stage.cross_case else []:
         console.print(line)
@@ -351,15 +430,22 @@ def render_run(console: Console, run: RunResult, version: str) -> None:
         render_stage(console, stage, run.config.get("n_vocab", 0))
     passed = sum(s.status == "pass" for s in run.stages)
     if any(s.status == "pass" and s.compare != "scaling" for s in run.stages) and not any(
-            s.status == "pass" and s.compare == "scaling" for s in run.stages):
-        console.print("Matching outputs prove the cached path equals a recompute, not that a cache exists "
-                      "(a recompute gives the same numbers): the cache-scaling stage proves the cache by its cost.",
-                      style="dim")
+        s.status == "pass" and s.compare == "scaling" for s in run.stages
+    ):
+        console.print(
+            "Matching outputs prove the cached path equals a recompute, not that a cache exists "
+            "(a recompute gives the same numbers): the cache-scaling stage proves the cache by its cost.",
+            style="dim",
+        )
     earned, possible = run.points
     style = "bold green" if run.passed else "bold red"
     console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)
     for line in run.advice:
         console.print(Text.assemble(("→ ", "bold cyan"), for_terminal(line)))
     if run.course_supplied:
-        console.print(f"not the instructor's grading: {for_terminal('; '.join(run.course_supplied))}", style="bold yellow",
-                      soft_wrap=True, markup=False)
+        console.print(
+            f"not the instructor's grading: {for_terminal('; '.join(run.course_supplied))}",
+            style="bold yellow",
+            soft_wrap=True,
+            markup=False,
+        )

@@ -17,8 +17,10 @@ def scaling_summary(case: CaseResult) -> str:
     assert t is not None, "called for cache-scaling cases only"
     per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
     faster = f"; {t.speedup:.1f}× faster than the oracle's recompute (estimated)" if t.speedup is not None else ""
-    return (f"CPU time per token ({t.blas_threads} BLAS thread(s)): {per}; ratio {t.ratio:.2f} "
-            f"(at most {t.max_ratio:g}){faster}")
+    return (
+        f"CPU time per token ({t.blas_threads} BLAS thread(s)): {per}; ratio {t.ratio:.2f} "
+        f"(at most {t.max_ratio:g}){faster}"
+    )
 
 
 def case_summary(case: CaseResult) -> str:
@@ -49,7 +51,7 @@ def group_cases(cases: list[CaseResult]) -> list[list[CaseResult]]:
     """Cases whose summaries are the same but for the name, together, in order of first appearance."""
     groups: dict[str, list[CaseResult]] = {}
     for case in cases:
-        groups.setdefault(case_summary(case)[len(case.name):], []).append(case)
+        groups.setdefault(case_summary(case)[len(case.name) :], []).append(case)
     return list(groups.values())
 
 
@@ -70,7 +72,9 @@ def grouped_summary(cases: list[CaseResult]) -> list[str]:
 
 def stage_summary(stage: StageResult) -> str:
     """The stage's line and a paragraph per distinct outcome of the cases that did not pass."""
-    head = (f"{stage.id}: {stage.status} · {stage.passed_cases}/{len(stage.cases)} cases · "
-            f"{stage.points:g}/{stage.max_points:g} points")
+    head = (
+        f"{stage.id}: {stage.status} · {stage.passed_cases}/{len(stage.cases)} cases · "
+        f"{stage.points:g}/{stage.max_points:g} points"
+    )
     shown = [c for c in stage.cases if c.status != "pass" or c.scaling]
     return "\n\n".join([head, *grouped_summary(shown)])
