@@ -1,49 +1,23 @@
-"""The `theinference` command: parses, calls the package, renders, maps results to exit codes."""
+"""The `theinference` command: every command listed here, each defined in its group's module."""
 
-import io
-import os
 import sys
 import traceback
-from enum import Enum
 from importlib import metadata
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from theinference import __version__
 from theinference.cli import help as cli_help
-from theinference.proc import interrupt
-from theinference.grading.advice import advise
-from theinference.cli.common import (
-    EXIT_CONFIG,
-    EXIT_FAIL,
-    EXIT_INTERNAL,
-    ConfigErrorsExit,
-    OracleProgress,
-    console_for,
-    err_console,
-    in_ci,
-    run_options,
-    synth_progress,
-    write_atomic,
-)
-from theinference.proc.runner import DEFAULT_MEMORY_MB
 from theinference.cli.autograder import autograder_app
+from theinference.cli.common import EXIT_CONFIG, EXIT_INTERNAL, ConfigErrorsExit, err_console
 from theinference.cli.course import demo_command, init_command
 from theinference.cli.grade import GradeCommand, grade_command
 from theinference.cli.oracle import oracle_command
 from theinference.cli.stages import stages_app
-from theinference.cli.watch import render_regrade, run_watch
+from theinference.cli.test import test_command
 from theinference.cli.weights import weights_app
-from theinference.report import TEXT_FORMATS
-from theinference.report.github import render_summary
-from theinference.report.terminal import render_run
-from theinference.grading.progress import load_progress, record_progress
-from theinference.grading.session import UsageError, choose_stages, open_session
-from theinference.grading.watch import Watch
-from theinference.cli.options import CourseOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.proc import interrupt
 
 cli_help.apply()
 app = typer.Typer(
@@ -56,130 +30,11 @@ app = typer.Typer(
 app.add_typer(weights_app, name="weights")
 app.add_typer(stages_app, name="stages")
 app.add_typer(autograder_app, name="autograder")
+app.command("test")(test_command)
 app.command("oracle")(oracle_command)
 app.command("grade", cls=GradeCommand)(grade_command)
 app.command("init")(init_command)
 app.command("demo")(demo_command)
-
-
-class Format(str, Enum):
-    rich = "rich"
-    json = "json"
-    junit = "junit"
-    gradescope = "gradescope"
-    github = "github"
-
-
-def _weights_notice(session) -> None:
-    if session.grader.made_weights:
-        err_console().print(
-            f"[yellow]note:[/yellow] made synthetic GPT-2-shape weights at {session.grader.model.path} "
-            "(every identity holds for them; generated text is gibberish). For real GPT-2: "
-            "`hf download openai-community/gpt2 model.safetensors config.json`, or pass --weights PATH.",
-            soft_wrap=True,
-        )
-
-
-def _emit(run, fmt: Format, output: Optional[Path]) -> None:
-    if fmt is Format.github and os.environ.get("GITHUB_STEP_SUMMARY"):
-        with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
-            f.write(render_summary(run, __version__))
-    if fmt.value in TEXT_FORMATS:
-        text = TEXT_FORMATS[fmt.value](run, __version__)
-        if output:
-            write_atomic(output, text)
-        else:
-            sys.stdout.write(text)
-        return
-    if output:
-        buffer = io.StringIO()
-        render_run(Console(file=buffer, width=120, no_color=True, highlight=False), run, __version__)
-        write_atomic(output, buffer.getvalue())
-    else:
-        render_run(console_for(sys.stdout), run, __version__)
-
-
-@app.command()
-def test(
-    stage: Annotated[
-        Optional[list[str]], typer.Option("--stage", metavar="ID", help="Stage id to grade (repeatable).")
-    ] = None,
-    all_stages: Annotated[
-        bool, typer.Option("--all", help="Grade every stage (default: the first stage not yet passed).")
-    ] = False,
-    course: CourseOpt = None,
-    weights: WeightsOpt = None,
-    timeout: TimeoutOpt = None,
-    fmt: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.rich,
-    output: Annotated[
-        Optional[Path],
-        typer.Option("--output", metavar="FILE", help="Write the report to this file instead of stdout."),
-    ] = None,
-    stages_dir: StagesDirOpt = None,
-    seed: Annotated[
-        Optional[str],
-        typer.Option(
-            "--seed", metavar="SEED", help="Add random cases: an integer seed, or 'random' (recorded in the results)."
-        ),
-    ] = None,
-    memory_limit: MemoryLimitOpt = DEFAULT_MEMORY_MB,
-    watch: Annotated[
-        bool, typer.Option("--watch", help="Re-grade whenever a .py or .toml file in the course changes.")
-    ] = False,
-    poll: Annotated[
-        bool, typer.Option("--poll", help="With --watch: poll for changes (WSL2 Windows mounts, network filesystems).")
-    ] = False,
-    untrusted: Annotated[
-        bool,
-        typer.Option(
-            "--untrusted",
-            help="Grade as `grade` does: ignore the course's stages, weights and timeout; allow-listed environment (implied by CI=true and --format gradescope).",
-        ),
-    ] = False,
-    all_cases: Annotated[
-        bool,
-        typer.Option(
-            "--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped)."
-        ),
-    ] = False,
-) -> None:
-    """Grade the course's adapters against the numpy GPT-2 oracle.
-
-    Exit codes: 0 every selected stage passed; 1 some stage failed (including errors, timeouts, crashes and stages not started); 2 usage or configuration error (unknown stage, no adapters file, unreadable weights, invalid stage file); 3 internal error: a bug in the grader, please report it.
-    """
-    # Results that count as grades come from the instructor's inputs only (see the README's threat model).
-    untrusted = untrusted or in_ci() or fmt is Format.gradescope
-    if untrusted and watch:
-        raise UsageError(
-            "--watch trusts the course directory; it cannot be combined with untrusted grading "
-            "(--untrusted, CI=true or --format gradescope)"
-        )
-    options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
-    with open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted) as session:
-        # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
-        wanted = [] if all_stages else (stage or ([] if untrusted else None))
-        if output:
-            session.grader.launcher.hide(output)
-        _weights_notice(session)
-        session.grader.cache.progress = OracleProgress()
-        if watch:
-            show = lambda r: render_regrade(r, session.course.root)  # noqa: E731
-            raise typer.Exit(run_watch(Watch(session, wanted, show, options=options, poll=poll, on_fingerprint=show)))
-        selected = choose_stages(session, wanted)
-        if wanted is None and len(selected) == 1:
-            err_console().print(
-                f"grading [bold]{selected[0].id}[/bold], the first stage not yet passed "
-                "(--all grades every stage, --stage ID a given one)",
-                soft_wrap=True,
-            )
-        run = session.run(selected, options)
-        if not untrusted:
-            notice = record_progress(session.course.root, run, timeout)
-            if notice:
-                err_console().print(notice, markup=False, soft_wrap=True)
-        run.advice = advise(run, session.stages, None if untrusted else load_progress(session.course.root))
-    _emit(run, fmt, output)
-    raise typer.Exit(0 if run.passed else EXIT_FAIL)
 
 
 def installed_version() -> str:

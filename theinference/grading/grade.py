@@ -15,13 +15,8 @@ from theinference.grading.fingerprint import fingerprint_stage
 from theinference.grading.frames import course_file, deepest_course_frame
 from theinference.grading.oracle_store import OracleStore, oracle_version
 from theinference.proc.launch import Launcher, SubprocessLauncher
-from theinference.grading.oracle_registry import (
-    ID_INPUTS,
-    OracleSpec,
-    compute_expected,
-    positions_needed,
-    resolve_oracle,
-)
+from theinference.grading.inputs import ID_INPUTS, consumed_sequence, positions_needed
+from theinference.grading.oracle_registry import OracleSpec, compute_expected, resolve_oracle
 from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
 from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
@@ -114,8 +109,7 @@ def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
 
 
 def _consumed_tokens(inputs: dict, positions: list[int]) -> list[int | None]:
-    tail = [inputs["next_id"]] if "next_id" in inputs else list(inputs.get("cont", []))
-    sequence = inputs.get("seq") or list(inputs.get("prompt", [])) + tail
+    sequence = consumed_sequence(inputs)
     return [sequence[p] if 0 <= p < len(sequence) else None for p in positions]
 
 

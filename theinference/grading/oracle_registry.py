@@ -19,10 +19,6 @@ from theinference.model import gpt2 as oracle
 from theinference.model.weights import Model
 from theinference.errors import ConfigError
 
-TOKEN_INPUTS = ("seq", "prompt", "cont")
-COUNT_INPUTS = ("n_new",)
-ID_INPUTS = ("next_id",)  # a single token id
-
 
 class OracleError(ConfigError):
     """An instructor's oracle could not be loaded or run (a course-configuration error)."""
@@ -96,16 +92,6 @@ BUILTIN_ORACLES = {
         positions=_step_positions,
     ),
 }
-
-
-def positions_needed(inputs: dict) -> int:
-    """How many positions of the context a case uses."""
-    if "seq" in inputs:
-        return len(inputs["seq"])
-    if "next_id" in inputs:
-        return len(inputs["prompt"]) + 1
-    extra = len(inputs["cont"]) - 1 if "cont" in inputs else inputs.get("n_new", 1) - 1
-    return len(inputs.get("prompt", [])) + extra
 
 
 _FILE_ORACLES: dict[tuple, OracleSpec] = {}  # loaded instructor oracles, by file stamp and function

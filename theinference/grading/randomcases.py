@@ -4,7 +4,7 @@ so an adapter that hard-codes the fixed cases' answers fails."""
 import dataclasses
 import random
 
-from theinference.grading.oracle_registry import COUNT_INPUTS, ID_INPUTS
+from theinference.grading.inputs import COUNT_INPUTS, ID_INPUTS
 from theinference.grading.stages import CaseSpec, StageSpec
 from theinference.model.weights import GPT2Config
 

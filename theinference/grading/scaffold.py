@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from theinference.grading.inputs import described
 from theinference.grading.stages import StageError, StageSpec, valid_id
 
 STAGE = """\
@@ -13,7 +14,7 @@ order = {order}
 lesson = "lessons/{id}.md"
 adapter = "{adapter}"
 oracle = "{oracle_file}:{func}"
-inputs = ["seq"]  # allowed: seq, prompt, cont (token lists), n_new (a count), next_id (one token)
+inputs = ["seq"]  # allowed: {allowed}
 compare = "rows"
 timeout = 60
 points = 5
@@ -86,7 +87,7 @@ def scaffold_stage(directory: Path, stage_id: str, existing: list[StageSpec]) ->
     names = stage_names(stage_id)
     order = max((s.order for s in existing), default=0) + 10
     files = {
-        directory / f"{stage_id}.toml": STAGE.format(order=order, **names),
+        directory / f"{stage_id}.toml": STAGE.format(order=order, allowed=described(), **names),
         directory / names["oracle_file"]: ORACLE.format(**names),
         directory / "lessons" / f"{stage_id}.md": LESSON.format(**names),
     }

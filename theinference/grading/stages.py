@@ -56,7 +56,8 @@ from pathlib import Path
 from theinference.model import tokenizer
 from theinference.grading.bugs import BUILTIN_BUGS
 from theinference.grading.diagnose import SHAPES
-from theinference.grading.oracle_registry import BUILTIN_ORACLES, COUNT_INPUTS, ID_INPUTS, TOKEN_INPUTS
+from theinference.grading.inputs import CASE_INPUTS, COUNT_INPUTS, ID_INPUTS, described
+from theinference.grading.oracle_registry import BUILTIN_ORACLES
 from theinference.bundled import data_dir
 from theinference.errors import ConfigError
 
@@ -245,9 +246,8 @@ def _oracle_inputs(path: Path, data: dict) -> tuple[str, ...]:
     if "inputs" not in data:
         raise _fail(path, "inputs", 'an instructor\'s oracle needs `inputs`, e.g. inputs = ["seq"]')
     for i, name in enumerate(data["inputs"]):
-        if name not in TOKEN_INPUTS + COUNT_INPUTS + ID_INPUTS:
-            known = ", ".join(TOKEN_INPUTS + COUNT_INPUTS + ID_INPUTS)
-            raise _fail(path, f"inputs[{i}]", f"unknown input '{name}' (known: {known})")
+        if name not in CASE_INPUTS:
+            raise _fail(path, f"inputs[{i}]", f"unknown input '{name}' (known: {described()})")
     return tuple(data["inputs"])
 
 
