@@ -125,6 +125,7 @@ def test_course_oracle_is_never_imported_when_untrusted(cli, tmp_path, tiny_path
     assert not (course / "stages" / "IMPORTED").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["stages", "extra"])
 def test_course_bonus_stage_earns_nothing_when_untrusted(cli, tmp_path, tiny_path, where):
     course = starter_course(tmp_path / "sub")
@@ -436,6 +437,7 @@ def test_watch_refuses_untrusted_grading(cli, solution_course, tiny_path):
     assert result.exit_code == 2 and "cannot be combined with untrusted grading" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_stage_has_a_budget_that_restarts_cannot_stretch(cli, tmp_path, tiny_path):
     # Each case imports for 1.4 s and runs 1.4 s before crashing: within the 2 s per step, but with
     # more than two cases the restarts need more than the stage's budget of 2 s x (cases + 1).

@@ -93,6 +93,7 @@ def test_sigterm_kills_every_student_process_and_removes_temp_dirs(tmp_path, tin
     assert not list(tmp_path.glob("theinference-*"))
 
 
+@pytest.mark.slow
 def test_sigint_mid_batch_leaves_a_sorted_csv_marked_interrupted(cli, tmp_path, tiny_path):
     root = tmp_path / "submissions"
     write_adapters(root / "a-hangs", SPAWN_AND_HANG.format(marker=f"theinference-test-marker-{os.getpid()}-int"))

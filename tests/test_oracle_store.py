@@ -40,6 +40,7 @@ def _entries() -> list:
     return sorted((user_cache_dir() / "oracle" / "outputs").glob("*.npy"))
 
 
+@pytest.mark.slow
 def test_a_second_run_computes_no_oracle_output(cli, solution_course, tiny_path, forwards):
     first = _verdicts(cli, solution_course, tiny_path, "--all")
     computed = forwards["n"]

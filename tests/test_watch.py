@@ -94,6 +94,7 @@ def test_a_burst_of_ten_saves_is_one_regrade(harness, solution_course):
     assert h.settle() == 1
 
 
+@pytest.mark.slow
 def test_saves_during_a_running_grade_give_exactly_one_more(harness, solution_course):
     write_adapters(solution_course, SLOW_ADAPTER)
     h = harness()
