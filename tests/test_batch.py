@@ -356,3 +356,10 @@ def test_grade_and_merge_refuse_an_out_in_a_missing_directory_before_grading(cli
         )
         merged = cli("grade", "merge", shard, "--out", tmp_path / "missing" / "all.csv")
         assert merged.exit_code == 2 and "missing" in merged.stderr
+
+
+def test_grade_refuses_an_out_that_is_a_directory_before_grading(cli, batch, tiny_path, tmp_path):
+    out = tmp_path / "grades.csv"
+    out.mkdir()
+    graded = cli("grade", batch / "pass-a", "--stage", "prove-one-layer", "--weights", tiny_path, "--out", out)
+    assert graded.exit_code == 2 and "is a directory" in graded.stderr and "[1/1]" not in graded.stderr

@@ -13,6 +13,7 @@ first line a spreadsheet sees and sorting keeps each row's record; in JSON as "g
 import csv
 import dataclasses
 import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -269,9 +270,13 @@ class CsvWriter:
 
 
 def check_output(out: Path) -> None:
-    """Refuse, before any work, an output file whose directory does not exist (its write would fail at the end)."""
+    """Refuse, before any work, an output that could not be written at the end (the grades would be lost)."""
     if not out.parent.is_dir():
         raise BatchError(f"--out {out}: no directory {out.parent} to write it in")
+    if out.is_dir():
+        raise BatchError(f"--out {out}: is a directory, not a file")
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise BatchError(f"--out {out}: the directory {out.parent} is not writable")
 
 
 def write_csv(path: Path, rows: list[list[str]]) -> None:
