@@ -21,7 +21,8 @@ from theinference.grading.autograder import (
 from theinference.cli.common import err_console
 from theinference.cli.weights import Preset
 from theinference.grading.randomcases import resolve_seed
-from theinference.grading.session import UsageError, select_stages
+from theinference.errors import UsageError
+from theinference.grading.session import select_stages
 from theinference.grading.stages import StageError, load_stages, stage_dirs
 from theinference.model.weights import WeightsError
 

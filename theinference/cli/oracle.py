@@ -9,7 +9,8 @@ import typer
 from theinference.cli.common import err_console, synth_progress
 from theinference.course import find_course_root, load_course
 from theinference.grading.export import oracle_arrays
-from theinference.grading.session import UsageError, select_stages
+from theinference.errors import UsageError
+from theinference.grading.session import select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
 from theinference.cli.options import CourseOpt, StagesDirOpt, WeightsOpt
