@@ -134,8 +134,7 @@ def gradescope(
 ) -> None:
     """Write autograder.zip for Gradescope: setup.sh, run_autograder, this version's wheel, stages, weights.
 
-    run_autograder grades /autograder/submission with `theinference grade` and always leaves a valid
-    /autograder/results/results.json (0 points and the reason when the submission cannot be graded).
+    run_autograder grades /autograder/submission with `theinference grade` and always leaves a valid /autograder/results/results.json (0 points and the reason when the submission cannot be graded).
     """
     grading = _grading(stages_dir, stage, timeout, memory_limit, cases_seed)
     chosen, warnings = _weights(weights, preset, seed)

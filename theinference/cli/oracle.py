@@ -28,8 +28,7 @@ def oracle_command(
 ) -> None:
     """Write the oracle's inputs and expected outputs for a stage's cases to FILE.npz.
 
-    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return),
-    for greedy also '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
+    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return), for greedy also '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
     """
     root = course.resolve() if course else find_course_root(Path.cwd())
     course_obj = load_course(root) if root else None
