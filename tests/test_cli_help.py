@@ -57,6 +57,9 @@ def test_every_help_is_complete_and_in_one_style(cli, path):
     assert result.exit_code == 0
     text = result.stdout
     assert command.help and command.help.strip().splitlines()[0], f"{path}: no one-line summary"
+    # Rich help keeps a later paragraph's line breaks, leaving half-empty lines at 80 columns: one line each.
+    later = [p for p in command.help.strip().split("\n\n")[1:] if "\n" in p.strip()]
+    assert not later, f"{path}: a help paragraph broken over lines: {later}"
     usage = next(line for line in text.splitlines() if "Usage:" in line)
     assert not re.search(r"[<{]", usage), usage
     assert "<bool>" not in text

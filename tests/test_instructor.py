@@ -300,6 +300,13 @@ def test_stages_new_refuses_a_bad_or_taken_id(cli, tmp_path, stage_id, why):
     assert not (tmp_path / "stages").exists()
 
 
+def test_stages_new_into_an_unwritable_place_is_a_usage_error(cli, tmp_path):
+    in_the_way = tmp_path / "stages"
+    in_the_way.write_text("a file, not a directory\n")
+    result = cli("stages", "new", "my-stage", "--stages-dir", in_the_way)
+    assert result.exit_code == 2 and f"cannot write the stage into {in_the_way}" in result.stderr
+
+
 def test_a_scaffolded_stage_with_the_printed_adapters_passes_stages_check(cli, tmp_path, tiny_path):
     source = tmp_path / "course-src"
     for part in ("solution", "starter"):

@@ -77,8 +77,8 @@ def test_new_weights_content_invalidates_and_a_touch_does_not(cli, solution_cour
     assert forwards["n"] > before
 
 
-@pytest.mark.parametrize("how", [["--untrusted"], ["--format", "gradescope"], "CI=true"])
-def test_untrusted_grading_never_reads_the_store(cli, solution_course, tiny_path, forwards, monkeypatch, how):
+@pytest.mark.parametrize("how", [["--untrusted"], ["--format", "gradescope"], "CI=true", "grade"])
+def test_untrusted_grading_never_reads_the_store(cli, solution_course, tiny_path, forwards, monkeypatch, how, tmp_path):
     assert _verdicts(cli, solution_course, tiny_path, "--stage", "prove-one-layer")[0] == 0
     store = OracleStore(user_cache_dir() / "oracle")
     for entry in _entries():  # poisoned as student code running as the same user could: well-formed, wrong
@@ -88,6 +88,10 @@ def test_untrusted_grading_never_reads_the_store(cli, solution_course, tiny_path
     if how == "CI=true":
         monkeypatch.setenv("CI", "true")
         result = cli("test", "--stage", "prove-one-layer", "--course", solution_course, "--weights", tiny_path)
+    elif how == "grade":  # a batch of submissions
+        out = tmp_path / "grades.csv"
+        result = cli("grade", solution_course, "--stage", "prove-one-layer", "--weights", tiny_path, "--out", out)
+        assert out.read_text().splitlines()[1].split(",")[1] == "pass"
     else:
         result = cli("test", *how, "--stage", "prove-one-layer", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 0, result.stdout

@@ -21,7 +21,8 @@ from theinference.grading.autograder import (
 from theinference.cli.common import err_console
 from theinference.cli.weights import Preset
 from theinference.grading.randomcases import resolve_seed
-from theinference.grading.session import UsageError, select_stages
+from theinference.errors import UsageError
+from theinference.grading.session import select_stages
 from theinference.grading.stages import StageError, load_stages, stage_dirs
 from theinference.model.weights import WeightsError
 
@@ -133,8 +134,7 @@ def gradescope(
 ) -> None:
     """Write autograder.zip for Gradescope: setup.sh, run_autograder, this version's wheel, stages, weights.
 
-    run_autograder grades /autograder/submission with `theinference grade` and always leaves a valid
-    /autograder/results/results.json (0 points and the reason when the submission cannot be graded).
+    run_autograder grades /autograder/submission with `theinference grade` and always leaves a valid /autograder/results/results.json (0 points and the reason when the submission cannot be graded).
     """
     grading = _grading(stages_dir, stage, timeout, memory_limit, cases_seed)
     chosen, warnings = _weights(weights, preset, seed)

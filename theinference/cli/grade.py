@@ -201,12 +201,13 @@ def grade_command(
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 
-    Submissions are untrusted: their stages/, and the weights, stages_dirs and timeout of their
-    theinference.toml, are ignored; student processes get only an allow-listed environment.
+    Submissions are untrusted: their stages/, and the weights, stages_dirs and timeout of their theinference.toml, are ignored; student processes get only an allow-listed environment.
+
     Progress goes to stderr: a bar on a terminal, else a line per finished submission.
+
     Exit 0 once every submission is graded, whatever their grades; 2 on a configuration error.
-    `theinference grade merge SHARD... [--out FILE]` combines the CSV or JSON files of --shard
-    runs (see `theinference grade merge --help`).
+
+    `theinference grade merge SHARD... [--out FILE]` combines the CSV or JSON files of --shard runs (see `theinference grade merge --help`).
     """
     out = out or Path(DEFAULT_OUT[fmt])
     # Parallel students share the cores: each gets its share of BLAS threads, not all of them.

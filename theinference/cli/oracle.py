@@ -9,7 +9,8 @@ import typer
 from theinference.cli.common import err_console, synth_progress
 from theinference.course import find_course_root, load_course
 from theinference.grading.export import oracle_arrays
-from theinference.grading.session import UsageError, select_stages
+from theinference.errors import UsageError
+from theinference.grading.session import select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
 from theinference.cli.options import CourseOpt, StagesDirOpt, WeightsOpt
@@ -27,8 +28,7 @@ def oracle_command(
 ) -> None:
     """Write the oracle's inputs and expected outputs for a stage's cases to FILE.npz.
 
-    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return),
-    for greedy also '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
+    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return), for greedy also '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
     """
     root = course.resolve() if course else find_course_root(Path.cwd())
     course_obj = load_course(root) if root else None

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from theinference.grading.check import check_course
-from theinference.cli.common import EXIT_FAIL, ItemProgress, config_error, console_for, synth_progress
+from theinference.cli.common import EXIT_FAIL, ItemProgress, console_for, synth_progress
 from theinference.course import find_course_root
 from theinference.proc.launch import default_launcher
 from theinference.grading.grade import OracleCache
@@ -134,11 +134,8 @@ def new(
     """Scaffold a new stage: stage file, oracle file and lesson stub that load as they are, and
     print the adapter to add to the solution's and the starter's tests/adapters.py."""
     directory = stages_dir or Path("stages")
-    try:
-        existing = load_stages(stage_dirs(None, [directory] if directory.is_dir() else []))
-        written = scaffold_stage(directory, stage_id, existing)
-    except (StageError, OSError) as e:
-        raise config_error(e)
+    existing = load_stages(stage_dirs(None, [directory] if directory.is_dir() else []))
+    written = scaffold_stage(directory, stage_id, existing)
     solution, starter = adapter_snippets(stage_id)
     console = console_for(sys.stdout)
     console.print("wrote\n" + "".join(f"  {p}\n" for p in written), markup=False, soft_wrap=True)

@@ -1,7 +1,7 @@
 """What the report's footer suggests next: the fast loop on tiny weights, and the stage to read next."""
 
 from theinference.grading.progress import next_stage
-from theinference.grading.results import RunResult
+from theinference.grading.results import RunResult, Status
 from theinference.grading.stages import StageSpec
 from theinference.model.synth import PRESETS
 
@@ -39,7 +39,7 @@ def next_stage_line(stages: list[StageSpec], progress: dict[str, dict]) -> str:
 def advise(run: RunResult, stages: list[StageSpec], progress: dict[str, dict] | None) -> list[str]:
     """The footer's lines: the fast loop after a slow run; after a pass, the next stage (progress None: not tracked)."""
     lines = [fast_loop_hint(run)]
-    if progress is not None and any(s.status == "pass" for s in run.stages):
+    if progress is not None and any(s.status == Status.PASS for s in run.stages):
         graded = {s.id: {"status": s.status} for s in run.stages}  # this run counts even if progress could not be saved
         lines.append(next_stage_line(stages, {**progress, **graded}))
     return [line for line in lines if line]

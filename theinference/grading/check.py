@@ -9,7 +9,7 @@ from pathlib import Path
 
 from theinference.course import load_course
 from theinference.grading.mutants import Mutant, MutantError, build_mutant, load_mutants
-from theinference.grading.results import CheckCell, CheckResult, StageResult
+from theinference.grading.results import CheckCell, CheckResult, StageResult, Status
 from theinference.grading.stages import StageSpec
 from theinference.grading.grader import Grader, RunOptions
 from theinference.proc.limits import Limits
@@ -17,9 +17,9 @@ from theinference.proc.limits import Limits
 
 def observed(result: StageResult) -> str:
     """What a stage showed: 'pass', the failing stage's diagnosis shape, 'wrong-shape', or its status."""
-    if result.status == "fail" and result.diagnosis is not None:
+    if result.status == Status.FAIL and result.diagnosis is not None:
         return result.diagnosis.shape
-    if result.status == "fail" and any(c.detail == "wrong-shape" for c in result.cases):
+    if result.status == Status.FAIL and any(c.detail == "wrong-shape" for c in result.cases):
         return "wrong-shape"
     return result.status
 
@@ -31,7 +31,7 @@ def named_bugs(result: StageResult) -> frozenset:
 
 
 def _first_message(result: StageResult) -> str:
-    case = next((c for c in result.cases if c.status != "pass"), None)
+    case = next((c for c in result.cases if c.status != Status.PASS), None)
     return f"{case.name}: {case.message}" if case else ""
 
 

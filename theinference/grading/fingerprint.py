@@ -66,7 +66,7 @@ def _close(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> bool:
 
 def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
     """Failing cases first, smallest first: most candidates fail on the cheapest forward."""
-    return sorted(cases, key=lambda c: (c.status == "pass", np.asarray(c.output).size))
+    return sorted(cases, key=lambda c: (c.status == Status.PASS, np.asarray(c.output).size))
 
 
 def _match(
@@ -158,7 +158,7 @@ def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache
 
 def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
     numeric = [c for c in result.cases if c.rows and c.output is not None]
-    failing = [c for c in numeric if c.status == "fail"]
+    failing = [c for c in numeric if c.status == Status.FAIL]
     if not stage.bugs or not failing or stage.compare != "rows":
         return
     # Read across cases, every case with numbers must match; otherwise the failing ones.

@@ -18,6 +18,7 @@ from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.grading.inputs import ID_INPUTS, consumed_sequence, positions_needed
 from theinference.grading.oracle_registry import OracleSpec, compute_expected, resolve_oracle
 from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
+from theinference.proc import protocol
 from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
 from theinference.grading.stages import TOKEN_COMPARES, CaseSpec, StageSpec
@@ -116,7 +117,7 @@ def _consumed_tokens(inputs: dict, positions: list[int]) -> list[int | None]:
 def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expected: np.ndarray, got: np.ndarray) -> None:
     problem = shape_problem(expected.shape, got)
     if problem:
-        result.status, result.detail, result.message = "fail", "wrong-shape", problem
+        result.status, result.detail, result.message = Status.FAIL, "wrong-shape", problem
         return
     if stage.bugs:  # kept until fingerprinted: a match must hold on every case with numbers, passing ones too
         result.output = got
@@ -125,11 +126,11 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
         expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions)
     )
     if all(r.ok for r in result.rows):
-        result.status = "pass"
+        result.status = Status.PASS
         return
     bad = sum(not r.ok for r in result.rows)
     result.status, result.message = (
-        "fail",
+        Status.FAIL,
         f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}",
     )
     if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
@@ -171,16 +172,16 @@ def _case_result(
     )
     # A timed generation that outlasts its budget has no cache; a hang while importing, or a case
     # skipped for the stage's or submission's budget, says nothing about the cache.
-    if outcome.status == "timeout" and stage.scaling is not None and outcome.message.endswith("while running"):
+    if outcome.status == protocol.TIMEOUT and stage.scaling is not None and outcome.message.endswith("while running"):
         scaling.judge_timeout(result, stage)
         return result
     if outcome.status in _FAILED_OUTCOMES:
         return result
-    if outcome.status == "bad-output":
-        result.status, result.detail = "fail", "non-numeric"
+    if outcome.status == protocol.BAD_OUTPUT:
+        result.status, result.detail = Status.FAIL, "non-numeric"
         return result
-    if outcome.status == "too-large":
-        result.status, result.detail = "fail", "wrong-shape"
+    if outcome.status == protocol.TOO_LARGE:
+        result.status, result.detail = Status.FAIL, "wrong-shape"
         result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
         return result
     assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
@@ -190,9 +191,9 @@ def _case_result(
             result, outcome.value, ctx.model, stage.tie_rtol, stage.hints, ctx.cache, f"{stage.id}: {case.name}"
         )
         # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
-        if stage.scaling is not None and result.status == "pass" and not outcome.timing:
-            result.status, result.message = "fail", "the adapter's process reported no timings"
-        elif stage.scaling is not None and result.status == "pass" and outcome.timing:
+        if stage.scaling is not None and result.status == Status.PASS and not outcome.timing:
+            result.status, result.message = Status.FAIL, "the adapter's process reported no timings"
+        elif stage.scaling is not None and result.status == Status.PASS and outcome.timing:
             recompute = scaling.recompute_seconds(ctx.cache, ctx.model, case.inputs["prompt"], case.inputs["n_new"])
             scaling.judge_timing(result, stage, outcome.timing, recompute)
     else:
@@ -205,7 +206,7 @@ def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis
     compared = [c for c in cases if c.rows]  # cases that errored or returned no numbers say nothing
     if stage.compare != "rows" or len(compared) < 3 or any(len(c.rows) != 1 for c in compared):
         return None
-    if all(c.status == "pass" for c in compared):
+    if all(c.status == Status.PASS for c in compared):
         return None
     rows = sorted((c.rows[0] for c in compared), key=lambda r: r.position)
     rows = [dataclasses.replace(r, row=i) for i, r in enumerate(rows)]
@@ -215,11 +216,11 @@ def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis
 
 
 def _stage_status(cases: list[CaseResult]) -> str:
-    return next((c.status for c in cases if c.status != "pass"), "pass")
+    return next((c.status for c in cases if c.status != Status.PASS), Status.PASS)
 
 
 def _points(stage: StageSpec, cases: list[CaseResult]) -> float:
-    passed = sum(c.status == "pass" for c in cases)
+    passed = sum(c.status == Status.PASS for c in cases)
     if stage.credit == "per-case":
         return stage.points * passed / len(cases)
     return stage.points if passed == len(cases) else 0.0

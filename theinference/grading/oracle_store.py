@@ -36,10 +36,11 @@ _MAGIC = b"theinference-oracle-1\n"
 _CHECKSUM = 32  # bytes of the BLAKE2b checksum after the magic
 _LOW_WATER = 0.8  # eviction frees down to this fraction of the cap, so it does not run on every write
 _STALE_TEMP = 3600  # seconds after which a temporary file is a crashed writer's leftover
-# The modules whose source defines the built-in oracles and bug oracles: editing one invalidates every entry.
-# Relative to the package: the modules whose code decides an oracle output (a change in any invalidates the store).
+# Relative to the package: the modules whose code decides an oracle output (a change in any invalidates the
+# store): the built-in oracles and bug oracles, what is kept of their outputs, and how tensors are read (dtypes).
 _ORACLE_MODULES = (
     "model/gpt2.py",
+    "model/weights.py",
     "grading/oracle_registry.py",
     "grading/bugs.py",
     "grading/compare.py",

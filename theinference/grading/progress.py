@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from theinference.grading.results import RunResult
+from theinference.grading.results import RunResult, Status
 from theinference.grading.stages import StageSpec
 from theinference.model.synth import PRESETS
 
@@ -80,4 +80,4 @@ def describe_entry(entry: dict) -> str:
 
 def next_stage(stages: list[StageSpec], progress: dict[str, dict]) -> StageSpec | None:
     """The first stage, in course order, that has not passed; None when all have."""
-    return next((s for s in stages if progress.get(s.id, {}).get("status") != "pass"), None)
+    return next((s for s in stages if progress.get(s.id, {}).get("status") != Status.PASS), None)

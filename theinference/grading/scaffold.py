@@ -94,9 +94,12 @@ def scaffold_stage(directory: Path, stage_id: str, existing: list[StageSpec]) ->
     present = [str(p) for p in files if p.exists()]
     if present:
         raise StageError(f"not overwriting {', '.join(present)}")
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+    try:
+        for path, text in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    except OSError as e:  # e.g. a read-only or missing parent: the user's to fix, not a grader bug
+        raise StageError(f"cannot write the stage into {directory}: {e}") from e
     return list(files)
 
 

@@ -14,11 +14,8 @@ from theinference.grading.results import RunResult
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import StageSpec, load_stages, stage_dirs
 from theinference.trust import untrusted_course
-from theinference.errors import ConfigError, UsageError
+from theinference.errors import UsageError
 from theinference.grading.grader import Grader, RunOptions
-
-# Every error a user can fix by changing their command line or files: exit code 2.
-CONFIG_ERRORS = (ConfigError,)
 
 
 def locate_course(course_dir: Path | None) -> Course:

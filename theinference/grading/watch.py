@@ -29,7 +29,8 @@ from theinference.course import load_course
 from theinference.grading.results import RunResult
 from theinference.grading.advice import advise
 from theinference.grading.progress import load_progress, record_progress
-from theinference.grading.session import CONFIG_ERRORS, RunOptions, Session, UsageError, choose_stages
+from theinference.errors import ConfigError
+from theinference.grading.session import RunOptions, Session, choose_stages
 from theinference.grading.stages import load_stages, stage_dirs
 from theinference.model.weights import load_model
 
@@ -215,7 +216,7 @@ class Watch:
             report.result = self.session.run(stages, dataclasses.replace(self.options, fingerprint=False))
             report.notice = record_progress(self.session.course.root, report.result, self.options.limits.timeout)
             report.result.advice = advise(report.result, self.session.stages, load_progress(self.session.course.root))
-        except (*CONFIG_ERRORS, UsageError, OSError) as e:
+        except (ConfigError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started
         report.fingerprinting = bool(report.result and not report.result.passed and self.on_fingerprint)
@@ -228,7 +229,7 @@ class Watch:
         assert report.result is not None and self.on_fingerprint is not None, "only a failing run is fingerprinted"
         try:
             self.session.grader.fingerprint(stages, report.result, self.options)
-        except CONFIG_ERRORS as e:
+        except ConfigError as e:
             report.error = str(e)
         report.fingerprinting = False
         self.on_fingerprint(report)

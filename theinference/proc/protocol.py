@@ -17,6 +17,8 @@ EVENTS = (LOADED, LOAD_ERROR, START, DONE)
 
 OK, NOT_STARTED, ERROR, BAD_OUTPUT = "ok", "not-started", "error", "bad-output"
 DONE_STATUSES = (OK, NOT_STARTED, ERROR, BAD_OUTPUT)
+# What the runner concludes itself of a call the worker did not report on (an outcome, never on the pipe).
+TOO_LARGE, TIMEOUT, CRASH = "too-large", "timeout", "crash"
 
 
 class Limits(TypedDict):

@@ -18,6 +18,8 @@ import signal
 import socket
 import sys
 
+from theinference.proc import protocol
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -88,7 +90,7 @@ def monitor(status_fd: int, command: list[str]) -> None:
     """Run command in its own session under this subreaper; report its pid and, once all is dead, its status."""
     conn = socket.socket(fileno=status_fd)
     become_subreaper()
-    protocol_fd = os.environ.get("THEINFERENCE_PROTOCOL_FD")
+    protocol_fd = os.environ.get(protocol.PROTOCOL_FD_ENV)
     pid = os.fork()
     if pid == 0:
         conn.close()

@@ -61,7 +61,7 @@ class AdapterJob:
 
 @dataclass
 class CallOutcome:
-    # ok | not-started | error | bad-output | too-large | timeout | crash
+    # protocol.DONE_STATUSES, or TOO_LARGE | TIMEOUT | CRASH (the runner's own conclusions)
     status: str
     value: np.ndarray | None = None
     message: str = ""
@@ -259,7 +259,7 @@ def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | 
             nbytes = math.prod(shape) * dtype.itemsize
             if cap is not None and nbytes > cap:
                 return CallOutcome(
-                    status="too-large", message=f"returned {_size(nbytes)} (shape {list(shape)}, {dtype})"
+                    status=protocol.TOO_LARGE, message=f"returned {_size(nbytes)} (shape {list(shape)}, {dtype})"
                 )
             if f.tell() + nbytes > info.st_size:
                 raise ProtocolError(f"{expected.name} is shorter than its header says")
@@ -366,7 +366,9 @@ def _handle(
     """Apply one message in the order the protocol allows; return a load failure, raise ProtocolError otherwise."""
     event = message["event"]
     if event == protocol.LOAD_ERROR and not state.loaded:
-        return CallOutcome(status="error", message=_text(message, "message"), traceback=_text(message, "traceback"))
+        return CallOutcome(
+            status=protocol.ERROR, message=_text(message, "message"), traceback=_text(message, "traceback")
+        )
     if event == protocol.LOADED and not state.loaded:
         state.loaded, state.defined_at = True, _defined_at(message)
     elif event == protocol.START and state.loaded and not state.started and _is_case(message, state.current):
@@ -409,12 +411,12 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
                 deadline = min(time.monotonic() + job.timeout, stage_deadline)
     except TimeoutError:
         failure, kill_now = (
-            CallOutcome(status="timeout", message=_timeout_message(job, state.loaded, stage_deadline)),
+            CallOutcome(status=protocol.TIMEOUT, message=_timeout_message(job, state.loaded, stage_deadline)),
             True,
         )
     except ProtocolError as e:
         failure, kill_now = (
-            CallOutcome(status="error", message=f"the adapter's process broke the result protocol: {e}"),
+            CallOutcome(status=protocol.ERROR, message=f"the adapter's process broke the result protocol: {e}"),
             True,
         )
     except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
@@ -424,7 +426,7 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
     if state.current >= len(job.calls) and failure is None:
         return state.current
     if failure is None:
-        failure = CallOutcome(status="crash", message=_exit_message(returncode))
+        failure = CallOutcome(status=protocol.CRASH, message=_exit_message(returncode))
     child.attach_output(failure, state.case_output, None)
     # A failure before any case started (import, load) would repeat for every case: record it for all.
     last = state.current + 1 if state.loaded else len(job.calls)
@@ -467,12 +469,17 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
                 interrupt.kill_running()
                 raise
             over = time.monotonic() >= stage_deadline  # then the rest are reported as over budget instead
-            if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == "timeout":
+            if (
+                not (job.all_cases or over)
+                and start < len(job.calls)
+                and outcomes[start - 1].status == protocol.TIMEOUT
+            ):
                 name = job.case_names[start - 1] if job.case_names else start - 1
                 skipped = CallOutcome(
-                    status="timeout", message=f"skipped after a timeout in case {name} (--all-cases runs every case)"
+                    status=protocol.TIMEOUT,
+                    message=f"skipped after a timeout in case {name} (--all-cases runs every case)",
                 )
                 outcomes.update((i, skipped) for i in range(start, len(job.calls)))
                 start = len(job.calls)
-    spent = CallOutcome(status="timeout", message=_spent_message(job))
+    spent = CallOutcome(status=protocol.TIMEOUT, message=_spent_message(job))
     return [outcomes.get(i, spent) for i in range(len(job.calls))]

@@ -25,6 +25,7 @@ import numpy  # noqa: F401
 import safetensors.numpy  # noqa: F401
 
 import theinference.proc.child
+from theinference.proc import protocol
 from theinference.proc.reaper import become_subreaper, kill_descendants
 
 _MAX_REQUEST = 1 << 20
@@ -39,7 +40,7 @@ def _worker(request: dict, fds: list[int]) -> None:
         os.dup2(src, dst)
     os.environ.clear()
     os.environ.update(request["env"])
-    os.environ["THEINFERENCE_PROTOCOL_FD"] = str(proto_fd)
+    os.environ[protocol.PROTOCOL_FD_ENV] = str(proto_fd)
     os.chdir(request["cwd"])
     sys.dont_write_bytecode = True
     sys.argv = ["theinference.proc.child", *request["args"]]

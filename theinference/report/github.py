@@ -4,7 +4,7 @@ import os
 
 from theinference.report.text import case_summary, group_cases, grouped_summary, repeated_note, run_summary
 from theinference.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
-from theinference.grading.results import RunResult, StageResult
+from theinference.grading.results import RunResult, StageResult, Status
 
 
 def _relative(path: str) -> str:
@@ -17,7 +17,7 @@ def _relative(path: str) -> str:
 
 def _location(run: RunResult, stage: StageResult) -> str:
     """Where the first failing case's traceback left the course directory, else the adapter's definition."""
-    at = next((c.at for c in stage.cases if c.status != "pass" and c.at), None)
+    at = next((c.at for c in stage.cases if c.status != Status.PASS and c.at), None)
     path, line = (
         (os.path.join(run.course, at[0]), at[1])
         if at
@@ -30,10 +30,10 @@ def render_annotations(run: RunResult) -> str:
     """One `::error` per stage that did not pass, at the student's line; a `::notice` with the total."""
     lines = []
     for stage in run.stages:
-        if stage.status == "pass":
+        if stage.status == Status.PASS:
             continue
         title = workflow_property(f"theinference {stage.id}: {stage.status}")
-        failing = grouped_summary([c for c in stage.cases if c.status != "pass"])
+        failing = grouped_summary([c for c in stage.cases if c.status != Status.PASS])
         lines.append(f"::error {_location(run, stage)},title={title}::{workflow_data(chr(10).join(failing))}")
     for line in run.course_supplied:
         lines.append(f"::warning title={workflow_property('theinference: not the instructor')}::{workflow_data(line)}")
@@ -51,13 +51,13 @@ def render_summary(run: RunResult, version: str) -> str:
         "|---|---|---|---|",
     ]
     for stage in run.stages:
-        mark = "✅" if stage.status == "pass" else "❌"
+        mark = "✅" if stage.status == Status.PASS else "❌"
         out.append(
             f"| `{stage.id}` | {mark} {stage.status} | {stage.passed_cases}/{len(stage.cases)} | "
             f"{stage.points:g}/{stage.max_points:g} |"
         )
     for stage in run.stages:
-        for group in group_cases([c for c in stage.cases if c.status != "pass"]):
+        for group in group_cases([c for c in stage.cases if c.status != Status.PASS]):
             more = f" ({repeated_note(group)})" if len(group) > 1 else ""
             heading = for_terminal(f"### `{stage.id}` · {group[0].name}{more}")
             out += ["", heading, "", markdown_code_block(case_summary(group[0]))]

@@ -3,7 +3,7 @@
 import json
 
 from theinference.report.text import run_summary, stage_summary
-from theinference.grading.results import RunResult
+from theinference.grading.results import RunResult, Status
 from theinference.grading.stages import StageSpec
 
 
@@ -14,7 +14,7 @@ def render_gradescope(run: RunResult, version: str) -> str:
             "name": f"{stage.id}: {stage.title}" + (" [from the course directory]" if stage.origin == "course" else ""),
             "score": round(stage.points, 4),
             "max_score": stage.max_points,
-            "status": "passed" if stage.status == "pass" else "failed",
+            "status": "passed" if stage.status == Status.PASS else "failed",
             "output": stage_summary(stage),
             "visibility": "visible",
         }

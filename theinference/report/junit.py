@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 from theinference.report.text import case_summary, scaling_summary
 from theinference.untrusted import for_terminal
-from theinference.grading.results import NO_ANSWER, RunResult
+from theinference.grading.results import NO_ANSWER, RunResult, Status
 
 
 def _scaling_properties(scaling) -> list[ET.Element]:
@@ -53,7 +53,7 @@ def render_junit(run: RunResult, version: str) -> str:
             )
             if case.scaling:
                 ET.SubElement(element, "properties").extend(_scaling_properties(case.scaling))
-            if case.status == "pass":
+            if case.status == Status.PASS:
                 if case.scaling:  # a failure's text carries these numbers; a pass shows them here
                     ET.SubElement(element, "system-out").text = scaling_summary(case)
                 continue

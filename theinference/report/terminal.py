@@ -284,7 +284,7 @@ def scaling_lines(case: CaseResult) -> list[Text]:
             style="dim",
         )
     ]
-    if case.status == "pass" and t.speedup is not None:
+    if case.status == Status.PASS and t.speedup is not None:
         lines.append(
             Text(
                 f"  your cache: {t.lengths[-1]} tokens in {t.seconds[-1]:.2f} s; "
@@ -303,11 +303,11 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int) -> list:
             (f" — {for_terminal(case.message)}" if case.message else "", ""),
         )
     ]
-    if case.rows and case.status == "fail":
+    if case.rows and case.status == Status.FAIL:
         parts.append(rows_table(case, vocab, plain, width))
         if len(case.rows) > 1:  # one character says nothing the table does not
             parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows], plain)}"))
-    if case.steps and case.status == "fail":
+    if case.steps and case.status == Status.FAIL:
         parts.append(tokens_table(case, plain))
         parts.extend(_greedy_text(case))
     if case.scaling:
@@ -379,7 +379,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
             (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
         )
     )
-    if stage.status == "not-started":
+    if stage.status == Status.NOT_STARTED:
         raised = stage.cases[0].message if stage.cases else "NotImplementedError"
         console.print(
             f"  not started: {stage.adapter}() in {escape(stage.adapters_file)} raises {escape(for_terminal(raised))}",
@@ -395,13 +395,13 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
         twin = next((c for c in shown if _same_failure(c, case)), None)
         if twin is not None:
             console.print(f"  case {case.name}: {_WORDS[case.status]} — same error as case {twin.name}")
-        elif case.status != "pass" and not (across and case.rows):
+        elif case.status != Status.PASS and not (across and case.rows):
             console.print(Group(*_case_body(case, vocab, is_plain(console), console.width)))
             shown.append(case)
         elif _near_ties(case):
             notes = "; ".join(f"step {s.step}: {_tie_note(s)}" for s in _near_ties(case))
             console.print(f"  case {case.name}: passed, {notes}", style="dim")
-        if case.status == "pass" and case.scaling:
+        if case.status == Status.PASS and case.scaling:
             console.print(Group(scaling_table(case, is_plain(console)), *scaling_lines(case)))
     if across:
         _print_cross_case(console, stage, n_vocab)
@@ -410,7 +410,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
 
 def _print_cross_case(console: Console, stage: StageResult, n_vocab: int) -> None:
     numeric = [c for c in stage.cases if c.rows]
-    failed = sum(c.status == "fail" for c in numeric)
+    failed = sum(c.status == Status.FAIL for c in numeric)
     vocab = numeric[0].rows[0].n == n_vocab
     console.print(
         Text(
@@ -428,9 +428,9 @@ def render_run(console: Console, run: RunResult, version: str) -> None:
     render_header(console, run, version)
     for stage in run.stages:
         render_stage(console, stage, run.config.get("n_vocab", 0))
-    passed = sum(s.status == "pass" for s in run.stages)
-    if any(s.status == "pass" and s.compare != "scaling" for s in run.stages) and not any(
-        s.status == "pass" and s.compare == "scaling" for s in run.stages
+    passed = sum(s.status == Status.PASS for s in run.stages)
+    if any(s.status == Status.PASS and s.compare != "scaling" for s in run.stages) and not any(
+        s.status == Status.PASS and s.compare == "scaling" for s in run.stages
     ):
         console.print(
             "Matching outputs prove the cached path equals a recompute, not that a cache exists "

@@ -1,13 +1,13 @@
 """Short plain-text summaries of results, shared by the CI renderers."""
 
 from theinference.untrusted import for_terminal
-from theinference.grading.results import CaseResult, RunResult, StageResult
+from theinference.grading.results import CaseResult, RunResult, StageResult, Status
 
 
 def run_summary(run: RunResult) -> str:
     """The run in one line: "N of M stages passed, X/Y points"."""
     earned, possible = run.points
-    passed = sum(s.status == "pass" for s in run.stages)
+    passed = sum(s.status == Status.PASS for s in run.stages)
     return f"{passed} of {len(run.stages)} stages passed, {earned:g}/{possible:g} points"
 
 
@@ -60,7 +60,7 @@ def repeated_note(group: list[CaseResult]) -> str:
     others = [c.name for c in group[1:]]
     if not others:
         return ""
-    what = "failure" if group[0].status == "fail" else "result" if group[0].status == "pass" else "error"
+    what = "failure" if group[0].status == Status.FAIL else "result" if group[0].status == Status.PASS else "error"
     names = ", ".join(others[:REPEATS_NAMED]) + (", …" if len(others) > REPEATS_NAMED else "")
     return f"same {what} in {len(others)} more case{'s' if len(others) > 1 else ''} ({for_terminal(names)})"
 
@@ -76,5 +76,5 @@ def stage_summary(stage: StageResult) -> str:
         f"{stage.id}: {stage.status} · {stage.passed_cases}/{len(stage.cases)} cases · "
         f"{stage.points:g}/{stage.max_points:g} points"
     )
-    shown = [c for c in stage.cases if c.status != "pass" or c.scaling]
+    shown = [c for c in stage.cases if c.status != Status.PASS or c.scaling]
     return "\n\n".join([head, *grouped_summary(shown)])
