@@ -348,3 +348,14 @@ def test_tensors_are_read_on_first_use_and_never_from_a_changed_file(tmp_path):
     with pytest.raises(WeightsError, match="changed while it was in use"):
         model.params["wte"]
     assert load_model(path).params["wte"]["weight"].shape == (model.config.n_vocab, model.config.n_embd)
+
+
+def test_a_preset_name_works_with_the_flag_and_the_environment_alike(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file named "tiny" here
+    env = {"THEINFERENCE_CACHE": str(tmp_path / "cache")}
+    by_flag = resolve_weights("tiny", None, env)
+    by_env = resolve_weights(None, None, {**env, "THEINFERENCE_WEIGHTS": "tiny"})
+    assert by_flag.preset == by_env.preset == "tiny" and by_flag.path == by_env.path
+    assert by_env.path.is_relative_to(tmp_path / "cache") and "$THEINFERENCE_WEIGHTS tiny" in by_env.why
+    (tmp_path / "tiny").mkdir()  # a directory so named wins over the preset, as a path
+    assert resolve_weights(None, None, {**env, "THEINFERENCE_WEIGHTS": "tiny"}).path == tmp_path / "tiny"

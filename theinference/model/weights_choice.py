@@ -60,20 +60,27 @@ def default_synthetic_path(environ=os.environ) -> Path:
     return synthetic_path(DEFAULT_SYNTH[0], environ)
 
 
+def _preset(name: str, given_by: str, environ) -> WeightsChoice | None:
+    """`tiny` or `gpt2` (given with --weights or $THEINFERENCE_WEIGHTS): that synthetic preset, made on first
+    use; None for anything else, or when a file or directory of that name exists (it wins)."""
+    if name not in PRESETS or Path(name).exists():
+        return None
+    why = f"{given_by} {name}: the synthetic {name} preset, made on first use"
+    return WeightsChoice(synthetic_path(name, environ), "synthetic-preset", why, name)
+
+
 def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=os.environ) -> WeightsChoice:
     """Pick the weights by the documented order; the default synthetic file may not exist yet."""
     # Paths are made absolute, never resolved: config.json is read beside a symlink, not beside its target.
-    if cli_path in PRESETS and not Path(cli_path).exists():  # `--weights tiny`; a file or directory so named wins
-        return WeightsChoice(
-            synthetic_path(cli_path, environ),
-            "synthetic-preset",
-            f"--weights {cli_path}: the synthetic {cli_path} preset, made on first use",
-            cli_path,
-        )
     if cli_path:
-        return WeightsChoice(Path(cli_path).expanduser().absolute(), "--weights", "given with --weights")
+        return _preset(cli_path, "--weights", environ) or WeightsChoice(
+            Path(cli_path).expanduser().absolute(), "--weights", "given with --weights"
+        )
     if environ.get(WEIGHTS_ENV):
-        return WeightsChoice(Path(environ[WEIGHTS_ENV]).expanduser().absolute(), WEIGHTS_ENV, f"${WEIGHTS_ENV} is set")
+        given = environ[WEIGHTS_ENV]
+        return _preset(given, f"${WEIGHTS_ENV}", environ) or WeightsChoice(
+            Path(given).expanduser().absolute(), WEIGHTS_ENV, f"${WEIGHTS_ENV} is set"
+        )
     if course_weights is not None:
         return WeightsChoice(course_weights.absolute(), "theinference.toml", "set in the course's theinference.toml")
     hf = find_hf_gpt2(environ)
