@@ -33,6 +33,7 @@ def batch(tmp_path):
     return root
 
 
+@pytest.mark.slow
 def test_batch_of_six_records_every_outcome_and_goes_on(cli, batch, tiny_path, tmp_path):
     out = tmp_path / "grades.csv"
     started = time.monotonic()
@@ -112,6 +113,7 @@ def test_unloadable_submission_is_a_row_not_an_abort(cli, batch, tiny_path, tmp_
     assert rows["pass-a"]["status"] == "pass"
 
 
+@pytest.mark.slow
 def test_shards_merged_equal_the_unsharded_result(cli, batch, tiny_path, tmp_path):
     subs = sorted(p for p in batch.iterdir() if p.name != "hang")
     common = ["--stage", "prove-one-layer", "--weights", tiny_path, "--timeout", "5", "--memory-limit", "1024"]

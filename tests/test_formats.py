@@ -67,6 +67,7 @@ def test_junit_counts(cli, courses, tiny_path):
     assert root.get("points") == "0/40"
 
 
+@pytest.mark.slow
 def test_gradescope_scores(cli, courses, tiny_path, tmp_path):
     out = tmp_path / "results.json"
     code, _ = run(cli, courses["passing"], tiny_path, "gradescope", "--output", out)

@@ -111,6 +111,7 @@ def grade_json(cli, out: Path, *args) -> dict:
 # --- the submission's stages, oracles, weights and timeout -------------------------------------
 
 
+@pytest.mark.slow
 def test_course_oracle_is_never_imported_when_untrusted(cli, tmp_path, tiny_path):
     course = starter_course(tmp_path / "sub")
     add_stage(course, "00-setup.toml", SETUP_STAGE)
@@ -216,6 +217,7 @@ def test_course_chosen_zero_weights_are_ignored_when_untrusted(cli, tmp_path, ti
     assert untrusted["status"] == "fail" and untrusted["untrusted"] is True and untrusted["course_supplied"] == []
 
 
+@pytest.mark.slow
 def test_course_timeout_does_not_stretch_the_instructors(cli, tmp_path, tiny_path):
     stages = tmp_path / "instructor-stages"
     stages.mkdir()
@@ -324,6 +326,7 @@ def test_bytes_on_the_pipe_do_not_extend_the_deadline(cli, tmp_path, tiny_path):
     assert cases[0]["message"] == "timed out after 1 s while running"
 
 
+@pytest.mark.slow
 def test_a_forged_done_cannot_pass_a_case(cli, tmp_path, tiny_path):
     # The file the forged message names holds zeros the grader still compares with the oracle.
     source = PROTO + textwrap.dedent("""

@@ -104,6 +104,7 @@ def test_output_over_the_file_cap_is_the_students_without_grader_frames(
     assert "Traceback" not in result.stdout and "numpy" not in case["traceback"] + case["stderr"]
 
 
+@pytest.mark.slow
 def test_after_a_timeout_the_stage_s_other_cases_are_skipped(cli, tmp_path, tiny_path):
     course = tmp_path / "course"
     write_adapters(course, HANG)
@@ -170,6 +171,7 @@ def test_a_batch_with_a_hung_submission_costs_one_timeout_per_stage(cli, tmp_pat
         assert len(ran) == 1 and ran[0].startswith("timed out after 0.5 s"), (stage["id"], messages)
 
 
+@pytest.mark.slow
 def test_the_submission_budget_ends_a_slow_submission(cli, tmp_path, tiny_path):
     course = tmp_path / "submissions" / "slow"
     write_adapters(course, "import time\ndef run_layer_equiv(seq_ids):\n    time.sleep(0.7)\n    return [[0.0]]\n")

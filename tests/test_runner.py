@@ -179,6 +179,7 @@ def test_nan_output_fails_with_nonfinite_rows(grade_quick):
     assert case["diagnosis"]["shape"] == "nonfinite-row"
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_child_and_its_children(grade_quick, tmp_path):
     pid_file = tmp_path / "grandchild.pid"
     source = (

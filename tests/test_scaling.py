@@ -78,6 +78,7 @@ def _burn(seconds: float) -> None:
         sum(i * i for i in range(10_000))
 
 
+@pytest.mark.slow
 def test_the_solution_passes_and_shows_the_table_and_its_speedup(cli, solution_course, tiny_path):
     result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "cache-scaling")
     assert result.exit_code == 0, result.stdout
@@ -98,6 +99,7 @@ def test_a_recompute_fails_as_no_cache_with_its_growth_in_numbers(cli, tmp_path,
     assert "With a cache, token k costs about the same as token 1." in " ".join(result.stdout.split())
 
 
+@pytest.mark.slow
 def test_a_recompute_past_the_timeout_fails_as_no_cache_not_as_a_bare_timeout(cli, tmp_path, tiny_path):
     course = tmp_path / "recompute"
     write_adapters(course, RECOMPUTE)
@@ -143,6 +145,7 @@ def test_the_verdicts_hold_while_another_process_burns_cpu(cli, solution_course,
     assert failing.exit_code == 1 and "shape: no-cache" in failing.stdout
 
 
+@pytest.mark.slow
 def test_json_junit_and_gradescope_carry_the_numbers(cli, solution_course, tiny_path, quick_stages):
     doc = json.loads(grade_quick(cli, solution_course, tiny_path, quick_stages, "--format", "json").stdout)
     scaling = doc["stages"][0]["cases"][0]["scaling"]

@@ -166,6 +166,7 @@ def test_a_stage_file_change_reloads_the_stages(harness, solution_course):
     assert h.regrades[2].result.stages[0].status == "pass"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("poll", [False, True], ids=["inotify", "poll"])
 def test_course_renamed_away_then_recreated_waits_then_resumes(harness, solution_course, poll):
     h = harness(poll=poll)
