@@ -227,3 +227,10 @@ def test_after_a_pass_the_report_names_the_next_stage_and_its_lesson(cli, soluti
     (solution_course / "src" / "gpt2.py").write_text("raise SyntaxError('broken')\n")
     failed = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
     assert failed.exit_code == 1 and "next stage" not in failed.stdout and "complete" not in failed.stdout
+
+
+def test_a_course_that_cannot_keep_progress_still_names_the_next_stage(cli, solution_course, tiny_path):
+    (solution_course / ".theinference").write_text("a file where progress.json's directory would be\n")
+    stages = [s.id for s in load_stages([data_dir("stages")])]
+    result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
+    assert result.exit_code == 0 and f"next stage: {stages[1]} (" in result.stdout

@@ -25,7 +25,7 @@ from theinference.cli.options import CourseOpt, MemoryLimitOpt, StagesDirOpt, Ti
 from theinference.cli.watch import render_regrade, run_watch
 from theinference.errors import UsageError
 from theinference.grading.advice import advise
-from theinference.grading.progress import load_progress, record_progress
+from theinference.grading.progress import record_progress
 from theinference.grading.session import choose_stages, open_session
 from theinference.grading.watch import Watch
 from theinference.proc.runner import DEFAULT_MEMORY_MB
@@ -144,10 +144,11 @@ def test_command(
                 soft_wrap=True,
             )
         run = session.run(selected, options)
+        progress = None  # untrusted grading neither reads nor writes the course's progress
         if not untrusted:
-            notice = record_progress(session.course.root, run, timeout)
+            progress, notice = record_progress(session.course.root, run, timeout)
             if notice:
                 err_console().print(notice, markup=False, soft_wrap=True)
-        run.advice = advise(run, session.stages, None if untrusted else load_progress(session.course.root))
+        run.advice = advise(run, session.stages, progress)
     _emit(run, fmt, output)
     raise typer.Exit(0 if run.passed else EXIT_FAIL)

@@ -37,9 +37,9 @@ def next_stage_line(stages: list[StageSpec], progress: dict[str, dict]) -> str:
 
 
 def advise(run: RunResult, stages: list[StageSpec], progress: dict[str, dict] | None) -> list[str]:
-    """The footer's lines: the fast loop after a slow run; after a pass, the next stage (progress None: not tracked)."""
+    """The footer's lines: the fast loop after a slow run; after a pass, the next stage given the progress with
+    this run recorded (None: progress is not tracked)."""
     lines = [fast_loop_hint(run)]
     if progress is not None and any(s.status == Status.PASS for s in run.stages):
-        graded = {s.id: {"status": s.status} for s in run.stages}  # this run counts even if progress could not be saved
-        lines.append(next_stage_line(stages, {**progress, **graded}))
+        lines.append(next_stage_line(stages, progress))
     return [line for line in lines if line]

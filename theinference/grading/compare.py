@@ -38,6 +38,7 @@ def compare_rows(
     for start in range(0, len(expected), _CHUNK):
         e, g = expected[start : start + _CHUNK], got[start : start + _CHUNK]
         diff, bad, worst, max_rel, nonfinite = _chunk_stats(e, g, atol, rtol)
+        n_bad = bad.sum(axis=1)
         for i in range(len(e)):
             row, w = start + i, int(worst[i])
             rows.append(
@@ -47,13 +48,13 @@ def compare_rows(
                     token=tokens[row],
                     max_abs=float(diff[i, w]),
                     max_rel=float(max_rel[i]),
-                    n_bad=int(bad[i].sum()),
+                    n_bad=int(n_bad[i]),
                     n=e.shape[1],
                     n_nonfinite=int(nonfinite[i]),
                     worst_index=w,
                     expected=float(e[i, w]),
                     got=float(g[i, w]),
-                    ok=not bad[i].any(),
+                    ok=int(n_bad[i]) == 0,
                 )
             )
     return rows

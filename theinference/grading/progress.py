@@ -48,8 +48,9 @@ def weights_name(run: RunResult) -> str:
     return f"{run.config.get('n_layer')}-layer, {run.config.get('n_embd')}-wide"
 
 
-def record_progress(root: Path, run: RunResult, timeout: float | None = None) -> str:
-    """Remember each graded stage's status, weights and --timeout; return a notice if a corrupt file was replaced, else ""."""
+def record_progress(root: Path, run: RunResult, timeout: float | None = None) -> tuple[dict[str, dict], str]:
+    """Remember each graded stage's status, weights and --timeout; return the progress with this run in it (also
+    when it could not be saved) and a notice if a corrupt file was replaced, else ""."""
     stages, problem = read_progress(root)
     for stage in run.stages:
         stages[stage.id] = {
@@ -62,8 +63,8 @@ def record_progress(root: Path, run: RunResult, timeout: float | None = None) ->
         (root / PROGRESS_FILE).parent.mkdir(exist_ok=True)
         (root / PROGRESS_FILE).write_text(json.dumps({"format_version": 1, "stages": stages}, indent=2) + "\n")
     except OSError:
-        return ""  # a read-only course just keeps no progress
-    return f"notice: ignored {PROGRESS_FILE} ({problem}) and wrote it anew" if problem else ""
+        return stages, ""  # a read-only course just keeps no progress
+    return stages, f"notice: ignored {PROGRESS_FILE} ({problem}) and wrote it anew" if problem else ""
 
 
 def describe_entry(entry: dict) -> str:

@@ -28,7 +28,7 @@ from watchdog.observers.polling import PollingObserver
 from theinference.course import load_course
 from theinference.grading.results import RunResult
 from theinference.grading.advice import advise
-from theinference.grading.progress import load_progress, record_progress
+from theinference.grading.progress import record_progress
 from theinference.errors import ConfigError
 from theinference.grading.session import RunOptions, Session, choose_stages
 from theinference.grading.stages import load_stages, stage_dirs
@@ -214,8 +214,10 @@ class Watch:
             self._reload(changed)
             stages = choose_stages(self.session, self.stage_ids)
             report.result = self.session.run(stages, dataclasses.replace(self.options, fingerprint=False))
-            report.notice = record_progress(self.session.course.root, report.result, self.options.limits.timeout)
-            report.result.advice = advise(report.result, self.session.stages, load_progress(self.session.course.root))
+            progress, report.notice = record_progress(
+                self.session.course.root, report.result, self.options.limits.timeout
+            )
+            report.result.advice = advise(report.result, self.session.stages, progress)
         except (ConfigError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started
