@@ -45,7 +45,7 @@ def which(ctx: typer.Context, weights: WeightsOpt = None) -> None:
     console.print(f"weights:   {choice.path}", soft_wrap=True)
     console.print(f"why:       {choice.why} (source: {choice.source})", soft_wrap=True)
     console.print(f"order:     {CHOICE_ORDER}", soft_wrap=True)
-    if (choice.preset or choice.source == "default-synthetic") and not choice.path.is_file():
+    if choice.preset and not choice.path.is_file():  # a synthetic preset (the default too) not made yet
         console.print("file:      not made yet: `theinference test` makes it on first use")
         return
     path = _print_summary(choice.path, console)[0]
