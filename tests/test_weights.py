@@ -359,3 +359,11 @@ def test_a_preset_name_works_with_the_flag_and_the_environment_alike(tmp_path, m
     assert by_env.path.is_relative_to(tmp_path / "cache") and "$THEINFERENCE_WEIGHTS tiny" in by_env.why
     (tmp_path / "tiny").mkdir()  # a directory so named wins over the preset, as a path
     assert resolve_weights(None, None, {**env, "THEINFERENCE_WEIGHTS": "tiny"}).path == tmp_path / "tiny"
+
+
+@pytest.mark.parametrize("given", [(), ("--weights", "tiny")])
+def test_weights_says_a_synthetic_choice_is_not_made_yet(cli, tmp_path, monkeypatch, given):
+    monkeypatch.chdir(tmp_path)  # no course, no file named "tiny": the default (or the tiny preset), not yet made
+    result = cli("weights", *given)
+    assert result.exit_code == 0 and "not made yet" in result.stdout
+    assert not any((tmp_path / "user-cache").rglob("model.safetensors"))  # saying so makes nothing
