@@ -27,13 +27,42 @@ print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.
 """
 
 
+# Tries to lift the grader's caps, then reports what they are: the attempt must fail.
+LIFT_CAPS = """\
+import resource
+def run_layer_equiv(seq_ids):
+    for which in (resource.RLIMIT_AS, resource.RLIMIT_FSIZE):
+        try:
+            resource.setrlimit(which, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        except (ValueError, OSError):
+            pass
+    raise RuntimeError(f"caps {resource.getrlimit(resource.RLIMIT_AS)} {resource.getrlimit(resource.RLIMIT_FSIZE)}")
+"""
+
+
+@pytest.mark.parametrize("untrusted", [False, True])
+def test_student_code_cannot_lift_the_memory_and_file_caps(cli, tmp_path, tiny_path, untrusted):
+    course = tmp_path / "course"
+    write_adapters(course, LIFT_CAPS)
+    args = ["test", "--course", course, "--weights", tiny_path, "--stage", "prove-one-layer", "--format", "json"]
+    args += ["--memory-limit", "2048"] + (["--untrusted"] if untrusted else [])
+    message = _stage_of(cli(*args).stdout)["cases"][0]["message"]
+    caps = message.split("caps ", 1)[1]
+    assert f"({2048 << 20}, {2048 << 20})" in caps, message  # RLIMIT_AS: soft and hard both at the cap
+    assert caps.count("-1") == 0, message  # neither cap was lifted to unlimited
+
+
 @pytest.fixture
 def quick_stages(tmp_path) -> Path:
     return quick_stage_dir(tmp_path)
 
 
 def _stage(path: Path) -> dict:
-    return json.loads(path.read_text())["stages"][0]
+    return _stage_of(path.read_text())
+
+
+def _stage_of(text: str) -> dict:
+    return json.loads(text)["stages"][0]
 
 
 @pytest.mark.slow

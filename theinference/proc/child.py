@@ -197,12 +197,15 @@ def _guard_grader_modules() -> None:
 
 
 def _apply_limits(limits: protocol.Limits) -> None:
-    """Cap the address space and the size of files written (the captured output included)."""
+    """Cap the address space and the size of files written (the captured output included).
+
+    The hard limit is lowered too: with only the soft one set, student code could raise it back.
+    """
     for wanted, which in ((limits["memory_bytes"], resource.RLIMIT_AS), (limits["file_bytes"], resource.RLIMIT_FSIZE)):
         if wanted:
             _, hard = resource.getrlimit(which)
             cap = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-            resource.setrlimit(which, (cap, hard))
+            resource.setrlimit(which, (cap, cap))
 
 
 def _drop_privileges() -> None:
