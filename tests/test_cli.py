@@ -80,6 +80,12 @@ def test_adapters_file_missing(cli, tmp_path):
     assert "adapters file not found" in result.stderr
 
 
+def test_adapters_path_that_is_not_a_file_says_so(cli, tmp_path):
+    (tmp_path / "tests" / "adapters.py").mkdir(parents=True)  # a FIFO or /dev/zero would say the same
+    result = cli("test", "--course", tmp_path)
+    assert result.exit_code == 2 and "adapters.py: not a regular file" in result.stderr
+
+
 @pytest.mark.parametrize("content, words", [(None, "no such weights file"), (b"garbage", "not a safetensors file")])
 def test_unreadable_weights(cli, solution_course, tmp_path, content, words):
     path = tmp_path / "model.safetensors"

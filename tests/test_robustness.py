@@ -128,7 +128,7 @@ def test_output_over_the_file_cap_is_the_students_without_grader_frames(
     assert result.exit_code == 1
     assert case["status"] == "error"
     assert case["message"].startswith(
-        "the adapter's output exceeded 16 MB (it returned 0.0 GB, shape [5242880], float64)"
+        "the adapter's output exceeded 16 MB (it returned 40 MB, shape [5242880], float64)"
     )
     assert "Traceback" not in result.stdout and "numpy" not in case["traceback"] + case["stderr"]
 

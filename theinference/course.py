@@ -75,7 +75,8 @@ def load_course(root: Path) -> Course:
     data = _read_config(config_path) if config_path.is_file() else {}
     adapters = root / data.get("adapters", DEFAULT_ADAPTERS)
     if not adapters.is_file():
-        raise CourseError(f"{adapters}: adapters file not found (the grader calls the functions in it)")
+        why = "not a regular file" if adapters.exists() else "adapters file not found"
+        raise CourseError(f"{adapters}: {why} (the grader calls the functions in it)")
     return Course(
         root=root,
         adapters=adapters,

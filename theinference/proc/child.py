@@ -164,15 +164,9 @@ def _save_problem(error: OSError, array) -> str:
     cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     # numpy's writer may report the short write without an errno: the array's size tells.
     if error.errno == errno.EFBIG or (cap != resource.RLIM_INFINITY and array.nbytes >= cap):
-        limit = (
-            "the file size limit"
-            if cap == resource.RLIM_INFINITY
-            else f"{cap >> 30} GB"
-            if cap % 2**30 == 0
-            else f"{cap >> 20} MB"
-        )
+        limit = "the file size limit" if cap == resource.RLIM_INFINITY else _size(cap)
         return (
-            f"the adapter's output exceeded {limit} (it returned {array.nbytes / 1e9:.1f} GB, "
+            f"the adapter's output exceeded {limit} (it returned {_size(array.nbytes)}, "
             f"shape {list(array.shape)}, {array.dtype})"
         )
     return f"the adapter's output could not be saved: {error}"
@@ -194,6 +188,13 @@ def _guard_grader_modules() -> None:
     for name in [m for m in sys.modules if m.startswith("theinference.") and m != "theinference.proc.child"]:
         del sys.modules[name]
     sys.meta_path.insert(0, _OracleGuard())
+
+
+def _size(nbytes: int) -> str:
+    """Bytes in binary units, as the caps are set: '1 GB', '1.1 GB', '16 MB'."""
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.1f}".removesuffix(".0") + " GB"
+    return f"{nbytes / 2**20:.0f} MB"
 
 
 def _apply_limits(limits: protocol.Limits) -> None:
