@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference.proc import interrupt, protocol
+from theinference.proc import accounting, interrupt, protocol
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
 from theinference.trust import allowed_env
@@ -47,7 +47,6 @@ class AdapterJob:
     timeout: float  # seconds per call (and for importing the adapters): limits.timeout, else the stage's
     limits: Limits = field(default_factory=Limits)
     launcher: Launcher = field(default_factory=SubprocessLauncher)
-    scaling: dict | None = None  # cache-scaling: {"lengths", "repeats"} to time each call at (theinference.proc.timing)
     # The bytes call i's returned array may hold (larger: "too-large", not read); asked only once it returned.
     output_cap: Callable[[int], int] | None = None
     # Called with (index, outcome) as each case's array arrives; the array is dropped afterwards, so a
@@ -69,7 +68,8 @@ class CallOutcome:
     seconds: float = 0.0
     stdout: str = ""
     stderr: str = ""
-    timing: dict | None = None  # cache-scaling: {"seconds": per length, "blas": pools while timing}
+    cpu_seconds: float | None = None  # interactive calls: the kernel's count for the whole process tree
+    limit: str | None = None  # interactive calls cut short: "cpu" (its CPU budget) or "wall" (the backstop)
     defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
 
 
@@ -130,7 +130,7 @@ def _exit_message(returncode: int) -> str:
 class _Child:
     """One child process and the pipe it reports on."""
 
-    def __init__(self, job: AdapterJob, start: int, work: Path):
+    def __init__(self, job: AdapterJob, start: int, work: Path, interactive: bool = False):
         job_file = work / f"job-{start}.json"
         with os.fdopen(_create(job_file)[0], "w") as f:
             f.write(
@@ -139,10 +139,10 @@ class _Child:
                         course_root=str(job.course_root),
                         adapters=str(job.adapters),
                         names=list(job.names),
-                        calls=[list(c) for c in job.calls],
+                        calls=[] if interactive else [list(c) for c in job.calls],
                         start=start,
                         out_dir=str(work),
-                        scaling=job.scaling,
+                        interactive=interactive,
                         limits=job.limits.for_worker(FILE_CAP),
                     )
                 )
@@ -150,13 +150,34 @@ class _Child:
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.limits.untrusted else dict(os.environ)
         env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
+        if interactive:  # timed: one BLAS thread, as the oracle's cost is measured (theinference.grading.scaling)
+            env.update({name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
         (out_fd, self.stdout_id), (err_fd, self.stderr_id) = _create(self.stdout_path), _create(self.stderr_path)
+        calls_read: int | None = None
+        self.calls: int | None = None
+        if interactive:
+            calls_read, self.calls = os.pipe()
+        self.cgroup = accounting.Cgroup.create(job.limits.tree())
         try:
             with os.fdopen(out_fd, "wb") as out, os.fdopen(err_fd, "wb") as err:
-                self.proc = job.launcher.start([str(job_file)], str(job.course_root), env, out, err, write_fd)
+                self.proc = job.launcher.start(
+                    [str(job_file)],
+                    str(job.course_root),
+                    env,
+                    out,
+                    err,
+                    write_fd,
+                    calls_fd=calls_read,
+                    cgroup=self.cgroup.procs_files if self.cgroup else (),
+                )
+        except BaseException:
+            self._release()
+            raise
         finally:
             os.close(write_fd)
+            if calls_read is not None:
+                os.close(calls_read)
         self.pipe = os.fdopen(read_fd, "rb")
         self.buffer = b""
         try:
@@ -199,7 +220,31 @@ class _Child:
         returncode = self.proc.returncode
         _kill_group(self.proc)  # also reaps grandchildren the student left running
         interrupt.untrack(self.proc.pid)
+        self._release()
         return returncode if returncode is not None else -signal.SIGKILL
+
+    def _release(self) -> None:
+        """Close the calls pipe; kill what is left in the run's cgroup and remove it."""
+        if self.calls is not None:
+            try:
+                os.close(self.calls)
+            except OSError:
+                pass
+            self.calls = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
+
+    def meter(self) -> "accounting.Cgroup | accounting.ProcTree":
+        """What counts this process tree's CPU from outside it: its cgroup, else /proc under its monitor."""
+        if self.cgroup is not None:
+            return self.cgroup
+        return accounting.ProcTree(self.proc.monitor_pid)
+
+    def send_call(self, index: int, args: list) -> None:
+        """Interactive jobs: hand the worker one call's arguments (it is waiting for them)."""
+        assert self.calls is not None, "only interactive children read calls"
+        os.write(self.calls, json.dumps({"case": index, "args": args}).encode() + b"\n")
 
     def attach_output(self, outcome: CallOutcome, start: list[int], end: list[int] | None) -> None:
         """Give the outcome the student's stdout/stderr written between two offset pairs (None: to the end)."""
@@ -272,7 +317,7 @@ def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | 
         expected.unlink(missing_ok=True)
 
 
-def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None, scaling: dict | None) -> CallOutcome:
+def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None) -> CallOutcome:
     status, seconds = message.get("status"), message.get("seconds", 0.0)
     if status not in protocol.DONE_STATUSES:
         raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
@@ -283,7 +328,6 @@ def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None, s
         message=_text(message, "message"),
         traceback=_text(message, "traceback"),
         seconds=float(seconds),
-        timing=_timing(message, index, scaling),
     )
     if status == protocol.OK:
         value = _load_output(message.get("file"), index, work, cap)
@@ -308,30 +352,6 @@ def _defined_at(message: dict) -> tuple[str, int] | None:
     ):
         raise ProtocolError("'defined_at' of the 'loaded' message is not a file and a line")
     return value[0], value[1]
-
-
-def _timing(message: dict, index: int, scaling: dict | None) -> dict | None:
-    """The cache-scaling timings a done message may carry: CPU seconds per length and the BLAS pools seen."""
-    timing = message.get("timing")
-    if timing is None:
-        return None
-    if scaling is None:
-        raise ProtocolError(f"case {index} reports timings the stage did not ask for")
-    seconds = timing.get("seconds") if isinstance(timing, dict) else None
-    blas = timing.get("blas") if isinstance(timing, dict) else None
-    if not (
-        isinstance(seconds, list)
-        and len(seconds) == len(scaling["lengths"])
-        and all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in seconds)
-    ):
-        raise ProtocolError(f"'timing' of case {index} does not hold a list of durations")
-    if not (
-        isinstance(blas, list)
-        and len(blas) <= 64
-        and all(isinstance(b, dict) and type(b.get("threads")) is int for b in blas)
-    ):
-        raise ProtocolError(f"'timing' of case {index} does not hold a list of BLAS pools")
-    return timing
 
 
 def _is_case(message: dict, index: int) -> bool:
@@ -378,7 +398,7 @@ def _handle(
             message.get("status") == protocol.OK
         )  # the cap asks the oracle: only for a case that returned an array
         cap = job.output_cap(state.current) if job.output_cap and returned else None
-        outcome = _outcome_from_done(message, state.current, work, cap, job.scaling)
+        outcome = _outcome_from_done(message, state.current, work, cap)
         child.attach_output(outcome, state.case_output, _offsets(message))
         outcome.defined_at = state.defined_at
         outcomes[state.current] = outcome
