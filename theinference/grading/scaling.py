@@ -46,10 +46,11 @@ _TOO_SLOW = (
     "copying the whole cache at every step, or Python loops over elements."
 )
 _BUSY = "the machine was too busy to finish, or the code waited (sleep, I/O): re-run when it is quieter"
-_KILL_AT = 1.5  # the longest call is stopped at this multiple of max_fraction of a full recompute
+_KILL_AT = 1.0  # the longest call is stopped at this multiple of max_fraction of a full recompute: over (b)
 _BACKSTOP = 4.0  # the wall-clock backstop: this many times a call's CPU budget, plus _BACKSTOP_SLACK seconds
 _BACKSTOP_SLACK = 30.0
 _GROWN = 2.0  # a stopped call whose cost passed this multiple of its length at the short rate grew with position
+_CHEAP = 4.0  # short calls at most this many oracle single-token steps per token cost what a cache's do
 
 
 # Transformer work per token (12 · n_layer · n_embd² MACs) at least this fraction of the LM head's
@@ -262,18 +263,30 @@ def judge_stopped(result: CaseResult, run: _Run, outcome: CallOutcome, n_new: in
     step_ms = 1000 * run.costs.step
     short = [c for c in run.calls if c.n_new == run.spec.lengths[0] and not c.stopped]
     rate = min((c.cpu_seconds / c.n_new for c in short), default=None)  # CPU s per token at the shortest length
-    if n_new == run.spec.lengths[-1] and rate is not None and used > _GROWN * rate * n_new:
+    if n_new != run.spec.lengths[-1]:
+        message = (
+            f"the call generating {n_new} tokens was stopped after {used:.3g} s of CPU, its budget (the oracle's "
+            f"single-token step costs {step_ms:.3g} ms here)"
+        )
+        _fail(result, run.stage, "too-slow", _TOO_SLOW, message)
+        return
+    recompute = run.costs.recompute[n_new]
+    floor = (
+        f"(b) fails: it passed {used / recompute:.0%} of a full recompute of those tokens by the oracle here "
+        f"({recompute:.3g} s), and at most {run.spec.max_fraction:.0%} passes"
+    )
+    if rate is not None and (used > _GROWN * rate * n_new or rate <= _CHEAP * run.costs.step):
         message = (
             f"the {n_new}-token call was stopped after {used:.3g} s of CPU, {used / (rate * n_new):.1f}× what "
-            f"{n_new} tokens cost at its {run.spec.lengths[0]}-token rate ({1000 * rate:.3g} ms per token); a full "
-            f"recompute costs the oracle {run.costs.recompute[n_new]:.3g} s here"
+            f"{n_new} tokens cost at the {run.spec.lengths[0]}-token calls' rate ({1000 * rate:.3g} ms per token, "
+            f"{rate / run.costs.step:.1f} oracle single-token steps): {floor}"
         )
         _fail(result, run.stage, "no-cache", _NO_CACHE, message)
         return
     per_token = f"{1000 * rate:.3g} ms per token at {run.spec.lengths[0]} tokens" if rate else "no call finished"
     message = (
-        f"the {n_new}-token call was stopped after {used:.3g} s of CPU ({per_token}; the oracle's single-token "
-        f"step costs {step_ms:.3g} ms here)"
+        f"the {n_new}-token call was stopped after {used:.3g} s of CPU ({per_token}, flat; the oracle's "
+        f"single-token step costs {step_ms:.3g} ms here): {floor}"
     )
     _fail(result, run.stage, "too-slow", _TOO_SLOW, message)
 
@@ -330,4 +343,6 @@ def grade_case(
             _ended(result, outcome, "the warm-up call")
         elif run.tokens_right(outcome, case.inputs["prompt"], warm_n, f"the warm-up call on {case.name!r}"):
             _timed_rounds(session, run, random.SystemRandom(), output_cap)
+        whole = session.output()  # what the student's code printed in every call, not only the last
+        result.stdout, result.stderr = whole.stdout, whole.stderr
     return result, outcome

@@ -64,6 +64,13 @@ class CallSession:
             self.child = None  # type: ignore[assignment]
         self._dir.cleanup()
 
+    def output(self) -> CallOutcome:
+        """Everything the worker wrote to stdout and stderr so far (capped), on an outcome-shaped record."""
+        whole = CallOutcome(status=protocol.OK)
+        if self.child is not None:
+            self.child.attach_output(whole, [0, 0], None)
+        return whole
+
     def _load(self, budget: Budget) -> None:
         """Wait for the worker to import the adapters (or fail to); find what counts its CPU."""
         try:

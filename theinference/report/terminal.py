@@ -267,7 +267,10 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
     for n, per, marginal in zip(t.lengths, t.ms_per_token, t.marginal_ms):
-        table.add_row(str(n), f"{per:.2f}", "" if marginal is None else f"{marginal:.2f}")
+        if n == t.stopped_at:  # a lower bound: the call was stopped before it finished
+            table.add_row(str(n), f"> {per:.2f} (stopped)", "")
+        else:
+            table.add_row(str(n), f"{per:.2f}", "" if marginal is None else f"{marginal:.2f}")
     return table
 
 
@@ -278,8 +281,8 @@ def scaling_lines(case: CaseResult) -> list[Text]:
     fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
     lines = [
         Text(
-            f"  counted by the grader ({t.accounting}): CPU of your whole process tree, cheapest of "
-            f"{len(t.calls) // max(len(t.lengths), 1) or 1} calls per length, each on a fresh random prompt",
+            f"  counted by the grader ({t.accounting}): CPU of your whole process tree in {len(t.calls)} timed "
+            "calls, each on a fresh random prompt (the cheapest call of each length counts)",
             style="dim",
         ),
         Text(
