@@ -11,6 +11,8 @@ per-token ratio and (b) the longest call's fraction of the oracle's full recompu
 to each threshold (threshold / figure for code that must pass, figure / threshold for code that must
 fail: above 1 is on the right side; '>' marks a lower bound, from a call stopped at its budget).
 
+--no-stop lets every call run to its end instead of stopping it at the floor, so the figures of code
+that must fail are measured, not bounded (slow: a recompute of 480 tokens takes about a minute).
 --load runs everything a second time with two CPU burners per core alongside, and prints both tables
 side by side in one run. --graded SHAPE runs the stage on synthetic weights of that shape (weights =
 "graded") instead of the proof preset; --lengths overrides the stage's lengths.
@@ -31,6 +33,7 @@ from scaling_subjects import CAREFUL_RECOMPUTE, PADDING, TRICKS  # noqa: E402
 
 from theinference.bundled import data_dir  # noqa: E402
 from theinference.course import load_course  # noqa: E402
+from theinference.grading import scaling  # noqa: E402
 from theinference.grading.grade import GradeContext, OracleCache, grade  # noqa: E402
 from theinference.grading.mutants import build_mutant, load_mutants  # noqa: E402
 from theinference.grading.stages import load_stages  # noqa: E402
@@ -153,8 +156,16 @@ def main() -> None:
     parser.add_argument("--graded", default="", help="run on synthetic weights of this shape (weights = graded)")
     parser.add_argument("--lengths", default="")
     parser.add_argument("--subjects", default="", help="only these subjects (comma-separated names)")
+    parser.add_argument(
+        "--no-stop",
+        action="store_true",
+        help="let every call finish (no stop at the floor): the real figures of code that must fail, slowly",
+    )
     args = parser.parse_args()
     stage = stage_for(args)
+    if args.no_stop:
+        scaling._KILL_AT = 1e9
+        stage = dataclasses.replace(stage, timeout=3600)
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
         work = Path(tmp)
         found = [s for s in subjects(work) if not args.subjects or s[0] in args.subjects.split(",")]

@@ -47,8 +47,6 @@ _TOO_SLOW = (
 )
 _BUSY = "the machine was too busy to finish, or the code waited (sleep, I/O): re-run when it is quieter"
 _KILL_AT = 1.0  # the longest call is stopped at this multiple of max_fraction of a full recompute: over (b)
-_BACKSTOP = 4.0  # the wall-clock backstop: this many times a call's CPU budget, plus _BACKSTOP_SLACK seconds
-_BACKSTOP_SLACK = 30.0
 _GROWN = 2.0  # a stopped call whose cost passed this multiple of its length at the short rate grew with position
 _CHEAP = 4.0  # short calls at most this many oracle single-token steps per token cost what a cache's do
 
@@ -160,8 +158,9 @@ def _costs(stage: StageSpec, model: Model, cache) -> _Costs:
     return cache.memo(("scaling-costs", str(model.path), model.stamp, spec.prompt_tokens, spec.lengths), measure)
 
 
-def _backstop(cpu: float) -> Budget:
-    return Budget(cpu=cpu, wall=_BACKSTOP * cpu + _BACKSTOP_SLACK)
+def _budget(cpu: float, timeout: float) -> Budget:
+    """A call's CPU budget, and the stage's timeout for time not spent on a CPU (a call that waits)."""
+    return Budget(cpu=cpu, timeout=max(cpu, timeout))
 
 
 def _fresh_prompt(rng: random.Random, length: int, n_vocab: int) -> list[int]:
@@ -183,8 +182,8 @@ class _Run:
     def timed_budget(self, n_new: int) -> Budget:
         """A short call may use the stage's timeout in CPU; the longest is stopped once it is surely over (b)."""
         if n_new != self.spec.lengths[-1]:
-            return _backstop(self.timeout)
-        return _backstop(min(self.timeout, _KILL_AT * self.spec.max_fraction * self.costs.recompute[n_new]))
+            return _budget(self.timeout, self.timeout)
+        return _budget(min(self.timeout, _KILL_AT * self.spec.max_fraction * self.costs.recompute[n_new]), self.timeout)
 
     def tokens_right(self, outcome: CallOutcome, prompt: list[int], n_new: int, what: str) -> bool:
         """Whether the call returned n_new tokens the oracle agrees with; if not, the case fails, said briefly."""
@@ -256,6 +255,9 @@ def judge_stopped(result: CaseResult, run: _Run, outcome: CallOutcome, n_new: in
     used = outcome.cpu_seconds or 0.0
     run.calls.append(TimedCall(n_new, used, outcome.seconds, stopped=True))
     result.scaling = run.scaling_result(stopped_at=n_new)
+    if outcome.limit == "time":  # past the timeout without using the CPU for it: the code waited
+        result.status, result.message = Status.TIMEOUT, f"{outcome.message} (a call generating {n_new} tokens)"
+        return
     if outcome.limit == "wall":
         message = f"the call generating {n_new} tokens {outcome.message}: the wall-clock backstop, not a verdict"
         _fail(result, run.stage, "machine-busy", _BUSY, message, status=Status.TIMEOUT)
@@ -330,13 +332,15 @@ def grade_case(
     result = CaseResult(name=case.name, status=Status.PASS, inputs=case.inputs, texts=case.texts)
     run = _Run(stage, ctx, result, job.timeout, weights_note)
     warm_n = run.spec.lengths[0]
-    with CallSession(job, _backstop(job.timeout)) as session:
+    with CallSession(job, _budget(job.timeout, job.timeout)) as session:
         run.accounting = session.accounting
         if session.failure is not None:  # the adapters did not load: the import's error is the verdict
             outcome = session.failure
             _ended(result, outcome, "")
             return result, outcome
-        outcome = session.call(0, [case.inputs["prompt"], warm_n], output_cap(warm_n), _backstop(job.timeout))
+        outcome = session.call(
+            0, [case.inputs["prompt"], warm_n], output_cap(warm_n), _budget(job.timeout, job.timeout)
+        )
         if outcome.status == protocol.TIMEOUT and outcome.limit:
             judge_stopped(result, run, outcome, warm_n)
         elif outcome.status != protocol.OK:

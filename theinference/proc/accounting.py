@@ -15,6 +15,7 @@ budget) rests on what the grader reads here. Two ways, the first that works:
   tree and are reaped by it. A dead monitor ends the measurement: `MonitorGone`.
 """
 
+import functools
 import os
 import signal
 from collections.abc import Sequence
@@ -105,6 +106,7 @@ class Cgroup:
     @classmethod
     def create(cls, limits: TreeLimits = TreeLimits()) -> "Cgroup | None":
         """Make the run's groups where this process may; None where CPU cannot be counted this way."""
+        _remove_stale_groups_once()
         mounts, own = _mounts(), _own_paths()
         groups: dict[str, Path] = {}
         for key in ("v2", "cpuacct", "pids", "memory"):
@@ -200,7 +202,8 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     return stat[stat.rfind(b")") + 2 :].split()
 
 
-def _live_threads_ns(pid: int) -> int:
+def _live_threads_ns(pid: int, field: int = 0) -> int:
+    """A schedstat field summed over a process's live threads: 0 time on a CPU, 1 time waiting for one (ns)."""
     total = 0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -209,7 +212,7 @@ def _live_threads_ns(pid: int) -> int:
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[0])
+                total += int(f.read().split()[field])
         except (OSError, ValueError, IndexError):
             pass
     return total
@@ -258,6 +261,10 @@ class ProcTree:
     def cpu_seconds(self) -> float:
         return sum(_process_seconds(fields, pid, pid != self.monitor) for pid, fields in self._tree().items())
 
+    def waiting_seconds(self) -> float:
+        """Time the tree's live threads spent runnable but waiting for a CPU: the machine's load, not theirs."""
+        return sum(_live_threads_ns(pid, 1) for pid in self._tree() if pid != self.monitor) / 1e9
+
 
 def stale_groups() -> list[Path]:
     """Groups left by graders that were killed (their pid is gone): removable once empty."""
@@ -277,7 +284,9 @@ def stale_groups() -> list[Path]:
     return found
 
 
-def remove_stale_groups() -> None:
+@functools.cache
+def _remove_stale_groups_once() -> None:
+    """Remove the empty groups graders killed before their cleanup left behind (once per grader process)."""
     for path in stale_groups():
         try:
             path.rmdir()

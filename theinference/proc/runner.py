@@ -411,29 +411,100 @@ def _handle(
     return None
 
 
+_POLL = 0.1  # seconds between looks at a step's clock while the student's code runs
+BACKSTOP = 4.0  # a step's wall-clock backstop: this many times its timeout, plus BACKSTOP_SLACK seconds
+BACKSTOP_SLACK = 10.0
+
+
+class _Starved(Exception):
+    """A step met its wall-clock backstop: the machine gave the student's processes too little CPU."""
+
+
+class StepClock:
+    """A step's time as the student is charged for it: wall-clock time less the time the student's processes
+    spent runnable but waiting for a CPU (the kernel's run-queue delay, theinference.proc.accounting), so a
+    busy machine does not eat the budget while sleeping or blocking does. A wall-clock backstop of BACKSTOP
+    times the timeout still ends a step that a starved machine cannot finish, and says so."""
+
+    def __init__(self, child: "_Child", timeout: float):
+        self.timeout = timeout
+        try:
+            self.tree: accounting.ProcTree | None = accounting.ProcTree(child.proc.monitor_pid)
+        except (accounting.MonitorGone, AttributeError):
+            self.tree = None  # no /proc (or no monitor): plain wall-clock time
+        self.restart()
+
+    def _waiting(self) -> float:
+        if self.tree is None:
+            return 0.0
+        try:
+            self.last_waiting = self.tree.waiting_seconds()
+        except (accounting.MonitorGone, OSError):
+            pass
+        return self.last_waiting
+
+    def restart(self) -> None:
+        self.last_waiting = 0.0
+        self.wall, self.waited = time.monotonic(), self._waiting()
+        self.backstop = self.wall + BACKSTOP * self.timeout + BACKSTOP_SLACK
+
+    def charged(self) -> float:
+        return time.monotonic() - self.wall - (self._waiting() - self.waited)
+
+    def cpu(self) -> float:
+        """CPU seconds the tree has used (for the backstop's message)."""
+        try:
+            return self.tree.cpu_seconds() if self.tree is not None else 0.0
+        except (accounting.MonitorGone, OSError):
+            return 0.0
+
+
+def starved_message(clock: StepClock) -> str:
+    return (
+        f"the machine was too busy: after {time.monotonic() - clock.wall:.0f} s of wall-clock time the adapter's "
+        f"processes had had {clock.cpu():.2g} s of CPU in all; re-run when it is quieter (not a verdict on the code)"
+    )
+
+
+def _next_message(child: _Child, clock: StepClock, stage_deadline: float) -> dict | None:
+    """The child's next message; TimeoutError once the step's charged time passes its timeout (or the stage's
+    budget runs out), _Starved at the wall-clock backstop."""
+    while True:
+        try:
+            return child.next_message(min(time.monotonic() + _POLL, stage_deadline, clock.backstop))
+        except TimeoutError:
+            now = time.monotonic()
+            if now >= stage_deadline or clock.charged() >= clock.timeout:
+                raise
+            if now >= clock.backstop:
+                raise _Starved from None
+
+
 def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome], stage_deadline: float) -> int:
     """Run one child from case `start`; fill outcomes; return the next case still to run.
 
-    Deadlines are the grader's: the import and each case get job.timeout from when the grader saw the
-    previous step end, and nothing the child sends moves the stage's deadline.
+    Deadlines are the grader's: the import and each case get job.timeout (charged as StepClock says) from
+    when the grader saw the previous step end, and nothing the child sends moves the stage's deadline.
     """
     child = _Child(job, start, work)
     state, failure, kill_now = _Progress(current=start), None, False
+    clock = StepClock(child, job.timeout)
     try:
-        deadline = min(time.monotonic() + job.timeout, stage_deadline)
         while state.current < len(job.calls) and failure is None:
-            message = child.next_message(deadline)
+            message = _next_message(child, clock, stage_deadline)
             if message is None:
                 break
             step = (state.loaded, state.current)
             failure = _handle(message, state, child, job, work, outcomes)
             if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
-                deadline = min(time.monotonic() + job.timeout, stage_deadline)
+                clock.restart()
     except TimeoutError:
         failure, kill_now = (
             CallOutcome(status=protocol.TIMEOUT, message=_timeout_message(job, state.loaded, stage_deadline)),
             True,
         )
+    except _Starved:
+        failure, kill_now = CallOutcome(status=protocol.TIMEOUT, message=starved_message(clock), limit="wall"), True
     except ProtocolError as e:
         failure, kill_now = (
             CallOutcome(status=protocol.ERROR, message=f"the adapter's process broke the result protocol: {e}"),
@@ -468,8 +539,8 @@ def _timeout_message(job: AdapterJob, loaded: bool, stage_deadline: float) -> st
 
 
 def _stage_budget(job: AdapterJob) -> float:
-    """Seconds the whole stage may take: a call's timeout per case, and one more for importing."""
-    return job.timeout * (len(job.calls) + 1)
+    """Wall-clock seconds the whole stage may take: a call's backstop per case, and one more for importing."""
+    return (BACKSTOP * job.timeout + BACKSTOP_SLACK) * (len(job.calls) + 1)
 
 
 def run_adapter(job: AdapterJob) -> list[CallOutcome]:
