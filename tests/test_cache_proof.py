@@ -197,13 +197,16 @@ def test_every_trick_fails_at_the_weakest_level_as_a_non_root_user(tiny_path, pr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trick,source", [("fork-offload", FORK_OFFLOAD), ("forgery", FORGERY)])
-def test_ci_true_test_fails_the_tricks_that_leave_the_process(
-    cli, tmp_path, tiny_path, quick, proof_env, monkeypatch, trick, source
+@pytest.mark.parametrize(
+    "mode,trick,source", [("CI=true", "fork-offload", FORK_OFFLOAD), ("--untrusted", "forgery", FORGERY)]
+)
+def test_untrusted_test_fails_the_tricks_that_leave_the_process(
+    cli, tmp_path, tiny_path, quick, proof_env, monkeypatch, mode, trick, source
 ):
-    monkeypatch.setenv("CI", "true")
+    if mode == "CI=true":
+        monkeypatch.setenv("CI", "true")
     course = tmp_path / trick
     write_adapters(course, source)
-    doc = _grade_one(cli, course, tiny_path, quick)
-    assert doc["untrusted"] is True
+    doc = _grade_one(cli, course, tiny_path, quick, *(["--untrusted"] if mode == "--untrusted" else []))
+    assert doc["untrusted"] is True and doc["isolation"]["level"] == strongest_isolation().level
     _assert_failed_with_evidence(doc, trick)

@@ -279,6 +279,7 @@ def scaling_lines(case: CaseResult) -> list[Text]:
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
     fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
+    bound = "at least " if t.stopped_at == t.lengths[-1] else ""  # the longest call was stopped: lower bounds
     lines = [
         Text(
             f"  counted by the grader ({t.accounting}): CPU of your whole process tree in {len(t.calls)} timed "
@@ -286,8 +287,8 @@ def scaling_lines(case: CaseResult) -> list[Text]:
             style="dim",
         ),
         Text(
-            f"  (a) per-token cost ×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
-            f"(at most ×{t.max_ratio:g} passes) · (b) {t.lengths[-1]} tokens cost {fraction} of the oracle's "
+            f"  (a) per-token cost {bound}×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
+            f"(at most ×{t.max_ratio:g} passes) · (b) {t.lengths[-1]} tokens cost {bound}{fraction} of the oracle's "
             f"full recompute here (at most {t.max_fraction:.0%} passes)",
             style="dim",
         ),

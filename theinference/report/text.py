@@ -18,9 +18,12 @@ def scaling_summary(case: CaseResult) -> str:
     per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
     fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
     note = f" ({t.weights_note})" if t.weights_note else ""
+    bound = "at least " if t.stopped_at == t.lengths[-1] else ""  # the longest call was stopped
+    if bound:
+        per += " (a lower bound: that call was stopped)"
     return (
-        f"CPU time per token, counted by the grader ({t.accounting}){note}: {per}; (a) ratio {t.ratio:.2f} "
-        f"(at most {t.max_ratio:g}); (b) {fraction} of the oracle's full recompute (at most {t.max_fraction:.0%})"
+        f"CPU time per token, counted by the grader ({t.accounting}){note}: {per}; (a) ratio {bound}{t.ratio:.2f} "
+        f"(at most {t.max_ratio:g}); (b) {bound}{fraction} of the oracle's full recompute (at most {t.max_fraction:.0%})"
     )
 
 
