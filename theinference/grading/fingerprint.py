@@ -156,11 +156,17 @@ def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache
             case.output = None
 
 
+def needs_fingerprint(stage: StageSpec, result: StageResult) -> bool:
+    """Whether fingerprint_stage has anything to match: a failing case with numbers, in a stage listing bugs."""
+    failing = [c for c in result.cases if c.rows and c.output is not None and c.status == Status.FAIL]
+    return bool(stage.bugs and failing and stage.compare == "rows")
+
+
 def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
+    if not needs_fingerprint(stage, result):
+        return
     numeric = [c for c in result.cases if c.rows and c.output is not None]
     failing = [c for c in numeric if c.status == Status.FAIL]
-    if not stage.bugs or not failing or stage.compare != "rows":
-        return
     # Read across cases, every case with numbers must match; otherwise the failing ones.
     cases = numeric if result.cross_case is not None else failing
     histories = _histories(result.cases)

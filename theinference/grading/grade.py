@@ -2,6 +2,7 @@
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +89,9 @@ class GradeContext:
     limits: Limits = field(default_factory=Limits)  # the student's process: timeout override, memory, environment
     launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
     fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
+    diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
+    # Told ("start" | "done", stage, case index) as the student's process starts and finishes each case.
+    on_case: Callable[[str, StageSpec, int], None] | None = None
     all_cases: bool = False  # keep running a stage's cases after one timed out
     deadline: float | None = None  # time.monotonic() by which the whole submission must be done
     budget: float | None = None  # the seconds that deadline allowed, for messages
@@ -258,6 +262,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
     graded: dict[int, CaseResult] = {}
+    on_case = ctx.on_case
 
     def output_cap(index: int) -> int:  # the oracle runs only for cases that returned something
         return _output_cap(_expected_shape(stage, spec, stage.cases[index], ctx))
@@ -281,6 +286,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         case_names=tuple(c.name for c in stage.cases),
         deadline=ctx.deadline,
         deadline_budget=ctx.budget,
+        on_event=None if on_case is None else lambda event, index: on_case(event, stage, index),
     )
     outcomes = run_adapter(job)
     cases = [
@@ -307,7 +313,10 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
     )
-    if ctx.fingerprint:
+    if ctx.fingerprint and ctx.diagnosis:
         fingerprint_stage(stage, result, ctx.model, ctx.cache)
         result.seconds = time.perf_counter() - started
+    elif not ctx.diagnosis:
+        for graded_case in result.cases:
+            graded_case.output = None
     return result
