@@ -1,6 +1,7 @@
 """grade(stage, context): oracle + runner + compare + diagnose -> StageResult."""
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ class OracleCache:
     entries: dict = field(default_factory=dict)
     store: OracleStore | None = None
     progress: object = None  # told when an output is computed (slow on the gpt2 shape): start(label), finish(label)
+    _locks: dict = field(default_factory=dict, repr=False)  # key -> the lock of the one computing it
+    _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
         inputs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items())
@@ -58,14 +61,22 @@ class OracleCache:
         """Any output computed from these weights (the oracle's, a bug oracle's), once per key.
 
         durable: what besides the weights' content determines the output (the oracle's name and version, the
-        inputs); given with model, the output is also kept in the store across runs.
+        inputs); given with model, the output is also kept in the store across runs. Submissions graded in
+        parallel (`grade --jobs`) that need the same output wait for the one computing it.
         """
-        if key not in self.entries:
-            counted = self._counted(compute, label) if label else compute
-            if self.store is not None and model is not None and durable:
-                self.entries[key] = self.store.output(model, durable, counted)
-            else:
-                self.entries[key] = counted()
+        if key in self.entries:
+            return self.entries[key]
+        with self._locks_lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self.entries:
+                counted = self._counted(compute, label) if label else compute
+                if self.store is not None and model is not None and durable:
+                    self.entries[key] = self.store.output(model, durable, counted)
+                else:
+                    self.entries[key] = counted()
+        with self._locks_lock:
+            self._locks.pop(key, None)
         return self.entries[key]
 
     def _counted(self, compute, label: str):
