@@ -240,3 +240,9 @@ def test_a_course_that_cannot_keep_progress_still_names_the_next_stage(cli, solu
     stages = [s.id for s in load_stages([data_dir("stages")])]
     result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
     assert result.exit_code == 0 and f"next stage: {stages[1]} (" in result.stdout
+
+
+def test_version_command_and_option_print_the_same_line(cli):
+    command, option = cli("version"), cli("--version")
+    assert command.exit_code == option.exit_code == 0
+    assert command.output == option.output and command.output.startswith("theinference ")

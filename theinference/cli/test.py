@@ -22,7 +22,14 @@ from theinference.cli.common import (
     synth_progress,
     write_atomic,
 )
-from theinference.cli.options import CourseOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.cli.options import (
+    CourseOpt,
+    MemoryLimitOpt,
+    NoDiagnosisOpt,
+    StagesDirOpt,
+    TimeoutOpt,
+    WeightsOpt,
+)
 from theinference.cli.live import RunProgress, StreamedReport
 from theinference.cli.watch import render_regrade, run_watch
 from theinference.errors import UsageError
@@ -115,13 +122,7 @@ def test_command(
             "--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped)."
         ),
     ] = False,
-    no_diagnosis: Annotated[
-        bool,
-        typer.Option(
-            "--no-diagnosis",
-            help="Do not match failing outputs against known bugs (verdicts, tables and shapes only).",
-        ),
-    ] = False,
+    no_diagnosis: NoDiagnosisOpt = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
