@@ -14,6 +14,7 @@ import pytest
 from theinference.bundled import data_dir
 from theinference.grading import fingerprint
 from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.grading.stages import load_stages, stage_dirs
 
 from conftest import write_adapters
 
@@ -125,7 +126,9 @@ def test_a_batch_computes_each_bug_oracle_once(cli, tmp_path, tiny_path, monkeyp
 
     grade("alice")
     one = len(calls)
-    assert one > 0  # the failing submission was fingerprinted
+    assert "wpe-off-by-one" in calls  # the failing submission was fingerprinted
+    stage = next(s for s in load_stages(stage_dirs(None, [])) if s.id == "per-step-identity")
+    assert len(set(calls)) < len(stage.bugs)  # screening stopped at the exact match
     calls.clear()
     table = grade("alice", "bob")
     # The second failing submission with the same bug adds no bug-oracle forward to what one costs.

@@ -101,6 +101,7 @@ class GradeContext:
     launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
     fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
     diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
+    first_exact: bool = False  # fingerprints stop at the first exact match (see fingerprint.EXACT)
     # Told ("start" | "done", stage, case index) as the student's process starts and finishes each case.
     on_case: Callable[[str, StageSpec, int], None] | None = None
     all_cases: bool = False  # keep running a stage's cases after one timed out
@@ -325,7 +326,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         cross_case=cross_case_diagnosis(stage, cases),
     )
     if ctx.fingerprint and ctx.diagnosis:
-        fingerprint_stage(stage, result, ctx.model, ctx.cache)
+        fingerprint_stage(stage, result, ctx.model, ctx.cache, ctx.first_exact)
         result.seconds = time.perf_counter() - started
     elif not ctx.diagnosis:
         for graded_case in result.cases:

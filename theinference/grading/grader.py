@@ -38,6 +38,9 @@ class RunOptions:
     seed: int | None = None
     fingerprint: bool = True  # False: leave it to Grader.fingerprint (watch and `test` show the verdict first)
     diagnosis: bool = True  # False (--no-diagnosis): no fingerprints at all, not even later
+    # Stop screening known bugs at the first exact match (`test`, `grade`: cheaper); False names every tie
+    # (`stages check` proves the manifests' lists of bugs).
+    first_exact: bool = False
     all_cases: bool = False  # keep running a stage's cases after one timed out
     submission_timeout: float | None = None  # wall seconds for the whole run, after which the rest times out
 
@@ -86,6 +89,7 @@ class Grader:
             launcher=self.launcher,
             fingerprint=options.fingerprint,
             diagnosis=options.diagnosis,
+            first_exact=options.first_exact,
             all_cases=options.all_cases,
             budget=budget,
             deadline=time.monotonic() + budget if budget else None,
@@ -134,7 +138,7 @@ class Grader:
         for stage, result in zip(self.with_seed(stages, options), run.stages):
             matched = options.diagnosis and needs_fingerprint(stage, result)
             if matched:
-                fingerprint_stage(stage, result, self.model, self.cache)
+                fingerprint_stage(stage, result, self.model, self.cache, options.first_exact)
             else:
                 for case in result.cases:
                     case.output = None
