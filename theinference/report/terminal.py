@@ -445,18 +445,27 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
     earlier one of the run (`seen`), is named, not repeated)."""
     seen = {} if seen is None else seen
     mark = _MARK[stage.status]
-    console.print(
-        Text.assemble(
+    verdict = (
+        f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
+        f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s"
+    )
+    line = Text.assemble(
+        (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"),
+        f"  {stage.title}  ",
+        (verdict, "dim"),
+        (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
+    )
+    if line.cell_len > console.width:  # the id and the verdict on one line, the title under them
+        line = Text.assemble(
             (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"),
-            f"  {stage.title}  ",
-            (
-                f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
-                f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s",
-                "dim",
-            ),
+            "  ",
+            (verdict, "dim"),
             (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
         )
-    )
+        console.print(line)
+        console.print(Text(f"  {stage.title}", style="dim"))
+    else:
+        console.print(line)
     if stage.status == Status.NOT_STARTED:
         raised = stage.cases[0].message if stage.cases else "NotImplementedError"
         console.print(
@@ -468,13 +477,13 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
     # A stage read across one-row cases shows their rows in one table, not one table per case.
     across = stage.cross_case is not None
     shared = _shared_diagnosis(stage.cases)
+    repeats: dict[tuple, list[CaseResult]] = {}  # (stage, case) where an error was shown -> the cases repeating it
     for case in stage.cases:
         vocab = bool(case.rows) and case.rows[0].n == n_vocab
         key = _error_key(case)
         where = seen.get(key) if key is not None else None
         if where is not None:
-            before = f"case {where[1]}" if where[0] == stage.id else f"{where[0]}, case {where[1]}"
-            console.print(f"  case {case.name}: {_WORDS[case.status]} — same error as {before} (shown above)")
+            repeats.setdefault(where, []).append(case)
         elif case.status != Status.PASS and not (across and case.rows):
             body = _case_body(case, vocab, is_plain(console), console.width, shape_only=shared is not None)
             console.print(Group(*body))
@@ -485,12 +494,27 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
             console.print(f"  case {case.name}: passed, {notes}", style="dim")
         if case.status == Status.PASS and case.scaling:
             console.print(Group(scaling_table(case, is_plain(console)), *scaling_lines(case)))
+    for where, cases in repeats.items():
+        console.print(_repeated_line(stage, where, cases), soft_wrap=True, markup=False)
     if shared is not None:
-        for line in diagnosis_lines(shared, finding_only=True):
-            console.print(line)
+        for said in diagnosis_lines(shared, finding_only=True):
+            console.print(said)
     if across:
         _print_cross_case(console, stage, n_vocab)
     console.print()
+
+
+def _repeated_line(stage: StageResult, where: tuple[str, str], cases: list[CaseResult]) -> str:
+    """One line for the cases of a stage that repeat an error already shown: `cases a, b: error — same error as …`."""
+    names = [c.name for c in cases]
+    if len(cases) == len(stage.cases) and len(cases) > 1:
+        which = f"all {len(cases)} cases"
+    elif len(names) <= 3:
+        which = ("case " if len(names) == 1 else "cases ") + ", ".join(names)
+    else:
+        which = f"cases {', '.join(names[:2])} and {len(names) - 2} more"
+    before = f"case {where[1]}" if where[0] == stage.id else f"{where[0]} (shown above)"
+    return f"  {which}: {_WORDS[cases[0].status]} — same error as {before}"
 
 
 def render_finding(console: Console, stage: StageResult) -> None:
