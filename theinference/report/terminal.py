@@ -335,10 +335,13 @@ def scaling_lines(case: CaseResult) -> list[Text]:
 
 def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int, shape_only: bool = False) -> list:
     parts: list[Text | Table] = [
-        Text.assemble(
-            (f"  case {case.name}: ", "bold"),
-            (_WORDS[case.status], _STYLE[case.status]),
-            (f" — {for_terminal(case.message)}" if case.message else "", ""),
+        _labelled(
+            f"case {for_terminal(case.name)}",
+            "bold",
+            Text.assemble(
+                (_WORDS[case.status], _STYLE[case.status]),
+                (f" — {for_terminal(case.message)}" if case.message else "", ""),
+            ),
         )
     ]
     if case.rows and case.status == Status.FAIL:
