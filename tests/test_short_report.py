@@ -47,9 +47,9 @@ _NUMBER = re.compile(r"-?\d+(\.\d+)?(e[+-]\d+)?")
 
 
 def _mask_row(line: str) -> str:
-    """A table row with the numbers after its first three cells (row, position, token) masked."""
+    """A table row with the numbers after its first three cells (row, position, token; step and tokens) masked."""
     cells = line.split(" | ")
-    return " | ".join(cells[:3] + [_NUMBER.sub("#", c) for c in cells[3:-1]] + cells[-1:])
+    return " | ".join(cells[:3] + [_NUMBER.sub("#", c) for c in cells[3:]])
 
 
 def _body(text: str, course: Path) -> str:
