@@ -7,11 +7,14 @@ import os
 import subprocess
 from collections import Counter
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from theinference.bundled import data_dir
+from theinference.cli.live import RunProgress
 from theinference.grading import fingerprint
 from theinference.grading.mutants import build_mutant, load_mutants
 from theinference.grading.stages import load_stages, stage_dirs
@@ -121,3 +124,23 @@ def test_a_batch_computes_each_bug_oracle_once(cli, tmp_path, tiny_path, monkeyp
 def _bugs() -> tuple[str, ...]:
     """The known bugs per-step-identity screens (the screening stops at the first exact match)."""
     return next(s for s in load_stages(stage_dirs(None, [])) if s.id == "per-step-identity").bugs
+
+
+def test_off_a_terminal_the_live_line_names_the_running_case(capsys, monkeypatch):
+    monkeypatch.setattr(RunProgress, "PLAIN_AFTER", 0.0)  # at once, not after 2 s: no test waits on the clock
+    monkeypatch.setattr(RunProgress, "TICK", 0.01)
+    progress = RunProgress()
+    stage = SimpleNamespace(adapter="run_forward", cases=[SimpleNamespace(name="one"), SimpleNamespace(name="two")])
+    progress.case_event("start", stage, 1)
+    said = ""
+    for _ in range(2000):  # until the ticker has printed (20 s at most on a loaded machine)
+        said += capsys.readouterr().err
+        if "running" in said:
+            break
+        time.sleep(0.01)
+    time.sleep(0.1)  # ten more ticks
+    progress.case_event("done", stage, 1)
+    progress.close()
+    said += capsys.readouterr().err
+    assert "running run_forward: case 2 of 2 (two) · " in said
+    assert said.count("running") == 1  # then every 30 s, not every tick
