@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--mutant", default="decode-wpe-off-by-one")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--grade-stages", nargs="*", default=None, help="stages graded in the batch (default: --stage)")
+    parser.add_argument("--only", choices=["test", "grade"], help="measure only one of the two")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
         root = Path(tmp)
@@ -104,27 +105,38 @@ def main() -> None:
         [mutant] = [m for m in load_mutants(data_dir("course") / "mutants") if m.name == args.mutant]
         buggy = build_mutant(mutant, solution, root / args.mutant)
 
-        started = time.perf_counter()
-        streamed(buggy, args.preset, args.stage)  # makes the weights if needed and fills the oracle store
-        print(f"warm-up run (weights made if missing, oracle store filled): {time.perf_counter() - started:.1f} s")
+        if args.only != "grade":
+            measure_test(args, buggy, root)
+        if args.only != "test":
+            measure_grade(args, solution, buggy, root)
 
-        runs, students = [], []
-        for i in range(args.repeats):
-            students.append(student_seconds(buggy, args.preset, args.stage, root / f"run-{i}.json"))
-            runs.append(streamed(buggy, args.preset, args.stage))
-        student = statistics.median(students)
-        print(f"\n`test --stage {args.stage}` on mutant {args.mutant}, {args.preset} weights, warm store")
-        print(f"  student code's own time for the stage: {student:.2f} s (median of {args.repeats})")
-        for key, target in (("first line", None), ("verdict", 1.2), ("report", 2.0)):
-            seconds = statistics.median(r[key] for r in runs)
-            goal = f" (target <= {target}x)" if target else ""
-            print(f"  start -> {key:<10} {seconds:6.2f} s = {seconds / student:5.2f}x the student's time{goal}")
 
-        stages = args.grade_stages or [args.stage]
-        times = batch_seconds([solution, buggy], args.preset, stages, root / "grades.csv")
-        passing, failing = times["solution"], times[args.mutant]
-        print(f"\n`grade` of the solution and {args.mutant} on {', '.join(stages)} (--jobs 1, no oracle store)")
-        print(f"  passing {passing:.2f} s · failing {failing:.2f} s = {failing / passing:.2f}x (target <= 1.5x)")
+def measure_test(args: argparse.Namespace, buggy: Path, root: Path) -> None:
+    """Start to first line, verdict and report of a failing `test`, against the student's own time."""
+    started = time.perf_counter()
+    streamed(buggy, args.preset, args.stage)  # makes the weights if needed and fills the oracle store
+    print(f"warm-up run (weights made if missing, oracle store filled): {time.perf_counter() - started:.1f} s")
+
+    runs, students = [], []
+    for i in range(args.repeats):
+        students.append(student_seconds(buggy, args.preset, args.stage, root / f"run-{i}.json"))
+        runs.append(streamed(buggy, args.preset, args.stage))
+    student = statistics.median(students)
+    print(f"\n`test --stage {args.stage}` on mutant {args.mutant}, {args.preset} weights, warm store")
+    print(f"  student code's own time for the stage: {student:.2f} s (median of {args.repeats})")
+    for key, target in (("first line", None), ("verdict", 1.2), ("report", 2.0)):
+        seconds = statistics.median(r[key] for r in runs)
+        goal = f" (target <= {target}x)" if target else ""
+        print(f"  start -> {key:<10} {seconds:6.2f} s = {seconds / student:5.2f}x the student's time{goal}")
+
+
+def measure_grade(args: argparse.Namespace, solution: Path, buggy: Path, root: Path) -> None:
+    """A failing submission's seconds in `grade` over a passing one's."""
+    stages = args.grade_stages or [args.stage]
+    times = batch_seconds([solution, buggy], args.preset, stages, root / "grades.csv")
+    passing, failing = times["solution"], times[args.mutant]
+    print(f"\n`grade` of the solution and {args.mutant} on {', '.join(stages)} (--jobs 1, no oracle store)")
+    print(f"  passing {passing:.2f} s · failing {failing:.2f} s = {failing / passing:.2f}x (target <= 1.5x)")
 
 
 if __name__ == "__main__":

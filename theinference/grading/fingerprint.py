@@ -22,9 +22,10 @@ from theinference.grading.stages import StageSpec
 from theinference.model.weights import Model
 
 UNKNOWN = "not one of the known bugs"
-# A match this close (a fraction of the stage's atol: float roundoff, not tolerance) is exact: with first_exact,
-# no further candidate is computed (a tie with a later one goes unnamed; `stages check` screens every one).
-EXACT = 0.01
+# A match this close (a tenth of the stage's atol) is exact: with first_exact, no further candidate is computed
+# (a later bug within a fifth of atol of it goes unnamed; `stages check` screens every one). float32 roundoff
+# on 12 layers stays well inside it; bugs the cases can tell apart differ by more than the whole atol.
+EXACT = 0.1
 
 
 @dataclass(frozen=True)
