@@ -35,7 +35,6 @@ class RunProgress(OracleProgress):
         self.case_began = 0.0
         self.case_said = 0.0  # off a terminal: when the running case was last reported
         self.oracle: str | None = None
-        self.paused = False
         self.stopped = threading.Event()
         self.ticker: threading.Thread | None = None
 
