@@ -20,6 +20,7 @@ from rich.console import Console
 from theinference.bundled import data_dir
 from theinference.cli import stages as stages_cli
 from theinference.cli import test as test_cli
+from theinference.cli.live import RunProgress
 from theinference.grading.mutants import build_mutant, load_mutants
 from theinference.grading.results import CaseResult, StageResult, TokenStep
 from theinference.report.terminal import render_stage
@@ -110,6 +111,28 @@ def test_an_error_in_every_stage_shows_one_traceback(cli, narrow, short_dir, tin
     assert len(body.splitlines()) < 40
 
 
+@pytest.mark.slow
+def test_wrong_tokens_in_cache_scaling_are_a_few_lines(cli, narrow, short_dir, tiny_path, proof_cache, monkeypatch):
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
+    events = []
+    real = RunProgress.case_event
+    monkeypatch.setattr(
+        RunProgress,
+        "case_event",
+        lambda self, event, stage, i: events.append((event, stage.id, i)) or real(self, event, stage, i),
+    )
+    course = _mutant("causal-mask-on-decode", short_dir / "bug")
+    result = cli("test", "--course", course, "--weights", tiny_path, "--stage", "cache-scaling")
+    assert result.exit_code == 1
+    body = _body(result.stdout, course)
+    assert_same_words(body, "wrong_tokens_cache_scaling_80.txt")
+    assert "token-mismatch" in body and "the timing was not judged" in body and "pass the greedy stage first" in body
+    assert "step | expected" not in body and len(body.splitlines()) < 20  # no token table, no 480-token texts
+    assert all(len(line) <= 80 for line in body.splitlines())
+    # The live line named the case while the grader drove its calls.
+    assert events == [("start", "cache-scaling", 0), ("done", "cache-scaling", 0)]
+
+
 def _greedy_case(steps: int, mismatch: int | None) -> CaseResult:
     expected = [(7 * k + 11) % 50000 for k in range(steps)]
     got = [t if mismatch is None or k < mismatch else t + 1 for k, t in enumerate(expected)]
@@ -128,11 +151,12 @@ def _greedy_case(steps: int, mismatch: int | None) -> CaseResult:
 
 
 def test_a_long_wrong_generation_shows_only_the_steps_around_its_first_mismatch(narrow):
+    right = dataclasses.replace(_greedy_case(224, None), name="another prompt", status="pass", message="")
     stage = StageResult(
-        id="cache-scaling",
-        title="The cache makes every token cost the same",
+        id="greedy",
+        title="Greedy generation with the cache",
         status="fail",
-        cases=[_greedy_case(224, 100), dataclasses.replace(_greedy_case(224, None), name="timing")],
+        cases=[_greedy_case(224, 100), right],
         points=0,
         max_points=10,
         adapter="run_greedy",
@@ -140,7 +164,7 @@ def test_a_long_wrong_generation_shows_only_the_steps_around_its_first_mismatch(
         lesson="",
         atol=0,
         rtol=0,
-        compare="scaling",
+        compare="tokens",
     )
     buffer = io.StringIO()
     render_stage(Console(file=buffer, width=80, no_color=True, highlight=False), stage, 50257)
@@ -149,7 +173,7 @@ def test_a_long_wrong_generation_shows_only_the_steps_around_its_first_mismatch(
     assert len(text.splitlines()) < 25  # not 224 rows and two 224-token texts
     assert "97 " in text and "◀ first mismatch" in text and "96 " not in text.split("◀")[0].splitlines()[-4]
     assert "97 steps above" in text and "120 steps below" in text
-    assert text.count("step | expected") == 1  # the timing case's tokens all match: no table for it
+    assert text.count("step | expected") == 1  # the other case's tokens all match: no table for it
 
 
 def test_stages_list_reads_whole_at_80_columns(cli, narrow, solution_course):

@@ -42,8 +42,7 @@ class RunProgress(OracleProgress):
         """The runner's start/done of case index of stage."""
         with self.lock:
             if event == "start":
-                name = stage.cases[index].name if index < len(stage.cases) else f"call {index + 1}"
-                self.case = (stage.adapter, index + 1, max(len(stage.cases), index + 1), name)
+                self.case = (stage.adapter, index + 1, len(stage.cases), stage.cases[index].name)
                 self.case_began = time.monotonic()
                 self.case_said = 0.0
             else:
