@@ -163,7 +163,7 @@ def test_command(
         try:
             if streamed:  # the header now, each verdict as it comes, findings once every verdict is out
                 report = StreamedReport(console_for(sys.stdout), __version__, live, session.grader.model.config.n_vocab)
-                report.header(session.grader.run_result(session.course, [], options, session.notices))
+                report.header(session.grader.run_result(session.course, [], options, session.notices, selected))
                 run = session.run(
                     selected, dataclasses.replace(options, fingerprint=False), live.case_event, report.stage
                 )

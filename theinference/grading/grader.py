@@ -105,10 +105,20 @@ class Grader:
         return self.run_result(course, results, options, notices)
 
     def run_result(
-        self, course: Course, results: list[StageResult], options: RunOptions, notices: Iterable[str] = ()
+        self,
+        course: Course,
+        results: list[StageResult],
+        options: RunOptions,
+        notices: Iterable[str] = (),
+        planned: list[StageSpec] | None = None,
     ) -> RunResult:
-        """A run's result around these stage results (none yet: what a report's header says before grading)."""
+        """A run's result around these stage results; with planned (the stages about to be graded) and no results
+        yet, what a report's header says before grading, the course's own stages named as they will be."""
         untrusted = self.untrusted or options.limits.untrusted
+        if planned is None:
+            ours = [(s.id, s.max_points) for s in results if s.origin == "course"]
+        else:
+            ours = [(s.id, s.points) for s in planned if stage_origin(s.source, self.extra_stage_dirs) == "course"]
         return RunResult(
             course=str(course.root),
             weights_path=str(self.model.path),
@@ -120,7 +130,7 @@ class Grader:
             notices=[*notices, *self.model.notices],
             seed=options.seed,
             untrusted=untrusted,
-            course_supplied=self._course_supplied(course, results, options),
+            course_supplied=self._course_supplied(course, ours, options),
             isolation=self.launcher.isolation.level,
             isolation_summary=self.launcher.isolation.summary,
         )
@@ -163,13 +173,14 @@ class Grader:
                     if on_case:
                         on_case(stage.id, done, len(stage.cases))
 
-    def _course_supplied(self, course: Course, stages: list[StageResult], options: RunOptions) -> list[str]:
-        """What in this run the course directory chose rather than the instructor, said in words for every report."""
+    def _course_supplied(self, course: Course, ours: list[tuple[str, float]], options: RunOptions) -> list[str]:
+        """What in this run the course directory chose rather than the instructor, said in words for every report
+        (ours: the course directory's own stages, id and points)."""
         lines = []
-        ours = [s for s in stages if s.origin == "course"]
         if ours:
             lines.append(
-                "stages from the course directory: " + ", ".join(f"{s.id} ({s.max_points:g} points)" for s in ours)
+                "stages from the course directory: "
+                + ", ".join(f"{stage_id} ({points:g} points)" for stage_id, points in ours)
             )
         if self.weights.source == "theinference.toml":
             lines.append(f"weights from the course's theinference.toml: {self.model.path}")
