@@ -229,7 +229,8 @@ def test_after_a_pass_the_report_names_the_next_stage_and_its_lesson(cli, soluti
     assert first.exit_code == 0
     assert f"next stage: {stages[1]} (" in first.stdout and f"`theinference stages show {stages[1]}`" in first.stdout
     done = cli("test", "--course", solution_course, "--weights", tiny_path, "--all")
-    assert "the course is complete" in done.stdout and "next stage" not in done.stdout
+    assert "stages have passed, on tiny weights" in done.stdout and "next stage" not in done.stdout
+    assert "complete" not in done.stdout  # not until certified on the full-size weights
     (solution_course / "src" / "gpt2.py").write_text("raise SyntaxError('broken')\n")
     failed = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
     assert failed.exit_code == 1 and "next stage" not in failed.stdout and "complete" not in failed.stdout
@@ -240,3 +241,9 @@ def test_a_course_that_cannot_keep_progress_still_names_the_next_stage(cli, solu
     stages = [s.id for s in load_stages([data_dir("stages")])]
     result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
     assert result.exit_code == 0 and f"next stage: {stages[1]} (" in result.stdout
+
+
+def test_version_command_and_option_print_the_same_line(cli):
+    command, option = cli("version"), cli("--version")
+    assert command.exit_code == option.exit_code == 0
+    assert command.output == option.output and command.output.startswith("theinference ")

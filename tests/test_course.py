@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from theinference.bundled import data_dir
+from theinference.grading.advice import next_stage_line
 from theinference.grading.stages import load_stages
 
 ALL_STAGES = tuple(s.id for s in load_stages([data_dir("stages")]))
@@ -17,7 +18,7 @@ def test_init_then_everything_is_not_started_then_the_solution_passes(cli, tmp_p
     result = cli("init", course)
     assert result.exit_code == 0
     assert (course / "tests" / "adapters.py").is_file() and (course / "theinference.toml").is_file()
-    assert f"cd {course} && theinference" in result.stdout
+    assert f"cd {course}" in result.stdout and f"theinference stages show {ALL_STAGES[0]}" in result.stdout
 
     graded = cli("test", "--all", "--course", course, "--weights", tiny_path, "--format", "json")
     doc = json.loads(graded.stdout)
@@ -30,6 +31,24 @@ def test_init_then_everything_is_not_started_then_the_solution_passes(cli, tmp_p
     solved = cli("test", "--all", "--course", course, "--weights", tiny_path)
     assert solved.exit_code == 0, solved.stdout
     assert f"{len(ALL_STAGES)} of {len(ALL_STAGES)} stage(s) passed" in solved.stdout
+    # Passed on tiny weights: the footer says so, and what is left to certify on the full-size ones.
+    assert f"all {len(ALL_STAGES)} stages have passed, on tiny weights" in solved.stdout
+    assert "`theinference test --all --weights gpt2`" in solved.stdout
+    assert "the course is complete" not in solved.stdout
+
+
+def test_init_names_the_first_stage_and_its_toml_chooses_the_tiny_preset(cli, tmp_path, monkeypatch):
+    course = tmp_path / "my-course"
+    result = cli("init", course)
+    first = ALL_STAGES[0]
+    assert f"theinference stages show {first}" in result.stdout and "tiny" in result.stdout
+    monkeypatch.chdir(course)
+    which = cli("weights")  # what `test` would grade on here, made or not
+    assert which.exit_code == 0
+    assert "weights = 'tiny', the synthetic tiny preset" in which.stdout and "not made yet" in which.stdout
+    assert "synthetic-tiny-seed0" in which.stdout
+    # --weights still wins over the course's choice.
+    assert "synthetic-gpt2-seed0" in cli("weights", "--weights", "gpt2").stdout
 
 
 def test_init_refuses_a_non_empty_directory_without_force(cli, tmp_path):
@@ -142,3 +161,13 @@ def test_stages_list_shows_a_hostile_progress_entry_as_text(cli, solution_course
     assert listing.exit_code == 0
     assert "\x1b" not in listing.stdout and "\x07" not in listing.stdout
     assert "[bold]tiny[/bold]" in listing.stdout
+
+
+def test_the_course_is_complete_only_once_certified_on_full_size_weights():
+    stages = load_stages([data_dir("stages")])
+    on = lambda weights: {s.id: {"status": "pass", "weights": weights} for s in stages}  # noqa: E731
+    assert "the course is complete" in next_stage_line(stages, on("gpt2"))
+    tiny = next_stage_line(stages, on("tiny"))
+    assert "complete" not in tiny and "on tiny weights" in tiny and "--weights gpt2" in tiny
+    mixed = {**on("gpt2"), stages[0].id: {"status": "pass", "weights": "tiny"}}
+    assert f"1 only on tiny weights ({stages[0].id})" in next_stage_line(stages, mixed)

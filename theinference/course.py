@@ -2,7 +2,8 @@
 
 theinference.toml (every field optional):
 
-  weights     path of model.safetensors (or its directory), relative to the course root
+  weights     path of model.safetensors (or its directory), relative to the course root, or the name of a
+              synthetic preset (`tiny`, `gpt2`) as `--weights` takes it
   adapters    path of the adapters file (default tests/adapters.py)
   stages_dirs list of extra stage directories, relative to the course root
   timeout     seconds per adapter call, overriding every stage's own timeout

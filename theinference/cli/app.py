@@ -45,9 +45,14 @@ def installed_version() -> str:
         return __version__
 
 
+def version_line() -> str:
+    """What `theinference --version` and `theinference version` both print."""
+    return f"theinference {installed_version()}"
+
+
 def _print_version(value: bool) -> None:
     if value:
-        print(f"theinference {installed_version()}")
+        print(version_line())
         raise typer.Exit(0)
 
 
@@ -65,8 +70,8 @@ def handle_root_options(
 
 @app.command()
 def version() -> None:
-    """Print theinference's version."""
-    print(installed_version())
+    """Print theinference's version (the same line as --version)."""
+    print(version_line())
 
 
 def main() -> None:

@@ -180,4 +180,10 @@ def run_options(
         untrusted=untrusted or in_ci(),
         env=MappingProxyType(dict(env or {})),
     )
-    return RunOptions(limits=limits, seed=resolved, all_cases=all_cases, submission_timeout=submission_timeout or None)
+    return RunOptions(
+        limits=limits,
+        seed=resolved,
+        all_cases=all_cases,
+        submission_timeout=submission_timeout or None,
+        first_exact=True,  # a student or a TA needs the bug named, not every bug that gives the same numbers
+    )

@@ -17,6 +17,7 @@ from theinference.grading.session import RunOptions, open_session, select_stages
 from theinference.errors import ConfigError
 from theinference.cli.options import WeightsOpt
 from theinference.course import load_course
+from theinference.grading.stages import load_stages, stage_dirs
 
 # A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
 # a jump under the copy heads of synthetic weights v2; see the README).
@@ -37,10 +38,13 @@ def init_command(
     shutil.copytree(
         data_dir("course") / "starter", directory, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
     )
+    first = load_stages(stage_dirs(None, []))[0]
     console = console_for(sys.stdout)
     console.print(f"created the course in {directory}: src/gpt2.py, src/kvcache.py, tests/adapters.py", soft_wrap=True)
+    console.print(f"next:  cd {directory}", soft_wrap=True)
+    console.print(f"       theinference stages show {first.id}   # the first stage's lesson", soft_wrap=True)
     console.print(
-        f"next:  cd {directory} && theinference stages show single-step-attention && theinference test --watch",
+        "       theinference test --watch   # grades on tiny weights (theinference.toml): seconds per run",
         soft_wrap=True,
     )
 

@@ -37,7 +37,15 @@ from theinference.grading.session import select_stages
 from theinference.grading.shards import merge_shards
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
-from theinference.cli.options import DEFAULT_JOBS, JobsOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.cli.options import (
+    DEFAULT_JOBS,
+    JobsOpt,
+    MemoryLimitOpt,
+    NoDiagnosisOpt,
+    StagesDirOpt,
+    TimeoutOpt,
+    WeightsOpt,
+)
 from theinference.grading.grader import Grader
 from theinference.report.jsonout import batch_document
 
@@ -198,6 +206,7 @@ def grade_command(
             help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).",
         ),
     ] = SUBMISSION_TIMEOUT,
+    no_diagnosis: NoDiagnosisOpt = False,
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 
@@ -221,6 +230,7 @@ def grade_command(
         submission_timeout=submission_timeout,
         env=student_env,
     )
+    options = dataclasses.replace(options, diagnosis=not no_diagnosis)
     check_output(out)
     subs = submissions(submission_dirs)
     if fmt is BatchFormat.gradescope and len(subs) != 1:

@@ -46,3 +46,11 @@ JobsOpt = Annotated[
 ]
 
 DEFAULT_JOBS = os.cpu_count() or 1
+
+NoDiagnosisOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-diagnosis",
+        help="Do not match failing outputs against known bugs (verdicts, tables and shapes only).",
+    ),
+]

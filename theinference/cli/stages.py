@@ -6,7 +6,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markdown import Markdown
-from rich.table import Table
 from rich.text import Text
 
 from theinference.grading.check import check_course
@@ -17,6 +16,8 @@ from theinference.grading.grade import OracleCache
 from theinference.grading.oracle_store import default_store
 from theinference.grading.progress import describe_entry, load_progress, next_stage
 from theinference.report.check import render_check
+from theinference.report.stages import StageLine, stage_lines
+from theinference.trust import stage_origin
 from theinference.untrusted import for_terminal
 from theinference.bundled import data_dir
 from theinference.grading.scaffold import adapter_snippets, scaffold_stage
@@ -39,23 +40,25 @@ def list_stages(
     stages = load_stages(stage_dirs(root, stages_dir or []))
     progress = load_progress(root) if root else {}
     upcoming = next_stage(stages, progress) if root else None
-    table = Table(show_edge=False)
-    for column in ("stage", "status", "title", "adapter", "cases", "points", "defined in"):
-        table.add_column(column, no_wrap=column == "status")  # "pass (tiny weights, --timeout 5)" reads whole
+    rows = []
     for s in stages:
         status = describe_entry(progress[s.id]) if s.id in progress else "not graded"
         marker = " ◀ next" if upcoming is not None and s.id == upcoming.id else ""
         # progress.json is the course's file: its text is shown as text, never as markup or escape sequences
-        table.add_row(
-            s.id,
-            Text(for_terminal(status) + marker),
-            s.title,
-            s.adapter,
-            str(len(s.cases)),
-            f"{s.points:g}",
-            s.source.name,
+        rows.append(
+            StageLine(
+                id=s.id,
+                status=for_terminal(status) + marker,
+                title=s.title,
+                adapter=s.adapter,
+                cases=len(s.cases),
+                points=s.points,
+                defined_in="" if stage_origin(s.source, stages_dir or []) == "built-in" else str(s.source.name),
+            )
         )
-    console_for(sys.stdout).print(table)
+    console = console_for(sys.stdout)
+    for line in stage_lines(rows, console.width):
+        console.print(Text(line), soft_wrap=True)
 
 
 @stages_app.command("show")

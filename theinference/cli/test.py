@@ -1,5 +1,6 @@
 """`theinference test`: grade a course's stages (or watch it), render the report, exit 0/1."""
 
+import dataclasses
 import io
 import os
 import sys
@@ -21,7 +22,15 @@ from theinference.cli.common import (
     synth_progress,
     write_atomic,
 )
-from theinference.cli.options import CourseOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.cli.options import (
+    CourseOpt,
+    MemoryLimitOpt,
+    NoDiagnosisOpt,
+    StagesDirOpt,
+    TimeoutOpt,
+    WeightsOpt,
+)
+from theinference.cli.live import RunProgress, StreamedReport
 from theinference.cli.watch import render_regrade, run_watch
 from theinference.errors import UsageError
 from theinference.grading.advice import advise
@@ -113,6 +122,7 @@ def test_command(
             "--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped)."
         ),
     ] = False,
+    no_diagnosis: NoDiagnosisOpt = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
@@ -126,16 +136,20 @@ def test_command(
             "(--untrusted, CI=true or --format gradescope)"
         )
     options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
+    options = dataclasses.replace(options, diagnosis=not no_diagnosis)
     with open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted) as session:
         # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
         wanted = [] if all_stages else (stage or ([] if untrusted else None))
         if output:
             session.grader.launcher.hide(output)
         _weights_notice(session)
-        session.grader.cache.progress = OracleProgress()
         if watch:
+            session.grader.cache.progress = OracleProgress()
             show = lambda r: render_regrade(r, session.course.root)  # noqa: E731
-            raise typer.Exit(run_watch(Watch(session, wanted, show, options=options, poll=poll, on_fingerprint=show)))
+            finding = show if options.diagnosis else None
+            raise typer.Exit(
+                run_watch(Watch(session, wanted, show, options=options, poll=poll, on_fingerprint=finding))
+            )
         selected = choose_stages(session, wanted)
         if wanted is None and len(selected) == 1:
             err_console().print(
@@ -143,12 +157,29 @@ def test_command(
                 "(--all grades every stage, --stage ID a given one)",
                 soft_wrap=True,
             )
-        run = session.run(selected, options)
+        streamed = fmt is Format.rich and output is None
+        live = RunProgress()
+        session.grader.cache.progress = live
+        try:
+            if streamed:  # the header now, each verdict as it comes, findings once every verdict is out
+                report = StreamedReport(console_for(sys.stdout), __version__, live, session.grader.model.config.n_vocab)
+                report.header(session.grader.run_result(session.course, [], options, session.notices, selected))
+                run = session.run(
+                    selected, dataclasses.replace(options, fingerprint=False), live.case_event, report.stage
+                )
+                session.grader.fingerprint(selected, run, options, on_stage=report.finding)
+            else:
+                run = session.run(selected, options, live.case_event)
+        finally:
+            live.close()
         progress = None  # untrusted grading neither reads nor writes the course's progress
         if not untrusted:
             progress, notice = record_progress(session.course.root, run, timeout)
             if notice:
                 err_console().print(notice, markup=False, soft_wrap=True)
         run.advice = advise(run, session.stages, progress)
-    _emit(run, fmt, output)
+    if streamed:
+        report.footer(run)
+    else:
+        _emit(run, fmt, output)
     raise typer.Exit(0 if run.passed else EXIT_FAIL)

@@ -28,12 +28,24 @@ def fast_loop_hint(run: RunResult) -> str:
     )
 
 
+FULL_SIZE = "gpt2"  # progress's name for weights of GPT-2's own shape (the synthetic preset or real GPT-2)
+
+
 def next_stage_line(stages: list[StageSpec], progress: dict[str, dict]) -> str:
-    """After a pass: the first stage not yet passed and how to read its lesson, or that the course is complete."""
+    """After a pass: the first stage not yet passed and how to read its lesson, or that the course is complete
+    (on which weights, and what is left to certify on the full-size ones)."""
     upcoming = next_stage(stages, progress)
-    if upcoming is None:
-        return f"every stage of the course has passed ({len(stages)} of {len(stages)}): the course is complete"
-    return f"next stage: {upcoming.id} ({upcoming.title}) · its lesson: `theinference stages show {upcoming.id}`"
+    if upcoming is not None:
+        return f"next stage: {upcoming.id} ({upcoming.title}) · its lesson: `theinference stages show {upcoming.id}`"
+    n = len(stages)
+    smaller = [s.id for s in stages if progress.get(s.id, {}).get("weights", FULL_SIZE) != FULL_SIZE]
+    if not smaller:
+        return f"every stage of the course has passed ({n} of {n}) on full-size weights: the course is complete"
+    names = " and ".join(sorted({str(progress[i]["weights"]) for i in smaller}))
+    which = (
+        f"on {names} weights" if len(smaller) == n else f"{len(smaller)} only on {names} weights ({', '.join(smaller)})"
+    )
+    return f"all {n} stages have passed, {which}: certify on full-size: `theinference test --all --weights {FULL_SIZE}`"
 
 
 def advise(run: RunResult, stages: list[StageSpec], progress: dict[str, dict] | None) -> list[str]:

@@ -223,6 +223,36 @@ def first_errors(result: SubmissionResult) -> str:
     return " | ".join(f"{', '.join(ids)}: {message}" for message, ids in stages_by_message.items())
 
 
+def findings(result: SubmissionResult) -> str:
+    """The known bugs the fingerprint named, per stage: `per-step-identity: wpe-off-by-one | greedy: …`."""
+    if result.run is None:
+        return ""
+    named = []
+    for stage in result.run.stages:
+        diagnoses = [stage.cross_case, *(c.diagnosis for c in stage.cases)]
+        bugs = dict.fromkeys(b.strip() for d in diagnoses if d is not None and d.bug for b in d.bug.split(","))
+        if bugs:
+            named.append(f"{stage.id}: {', '.join(bugs)}")
+    return " | ".join(named)
+
+
+def first_reason(result: SubmissionResult) -> str:
+    """Why the first failing stage failed, on one line: `greedy: case sentence: token 2 of 4 differs …`.
+
+    Like the error cell, it starts with a stage id (or the grader's own message), never with the student's text.
+    """
+    if result.run is None:
+        return _one_line(result.error, result.path)
+    stage = next((s for s in result.run.stages if s.status != "pass"), None)
+    if stage is None:
+        return ""
+    case = next(c for c in stage.cases if c.status != "pass")
+    message = case.message or case.status
+    diagnosis = stage.cross_case or case.diagnosis
+    shape = diagnosis.shape if diagnosis is not None else ""
+    return _one_line(f"{stage.id}: case {case.name}: {message}" + (f" ({shape})" if shape else ""), result.path)
+
+
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what makes Excel or Sheets read a cell as a formula
 
 
@@ -235,7 +265,7 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
     columns = ["id", "status", "points", "max_points"]
     for stage in stages:
         columns += [f"{stage.id}.status", f"{stage.id}.points"]
-    return columns + ["seconds", *GRADED_WITH_COLUMNS, "error"]
+    return columns + ["seconds", *GRADED_WITH_COLUMNS, "finding", "reason", "error"]
 
 
 def csv_row(result: SubmissionResult, stages: list[StageSpec], graded: GradedWith) -> list[str]:
@@ -245,7 +275,8 @@ def csv_row(result: SubmissionResult, stages: list[StageSpec], graded: GradedWit
     for stage in stages:
         found = by_id.get(stage.id)
         row += [found.status, f"{found.points:g}"] if found else ["error", "0"]
-    return row + [f"{result.seconds:.2f}", *graded.cells(), spreadsheet_text(first_errors(result))]
+    reasons = [spreadsheet_text(findings(result)), spreadsheet_text(first_reason(result))]
+    return row + [f"{result.seconds:.2f}", *graded.cells(), *reasons, spreadsheet_text(first_errors(result))]
 
 
 class CsvWriter:

@@ -22,6 +22,10 @@ from theinference.grading.stages import StageSpec
 from theinference.model.weights import Model
 
 UNKNOWN = "not one of the known bugs"
+# A match this close (a tenth of the stage's atol) is exact: with first_exact, no further candidate is computed
+# (a later bug within a fifth of atol of it goes unnamed; `stages check` screens every one). float32 roundoff
+# on 12 layers stays well inside it; bugs the cases can tell apart differ by more than the whole atol.
+EXACT = 0.1
 
 
 @dataclass(frozen=True)
@@ -95,16 +99,23 @@ def _match(
     return Match(bug, worst) if visible else None
 
 
-def find_matches(stage: StageSpec, cases: list[CaseResult], model: Model, cache, histories: dict) -> list[Match]:
-    """The stage's known bugs whose output the student's output equals in every one of these cases."""
+def find_matches(
+    stage: StageSpec, cases: list[CaseResult], model: Model, cache, histories: dict, first_exact: bool = False
+) -> list[Match]:
+    """The stage's known bugs whose output the student's output equals in every one of these cases (with
+    first_exact, the screening stops at the first exact match)."""
     spec = resolve_oracle(stage.oracle, stage.source)
     ordered = _read_order(cases)
     for case in ordered:  # once, not once per candidate bug
         case.output = np.asarray(case.output, dtype=np.float32)
-    matches = (
-        _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories) for name in stage.bugs
-    )
-    return [m for m in matches if m is not None]
+    matches = []
+    for name in stage.bugs:
+        match = _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories)
+        if match is not None:
+            matches.append(match)
+            if first_exact and match.max_abs <= EXACT * stage.atol:
+                break
+    return matches
 
 
 def _finding(matches: list[Match], cases: list[CaseResult], stage: StageSpec) -> Diagnosis:
@@ -144,27 +155,33 @@ def _histories(cases: list[CaseResult]) -> dict:
     return histories
 
 
-def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
+def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache, first_exact: bool = False) -> None:
     """Turn the failing diagnoses of a graded stage into findings where a known bug's output matches.
 
     The students' arrays are dropped afterwards: a batch keeps every result until it ends.
     """
     try:
-        _fingerprint(stage, result, model, cache)
+        _fingerprint(stage, result, model, cache, first_exact)
     finally:
         for case in result.cases:
             case.output = None
 
 
-def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
+def needs_fingerprint(stage: StageSpec, result: StageResult) -> bool:
+    """Whether fingerprint_stage has anything to match: a failing case with numbers, in a stage listing bugs."""
+    failing = [c for c in result.cases if c.rows and c.output is not None and c.status == Status.FAIL]
+    return bool(stage.bugs and failing and stage.compare == "rows")
+
+
+def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache, first_exact: bool) -> None:
+    if not needs_fingerprint(stage, result):
+        return
     numeric = [c for c in result.cases if c.rows and c.output is not None]
     failing = [c for c in numeric if c.status == Status.FAIL]
-    if not stage.bugs or not failing or stage.compare != "rows":
-        return
     # Read across cases, every case with numbers must match; otherwise the failing ones.
     cases = numeric if result.cross_case is not None else failing
     histories = _histories(result.cases)
-    matches = find_matches(stage, cases, model, cache, histories)
+    matches = find_matches(stage, cases, model, cache, histories, first_exact)
     found = _finding(matches, cases, stage) if matches else None
     if result.cross_case is not None:
         result.cross_case = _apply(result.cross_case, found, len(stage.bugs))

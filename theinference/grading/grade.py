@@ -1,7 +1,9 @@
 """grade(stage, context): oracle + runner + compare + diagnose -> StageResult."""
 
 import dataclasses
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +43,8 @@ class OracleCache:
     entries: dict = field(default_factory=dict)
     store: OracleStore | None = None
     progress: object = None  # told when an output is computed (slow on the gpt2 shape): start(label), finish(label)
+    _locks: dict = field(default_factory=dict, repr=False)  # key -> the lock of the one computing it
+    _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def get(self, model: Model, stage: StageSpec, spec: OracleSpec, case: CaseSpec) -> np.ndarray:
         inputs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items())
@@ -57,14 +61,22 @@ class OracleCache:
         """Any output computed from these weights (the oracle's, a bug oracle's), once per key.
 
         durable: what besides the weights' content determines the output (the oracle's name and version, the
-        inputs); given with model, the output is also kept in the store across runs.
+        inputs); given with model, the output is also kept in the store across runs. Submissions graded in
+        parallel (`grade --jobs`) that need the same output wait for the one computing it.
         """
-        if key not in self.entries:
-            counted = self._counted(compute, label) if label else compute
-            if self.store is not None and model is not None and durable:
-                self.entries[key] = self.store.output(model, durable, counted)
-            else:
-                self.entries[key] = counted()
+        if key in self.entries:
+            return self.entries[key]
+        with self._locks_lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self.entries:
+                counted = self._counted(compute, label) if label else compute
+                if self.store is not None and model is not None and durable:
+                    self.entries[key] = self.store.output(model, durable, counted)
+                else:
+                    self.entries[key] = counted()
+        with self._locks_lock:
+            self._locks.pop(key, None)
         return self.entries[key]
 
     def _counted(self, compute, label: str):
@@ -88,6 +100,10 @@ class GradeContext:
     limits: Limits = field(default_factory=Limits)  # the student's process: timeout override, memory, environment
     launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
     fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
+    diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
+    first_exact: bool = False  # fingerprints stop at the first exact match (see fingerprint.EXACT)
+    # Told ("start" | "done", stage, case index) as the student's process starts and finishes each case.
+    on_case: Callable[[str, StageSpec, int], None] | None = None
     all_cases: bool = False  # keep running a stage's cases after one timed out
     deadline: float | None = None  # time.monotonic() by which the whole submission must be done
     budget: float | None = None  # the seconds that deadline allowed, for messages
@@ -251,6 +267,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
     graded: dict[int, CaseResult] = {}
+    on_case = ctx.on_case
 
     def output_cap(index: int) -> int:  # the oracle runs only for cases that returned something
         return _output_cap(_expected_shape(stage, spec, stage.cases[index], ctx))
@@ -273,6 +290,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         case_names=tuple(c.name for c in stage.cases),
         deadline=ctx.deadline,
         deadline_budget=ctx.budget,
+        on_event=None if on_case is None else lambda event, index: on_case(event, stage, index),
     )
     if stage.scaling is not None:  # the grader drives each timed call itself
         cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
@@ -304,7 +322,10 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
     )
-    if ctx.fingerprint:
-        fingerprint_stage(stage, result, ctx.model, ctx.cache)
+    if ctx.fingerprint and ctx.diagnosis:
+        fingerprint_stage(stage, result, ctx.model, ctx.cache, ctx.first_exact)
         result.seconds = time.perf_counter() - started
+    elif not ctx.diagnosis:
+        for graded_case in result.cases:
+            graded_case.output = None
     return result

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from theinference.course import Course
 from theinference.grading import scaling
-from theinference.grading.fingerprint import fingerprint_stage
+from theinference.grading.fingerprint import fingerprint_stage, needs_fingerprint
 from theinference.grading.grade import GradeContext, OracleCache, check_case_fits, grade
 from theinference.grading.oracle_registry import resolve_oracle
 from theinference.grading.randomcases import with_random_cases
@@ -27,6 +27,7 @@ from theinference.trust import stage_origin
 
 
 OracleProgress = Callable[[str, int, int], None]  # (stage id, cases done, cases in that stage)
+CaseEvent = Callable[[str, StageSpec, int], None]  # ("start" | "done", stage, case index)
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,11 @@ class RunOptions:
 
     limits: Limits = field(default_factory=Limits)  # passed unchanged to every student process
     seed: int | None = None
-    fingerprint: bool = True  # False: leave it to Grader.fingerprint (watch shows the verdict first)
+    fingerprint: bool = True  # False: leave it to Grader.fingerprint (watch and `test` show the verdict first)
+    diagnosis: bool = True  # False (--no-diagnosis): no fingerprints at all, not even later
+    # Stop screening known bugs at the first exact match (`test`, `grade`: cheaper); False names every tie
+    # (`stages check` proves the manifests' lists of bugs).
+    first_exact: bool = False
     all_cases: bool = False  # keep running a stage's cases after one timed out
     submission_timeout: float | None = None  # wall seconds for the whole run, after which the rest times out
 
@@ -61,12 +66,21 @@ class Grader:
         self.launcher.close()
 
     def grade(
-        self, course: Course, stages: list[StageSpec], options: RunOptions | None = None, notices: Iterable[str] = ()
+        self,
+        course: Course,
+        stages: list[StageSpec],
+        options: RunOptions | None = None,
+        notices: Iterable[str] = (),
+        on_case: CaseEvent | None = None,
+        on_stage: Callable[[StageResult], None] | None = None,
     ) -> RunResult:
-        """Grade the stages in order on the course (with the seed's random cases added, if any)."""
+        """Grade the stages in order on the course (with the seed's random cases added, if any).
+
+        on_case is told as each case starts and ends in the student's process; on_stage gets each stage's
+        result as soon as its cases are compared (before the next stage runs).
+        """
         options = options or RunOptions()
         budget = options.submission_timeout
-        untrusted = self.untrusted or options.limits.untrusted
         ctx = GradeContext(
             course=course,
             model=self.model,
@@ -74,14 +88,37 @@ class Grader:
             limits=options.limits,
             launcher=self.launcher,
             fingerprint=options.fingerprint,
+            diagnosis=options.diagnosis,
+            first_exact=options.first_exact,
             all_cases=options.all_cases,
             budget=budget,
             deadline=time.monotonic() + budget if budget else None,
+            on_case=on_case,
         )
-        results = [
-            dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
-            for stage in self.with_seed(stages, options)
-        ]
+        results = []
+        for stage in self.with_seed(stages, options):
+            results.append(
+                dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
+            )
+            if on_stage is not None:
+                on_stage(results[-1])
+        return self.run_result(course, results, options, notices)
+
+    def run_result(
+        self,
+        course: Course,
+        results: list[StageResult],
+        options: RunOptions,
+        notices: Iterable[str] = (),
+        planned: list[StageSpec] | None = None,
+    ) -> RunResult:
+        """A run's result around these stage results; with planned (the stages about to be graded) and no results
+        yet, what a report's header says before grading, the course's own stages named as they will be."""
+        untrusted = self.untrusted or options.limits.untrusted
+        if planned is None:
+            ours = [(s.id, s.max_points) for s in results if s.origin == "course"]
+        else:
+            ours = [(s.id, s.points) for s in planned if stage_origin(s.source, self.extra_stage_dirs) == "course"]
         return RunResult(
             course=str(course.root),
             weights_path=str(self.model.path),
@@ -93,15 +130,30 @@ class Grader:
             notices=[*notices, *self.model.notices],
             seed=options.seed,
             untrusted=untrusted,
-            course_supplied=self._course_supplied(course, results, options),
+            course_supplied=self._course_supplied(course, ours, options),
             isolation=self.launcher.isolation.level,
             isolation_summary=self.launcher.isolation.summary,
         )
 
-    def fingerprint(self, stages: list[StageSpec], run: RunResult, options: RunOptions | None = None) -> None:
-        """Fingerprint the failing stages of a run graded with fingerprint=False (same stages and options)."""
-        for stage, result in zip(self.with_seed(stages, options or RunOptions()), run.stages):
-            fingerprint_stage(stage, result, self.model, self.cache)
+    def fingerprint(
+        self,
+        stages: list[StageSpec],
+        run: RunResult,
+        options: RunOptions | None = None,
+        on_stage: Callable[[StageResult], None] | None = None,
+    ) -> None:
+        """Fingerprint the failing stages of a run graded with fingerprint=False (same stages and options);
+        on_stage gets each stage that had failing outputs to match, once matched."""
+        options = options or RunOptions()
+        for stage, result in zip(self.with_seed(stages, options), run.stages):
+            matched = options.diagnosis and needs_fingerprint(stage, result)
+            if matched:
+                fingerprint_stage(stage, result, self.model, self.cache, options.first_exact)
+            else:
+                for case in result.cases:
+                    case.output = None
+            if matched and on_stage is not None:
+                on_stage(result)
 
     def with_seed(self, stages: list[StageSpec], options: RunOptions) -> list[StageSpec]:
         """The stages with the seed's random cases added (the same ones for every course graded)."""
@@ -121,13 +173,14 @@ class Grader:
                     if on_case:
                         on_case(stage.id, done, len(stage.cases))
 
-    def _course_supplied(self, course: Course, stages: list[StageResult], options: RunOptions) -> list[str]:
-        """What in this run the course directory chose rather than the instructor, said in words for every report."""
+    def _course_supplied(self, course: Course, ours: list[tuple[str, float]], options: RunOptions) -> list[str]:
+        """What in this run the course directory chose rather than the instructor, said in words for every report
+        (ours: the course directory's own stages, id and points)."""
         lines = []
-        ours = [s for s in stages if s.origin == "course"]
         if ours:
             lines.append(
-                "stages from the course directory: " + ", ".join(f"{s.id} ({s.max_points:g} points)" for s in ours)
+                "stages from the course directory: "
+                + ", ".join(f"{stage_id} ({points:g} points)" for stage_id, points in ours)
             )
         if self.weights.source == "theinference.toml":
             lines.append(f"weights from the course's theinference.toml: {self.model.path}")

@@ -21,7 +21,7 @@ import random
 import time
 
 from theinference.grading.results import CaseResult, Diagnosis, ScalingResult, Status, TimedCall
-from theinference.grading.stages import StageSpec
+from theinference.grading.stages import CaseSpec, StageSpec
 from theinference.grading.verification import check_steps, token_problem
 from theinference.model import gpt2 as oracle
 from theinference.model.weights import Model, load_model
@@ -331,6 +331,17 @@ def grade_case(
     case = stage.cases[index]
     result = CaseResult(name=case.name, status=Status.PASS, inputs=case.inputs, texts=case.texts)
     run = _Run(stage, ctx, result, job.timeout, weights_note)
+    if job.on_event is not None:  # the live line: the case runs from the worker's start to its last call
+        job.on_event(protocol.START, index)
+    try:
+        return _run_case(run, case, job, output_cap)
+    finally:
+        if job.on_event is not None:
+            job.on_event(protocol.DONE, index)
+
+
+def _run_case(run: _Run, case: CaseSpec, job: AdapterJob, output_cap) -> tuple[CaseResult, CallOutcome]:
+    result = run.result
     warm_n = run.spec.lengths[0]
     with CallSession(job, _budget(job.timeout, job.timeout)) as session:
         run.accounting = session.accounting

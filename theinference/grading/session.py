@@ -10,12 +10,12 @@ from theinference.proc.launch import default_launcher
 from theinference.grading.grade import OracleCache
 from theinference.grading.oracle_store import default_store
 from theinference.grading.progress import load_progress, next_stage
-from theinference.grading.results import RunResult
+from theinference.grading.results import RunResult, StageResult
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import StageSpec, load_stages, stage_dirs
 from theinference.trust import untrusted_course
 from theinference.errors import UsageError
-from theinference.grading.grader import Grader, RunOptions
+from theinference.grading.grader import CaseEvent, Grader, RunOptions
 
 
 def locate_course(course_dir: Path | None) -> Course:
@@ -78,9 +78,15 @@ class Session:
     def untrusted(self) -> bool:
         return self.grader.untrusted
 
-    def run(self, selected: list[StageSpec], options: RunOptions | None = None) -> RunResult:
-        """Grade the selected stages of this course in order."""
-        return self.grader.grade(self.course, selected, options, self.notices)
+    def run(
+        self,
+        selected: list[StageSpec],
+        options: RunOptions | None = None,
+        on_case: CaseEvent | None = None,
+        on_stage: Callable[[StageResult], None] | None = None,
+    ) -> RunResult:
+        """Grade the selected stages of this course in order (see Grader.grade for the callbacks)."""
+        return self.grader.grade(self.course, selected, options, self.notices, on_case=on_case, on_stage=on_stage)
 
 
 def open_session(

@@ -82,6 +82,11 @@ def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=o
             Path(given).expanduser().absolute(), WEIGHTS_ENV, f"${WEIGHTS_ENV} is set"
         )
     if course_weights is not None:
+        # `weights = "tiny"`: the preset, as --weights tiny (a file or directory of that name in the course wins)
+        if course_weights.name in PRESETS and not course_weights.exists():
+            name = course_weights.name
+            why = f"the course's theinference.toml: weights = {name!r}, the synthetic {name} preset, made on first use"
+            return WeightsChoice(synthetic_path(name, environ), "theinference.toml", why, name)
         return WeightsChoice(course_weights.absolute(), "theinference.toml", "set in the course's theinference.toml")
     hf = find_hf_gpt2(environ)
     if hf is not None:

@@ -56,6 +56,9 @@ class AdapterJob:
     case_names: tuple[str, ...] = ()  # for messages; indices where empty
     deadline: float | None = None  # time.monotonic() past which nothing more runs (the submission's budget)
     deadline_budget: float | None = None  # the seconds that deadline allowed, for messages
+    # Told (event, case index) as the grader sees a case start (protocol.START) and finish (protocol.DONE):
+    # live progress for the person waiting. Display only; never used to decide anything.
+    on_event: Callable[[str, int], None] | None = None
 
 
 @dataclass
@@ -393,6 +396,8 @@ def _handle(
         state.loaded, state.defined_at = True, _defined_at(message)
     elif event == protocol.START and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
+        if job.on_event is not None:
+            job.on_event(protocol.START, state.current)
     elif event == protocol.DONE and state.started and _is_case(message, state.current):
         returned = (
             message.get("status") == protocol.OK
@@ -405,6 +410,8 @@ def _handle(
         if job.consume is not None:
             job.consume(state.current, outcome)
             outcome.value = None
+        if job.on_event is not None:
+            job.on_event(protocol.DONE, state.current)
         state.current, state.started = state.current + 1, False
     else:
         raise ProtocolError(_unexpected(message, state.current, len(job.calls)))

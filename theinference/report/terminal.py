@@ -83,16 +83,35 @@ def sparkline(values: list[float], plain: bool = False) -> str:
     return "".join(out)
 
 
+def _folded(console: Console, label: str, parts: list[str], style: str = "") -> None:
+    """`label part · part · …`, folded between parts at the console's width, continuation lines under the first part."""
+    indent = " " * cell_len(label)
+    lines, line = [], label
+    for part in parts:
+        joined = line + part if line in (label, indent) else f"{line} · {part}"
+        if line not in (label, indent) and cell_len(joined) > console.width:
+            lines.append(line)
+            joined = indent + part
+        line = joined
+    lines.append(line)
+    for text in lines:
+        console.print(Text(text, style=style), overflow="fold")
+
+
 def render_header(console: Console, run: RunResult, version: str) -> None:
-    synthetic = f" · synthetic ({run.synthetic})" if run.synthetic else ""
-    config = " · ".join(f"{k} {v}" for k, v in run.config.items())
-    console.print(f"[bold]theinference {version}[/bold] grading [cyan]{escape(for_terminal(run.course))}[/cyan]")
-    console.print(f"weights: {escape(run.weights_path)}{synthetic}")
-    console.print(f"         {escape(run.weights_why)} · {config}", style="dim")
+    """Who grades what: the course, the weights and why, the isolation, what the course chose itself."""
+    console.print(
+        Text.assemble((f"theinference {version}", "bold"), " grading ", (for_terminal(run.course), "cyan")),
+        overflow="fold",
+    )
+    synthetic = [f"synthetic ({run.synthetic})"] if run.synthetic else []
+    _folded(console, "weights: ", [for_terminal(run.weights_path), *synthetic])
+    config = [f"{k} {v}" for k, v in run.config.items()]
+    _folded(console, " " * 9, [for_terminal(run.weights_why), *config], style="dim")
     if run.seed is not None:
         console.print(f"         random extra cases from seed {run.seed}", style="dim")
     if run.isolation:
-        console.print(f"isolation: {run.isolation} · {escape(run.isolation_summary)}")
+        _folded(console, "isolation: ", [run.isolation, for_terminal(run.isolation_summary)])
     if run.untrusted:
         console.print(
             "         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim"
@@ -239,14 +258,31 @@ def cases_table(cases: list[CaseResult], vocab: bool, plain: bool = False, width
     return divergence_table(keys, lines, width, plain)
 
 
+TOKENS_BEFORE, TOKENS_AFTER = 3, 4  # steps shown around a generation's first mismatch
+
+
+def _token_window(case: CaseResult) -> tuple[int, int]:
+    """The steps [lo, hi) shown of a failing generation: a few around its first mismatch."""
+    n = min(len(case.expected_tokens), len(case.got_tokens))
+    first = next((s.step for s in case.steps if s.verdict == "mismatch"), None)
+    if first is None:
+        return 0, min(n, TOKENS_BEFORE + TOKENS_AFTER)
+    return max(0, first - TOKENS_BEFORE), min(n, first + TOKENS_AFTER)
+
+
 def tokens_table(case: CaseResult, plain: bool = False) -> Table:
-    """Greedy: expected and generated tokens side by side, first mismatch marked."""
+    """Greedy: expected and generated tokens side by side around the first mismatch, which is marked."""
     table = Table(box=_box(plain), show_edge=False, pad_edge=False)
     for title in ("step", "expected", "generated"):
         table.add_column(title, no_wrap=True)
     table.add_column("")  # the note wraps on a narrow terminal; the tokens do not
     verdicts = {s.step: s for s in case.steps}
-    for k, (exp, got) in enumerate(zip(case.expected_tokens, case.got_tokens)):
+    lo, hi = _token_window(case)
+    n = min(len(case.expected_tokens), len(case.got_tokens))
+    if lo > 0:
+        table.add_row("…", f"{lo} steps above", "", "", style="dim")
+    for k in range(lo, hi):
+        exp, got = case.expected_tokens[k], case.got_tokens[k]
         step = verdicts.get(k)
         note, style = "", ""
         if step and step.verdict == "mismatch":
@@ -256,6 +292,8 @@ def tokens_table(case: CaseResult, plain: bool = False) -> Table:
         elif case.steps and k >= len(case.steps):
             style = "dim"
         table.add_row(str(k), token_label(exp, 18), token_label(got, 18), note, style=style)
+    if hi < n:
+        table.add_row("…", f"{n - hi} steps below", "", "", style="dim")
     return table
 
 
@@ -306,26 +344,29 @@ def scaling_lines(case: CaseResult) -> list[Text]:
     return lines
 
 
-def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int) -> list:
+def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int, shape_only: bool = False) -> list:
     parts: list[Text | Table] = [
-        Text.assemble(
-            (f"  case {case.name}: ", "bold"),
-            (_WORDS[case.status], _STYLE[case.status]),
-            (f" — {for_terminal(case.message)}" if case.message else "", ""),
+        _labelled(
+            f"case {for_terminal(case.name)}",
+            "bold",
+            Text.assemble(
+                (_WORDS[case.status], _STYLE[case.status]),
+                (f" — {for_terminal(case.message)}" if case.message else "", ""),
+            ),
         )
     ]
     if case.rows and case.status == Status.FAIL:
         parts.append(rows_table(case, vocab, plain, width))
         if len(case.rows) > 1:  # one character says nothing the table does not
             parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows], plain)}"))
-    if case.steps and case.status == Status.FAIL:
+    if case.status == Status.FAIL and any(s.verdict == "mismatch" for s in case.steps):  # not for right tokens
         parts.append(tokens_table(case, plain))
         parts.extend(_greedy_text(case))
     if case.scaling:
         parts.append(scaling_table(case, plain))
         parts.extend(scaling_lines(case))
     if case.diagnosis:
-        parts.extend(diagnosis_lines(case.diagnosis))
+        parts.extend(diagnosis_lines(case.diagnosis, shape_only=shape_only))
     if case.traceback:
         parts.append(Text(for_terminal(case.traceback.rstrip()), style="dim"))
     output = (case.stdout + case.stderr).strip()
@@ -334,29 +375,52 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int) -> list:
     return parts
 
 
-def diagnosis_lines(d: Diagnosis) -> list[Text]:
-    """Shape, then the fingerprint's finding (or that no known bug matched), then the hint."""
-    lines = [Text.assemble(("  shape: ", "bold"), (d.shape, "magenta"), (f" — {d.summary}", ""))] if d.shape else []
+def _labelled(label: str, style: str, body: Text) -> Table:
+    """`  label: text`, the text wrapping under itself rather than under the label."""
+    grid = Table.grid()
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    grid.add_row(Text(f"  {label}: ", style=style), body)
+    return grid
+
+
+def diagnosis_lines(d: Diagnosis, shape_only: bool = False, finding_only: bool = False) -> list[Table]:
+    """Shape, then the fingerprint's finding (or that no known bug matched), then the hint.
+
+    shape_only: the shape alone (the stage states the rest once for all its cases); finding_only: the rest.
+    """
+    lines = []
+    if d.shape and not finding_only:
+        lines.append(_labelled("shape", "bold", Text.assemble((d.shape, "magenta"), f" — {d.summary}")))
+    if shape_only:
+        return lines
     if d.bug:
-        lines.append(Text.assemble(("  finding: ", "bold green"), (d.bug, "bold"), f" — {d.evidence}"))
+        lines.append(_labelled("finding", "bold green", Text.assemble((d.bug, "bold"), f" — {d.evidence}")))
     elif d.evidence:
-        lines.append(Text.assemble(("  known bugs: ", "bold"), d.evidence))
+        lines.append(_labelled("known bugs", "bold", Text(d.evidence)))
     if d.hint:
-        lines.append(Text.assemble(("  hint: ", "bold yellow"), d.hint))
+        lines.append(_labelled("hint", "bold yellow", Text(d.hint)))
     return lines
 
 
+_PROMPT_CHARS = 60  # the end of a long prompt is what the generation continues
+
+
 def _greedy_text(case: CaseResult) -> list[Text]:
-    """The prompt and both continuations as text (on synthetic weights, gibberish: the ids are what count)."""
+    """The prompt's end and both continuations as text over the steps the table shows (on synthetic weights,
+    gibberish: the ids are what count)."""
     prompt = case.texts.get("prompt") or tokenizer.decode(case.inputs.get("prompt", []))
-    return [
-        Text(f"  {label:<9} {text!r}")
-        for label, text in (
-            ("prompt:", prompt),
-            ("expected:", tokenizer.decode(case.expected_tokens)),
-            ("got:", tokenizer.decode(case.got_tokens)),
-        )
-    ]
+    if len(prompt) > _PROMPT_CHARS:
+        prompt = "…" + prompt[-_PROMPT_CHARS:]
+    lo, hi = _token_window(case)
+    more = "…" if hi < min(len(case.expected_tokens), len(case.got_tokens)) else ""
+    steps = f"steps {lo}–{hi - 1}:" if lo > 0 or more else ""
+    lines = [Text(f"  {'prompt:':<9} {prompt!r}")]
+    if steps:
+        lines.append(Text(f"  {steps}", style="dim"))
+    for label, tokens in (("expected:", case.expected_tokens), ("got:", case.got_tokens)):
+        lines.append(Text(f"  {label:<9} {tokenizer.decode(tokens[lo:hi])!r}{more}"))
+    return lines
 
 
 def _same_failure(a: CaseResult, b: CaseResult) -> bool:
@@ -376,20 +440,46 @@ def _near_ties(case: CaseResult) -> list:
     return [s for s in case.steps if s.verdict == "near-tie"]
 
 
-def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
+def _error_key(case: CaseResult) -> tuple | None:
+    """What makes two errors the same one (shown once per run); None for a case that is no such error."""
+    if case.status not in NO_ANSWER and case.status != Status.NOT_STARTED:
+        return None
+    return (case.status, case.message, case.traceback)
+
+
+def _shared_diagnosis(cases: list[CaseResult]) -> Diagnosis | None:
+    """The diagnosis whose finding and hint every failing case with one shares (said once for the stage)."""
+    diagnosed = [c.diagnosis for c in cases if c.diagnosis is not None and c.status == Status.FAIL]
+    said = {(d.bug, d.evidence, d.hint) for d in diagnosed}
+    return diagnosed[0] if len(diagnosed) > 1 and len(said) == 1 else None
+
+
+def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict | None = None) -> None:
+    """One stage: its verdict line, then each failing case (an error already shown, in this stage or an
+    earlier one of the run (`seen`), is named, not repeated)."""
+    seen = {} if seen is None else seen
     mark = _MARK[stage.status]
-    console.print(
-        Text.assemble(
+    verdict = (
+        f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
+        f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s"
+    )
+    line = Text.assemble(
+        (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"),
+        f"  {stage.title}  ",
+        (verdict, "dim"),
+        (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
+    )
+    if line.cell_len > console.width:  # the id and the verdict on one line, the title under them
+        line = Text.assemble(
             (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"),
-            f"  {stage.title}  ",
-            (
-                f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
-                f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s",
-                "dim",
-            ),
+            "  ",
+            (verdict, "dim"),
             (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
         )
-    )
+        console.print(line)
+        console.print(Text(f"  {stage.title}", style="dim"))
+    else:
+        console.print(line)
     if stage.status == Status.NOT_STARTED:
         raised = stage.cases[0].message if stage.cases else "NotImplementedError"
         console.print(
@@ -400,23 +490,61 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int) -> None:
         return
     # A stage read across one-row cases shows their rows in one table, not one table per case.
     across = stage.cross_case is not None
-    shown: list[CaseResult] = []
+    shared = _shared_diagnosis(stage.cases)
+    repeats: dict[tuple, list[CaseResult]] = {}  # (stage, case) where an error was shown -> the cases repeating it
     for case in stage.cases:
         vocab = bool(case.rows) and case.rows[0].n == n_vocab
-        twin = next((c for c in shown if _same_failure(c, case)), None)
-        if twin is not None:
-            console.print(f"  case {case.name}: {_WORDS[case.status]} — same error as case {twin.name}")
+        key = _error_key(case)
+        where = seen.get(key) if key is not None else None
+        if where is not None:
+            repeats.setdefault(where, []).append(case)
         elif case.status != Status.PASS and not (across and case.rows):
-            console.print(Group(*_case_body(case, vocab, is_plain(console), console.width)))
-            shown.append(case)
+            body = _case_body(case, vocab, is_plain(console), console.width, shape_only=shared is not None)
+            console.print(Group(*body))
+            if key is not None:
+                seen[key] = (stage.id, case.name)
         elif _near_ties(case):
             notes = "; ".join(f"step {s.step}: {_tie_note(s)}" for s in _near_ties(case))
             console.print(f"  case {case.name}: passed, {notes}", style="dim")
         if case.status == Status.PASS and case.scaling:
             console.print(Group(scaling_table(case, is_plain(console)), *scaling_lines(case)))
+    for where, cases in repeats.items():
+        console.print(_repeated_line(stage, where, cases), soft_wrap=True, markup=False)
+    if shared is not None:
+        for said in diagnosis_lines(shared, finding_only=True):
+            console.print(said)
     if across:
         _print_cross_case(console, stage, n_vocab)
     console.print()
+
+
+def _repeated_line(stage: StageResult, where: tuple[str, str], cases: list[CaseResult]) -> str:
+    """One line for the cases of a stage that repeat an error already shown: `cases a, b: error — same error as …`."""
+    names = [c.name for c in cases]
+    if len(cases) == len(stage.cases) and len(cases) > 1:
+        which = f"all {len(cases)} cases"
+    elif len(names) <= 3:
+        which = ("case " if len(names) == 1 else "cases ") + ", ".join(names)
+    else:
+        which = f"cases {', '.join(names[:2])} and {len(names) - 2} more"
+    before = f"case {where[1]}" if where[0] == stage.id else f"{where[0]} (shown above)"
+    return f"  {which}: {_WORDS[cases[0].status]} — same error as {before}"
+
+
+def render_finding(console: Console, stage: StageResult) -> None:
+    """A stage's fingerprint, told after its verdict was printed: the finding (or that no known bug matched)
+    and its hint, once for the stage."""
+    diagnoses = [stage.cross_case] if stage.cross_case else [c.diagnosis for c in stage.cases if c.diagnosis]
+    said: set[tuple] = set()
+    for d in diagnoses:
+        if d is None or (d.bug, d.evidence, d.hint) in said or not (d.bug or d.evidence):
+            continue
+        said.add((d.bug, d.evidence, d.hint))
+        console.print(Text.assemble((f"{stage.id}: ", "bold"), "matched against known bugs"))
+        for line in diagnosis_lines(d, finding_only=True):
+            console.print(line)
+    if said:
+        console.print()
 
 
 def _print_cross_case(console: Console, stage: StageResult, n_vocab: int) -> None:
@@ -437,8 +565,14 @@ def _print_cross_case(console: Console, stage: StageResult, n_vocab: int) -> Non
 def render_run(console: Console, run: RunResult, version: str) -> None:
     """The whole report: header, each stage, and a closing summary line."""
     render_header(console, run, version)
+    seen: dict = {}
     for stage in run.stages:
-        render_stage(console, stage, run.config.get("n_vocab", 0))
+        render_stage(console, stage, run.config.get("n_vocab", 0), seen)
+    render_footer(console, run)
+
+
+def render_footer(console: Console, run: RunResult) -> None:
+    """The report's closing lines: what output stages cannot prove, the points, what to do next."""
     passed = sum(s.status == Status.PASS for s in run.stages)
     if any(s.status == Status.PASS and s.compare != "scaling" for s in run.stages) and not any(
         s.status == Status.PASS and s.compare == "scaling" for s in run.stages

@@ -1,0 +1,146 @@
+"""The first seconds of a run: the header before the student's code returns, verdicts before findings,
+--no-diagnosis, and bug oracles computed once per `grade` batch (80-column snapshots: test_short_report.py)."""
+
+import csv
+import io
+import os
+import subprocess
+from collections import Counter
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from theinference.bundled import data_dir
+from theinference.cli.live import RunProgress
+from theinference.grading import fingerprint
+from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.grading.stages import load_stages, stage_dirs
+
+from conftest import write_adapters
+
+
+def _mutant(name: str, dest: Path) -> Path:
+    mutant = next(m for m in load_mutants(data_dir("course") / "mutants") if m.name == name)
+    return build_mutant(mutant, data_dir("course") / "solution", dest)
+
+
+@pytest.mark.slow
+def test_the_header_appears_before_the_adapter_returns(tmp_path, tiny_path):
+    # The adapter blocks until the test lets it go: whatever the machine's load, its first call cannot
+    # have returned when the header is read.
+    gate = tmp_path / "gate"
+    course = tmp_path / "course"
+    write_adapters(
+        course,
+        f"""
+        import os, time
+        import theinference
+        from src.gpt2 import forward, load_weights
+
+        def run_forward(seq_ids):
+            for _ in range(1200):  # 60 s at most, so a broken test cannot hang forever
+                if os.path.exists({str(gate)!r}):
+                    break
+                time.sleep(0.05)
+            else:
+                raise RuntimeError("the test never opened the gate: the report did not stream")
+            params, n_head = load_weights(theinference.weights_path())
+            return forward(params, seq_ids, n_head)
+        """,
+    )
+    env = {**os.environ, "COLUMNS": "80", "THEINFERENCE_LAUNCHER": "subprocess"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "theinference",
+            "test",
+            "--course",
+            course,
+            "--weights",
+            tiny_path,
+            "--stage",
+            "forward",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith("theinference ") and "grading" in first
+        assert not gate.exists() and proc.poll() is None  # the adapter is still waiting: nothing was graded yet
+        gate.touch()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "✔ forward" in rest and "1 of 1 stage(s) passed" in rest
+
+
+@pytest.mark.slow
+def test_no_diagnosis_computes_no_bug_oracle(cli, tmp_path, tiny_path, monkeypatch):
+    course = _mutant("decode-wpe-off-by-one", tmp_path / "bug")
+    calls = []
+    real = fingerprint.bug_output
+    monkeypatch.setattr(fingerprint, "bug_output", lambda *a, **k: calls.append(a) or real(*a, **k))
+    quiet = cli("test", "--course", course, "--weights", tiny_path, "--stage", "per-step-identity", "--no-diagnosis")
+    assert quiet.exit_code == 1 and "✘ per-step-identity" in quiet.output
+    assert "shape: first-decode-row-off" in quiet.output  # the shape is no fingerprint: it stays
+    assert "finding" not in quiet.output and "known bugs" not in quiet.output and calls == []
+
+
+@pytest.mark.slow
+def test_a_batch_computes_each_bug_oracle_once(cli, tmp_path, tiny_path, monkeypatch):
+    subs = tmp_path / "subs"
+    for name in ("alice", "bob", "carol"):
+        _mutant("decode-wpe-off-by-one", subs / name)
+    calls: Counter = Counter()
+    real = fingerprint.bug_output
+
+    def counted(bug, spec, oracle, model, inputs, history):
+        calls[(bug.name, repr(inputs), repr(history))] += 1
+        return real(bug, spec, oracle, model, inputs, history)
+
+    monkeypatch.setattr(fingerprint, "bug_output", counted)
+    out = tmp_path / "grades.csv"
+    result = cli("grade", *sorted(subs.iterdir()), "--weights", tiny_path, "--stage", "per-step-identity", "--out", out)
+    assert result.exit_code == 0
+    # Three failing submissions with the same bug, graded two at a time: each bug output is computed once.
+    assert calls and max(calls.values()) == 1
+    assert ("wpe-off-by-one" in {name for name, _, _ in calls}) and len({n for n, _, _ in calls}) < len(_bugs())
+    # A spreadsheet shows why each lost its points: the bug the grader named, and the first failing stage's reason.
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [r["finding"] for r in rows] == ["per-step-identity: wpe-off-by-one"] * 3
+    assert all(r["reason"].startswith("per-step-identity: case ") and "rows outside" in r["reason"] for r in rows)
+
+
+def _bugs() -> tuple[str, ...]:
+    """The known bugs per-step-identity screens (the screening stops at the first exact match)."""
+    return next(s for s in load_stages(stage_dirs(None, [])) if s.id == "per-step-identity").bugs
+
+
+def test_off_a_terminal_the_live_line_names_the_running_case(capsys, monkeypatch):
+    monkeypatch.setattr(RunProgress, "PLAIN_AFTER", 0.0)  # at once, not after 2 s: no test waits on the clock
+    monkeypatch.setattr(RunProgress, "TICK", 0.01)
+    progress = RunProgress()
+    stage = SimpleNamespace(adapter="run_forward", cases=[SimpleNamespace(name="one"), SimpleNamespace(name="two")])
+    progress.case_event("start", stage, 1)
+    said = ""
+    for _ in range(2000):  # until the ticker has printed (20 s at most on a loaded machine)
+        said += capsys.readouterr().err
+        if "running" in said:
+            break
+        time.sleep(0.01)
+    time.sleep(0.1)  # ten more ticks
+    progress.case_event("done", stage, 1)
+    progress.close()
+    said += capsys.readouterr().err
+    assert "running run_forward: case 2 of 2 (two) · " in said
+    assert said.count("running") == 1  # then every 30 s, not every tick
