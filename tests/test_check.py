@@ -57,7 +57,12 @@ def test_no_cache_mutants_pass_every_output_stage_and_fail_only_on_cost(
     monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
     mutants = [m for m in load_mutants(data_dir("course") / "mutants") if "cache-scaling" in m.expect]
     no_cache = {m.name for m in mutants if m.expect["cache-scaling"] == ("no-cache",)}
-    assert {"decode-recomputes", "decode-recomputes-last-row", "cache-rebuilt-each-step", "lm-head-every-position"} <= no_cache
+    assert {
+        "decode-recomputes",
+        "decode-recomputes-last-row",
+        "cache-rebuilt-each-step",
+        "lm-head-every-position",
+    } <= no_cache
     assert all(set(m.expect) == {"cache-scaling"} for m in mutants if m.name in no_cache)  # every output stage passes
     source, stages = tmp_path / "course", tmp_path / "stages"
     shutil.copytree(data_dir("course") / "solution", source / "solution")
