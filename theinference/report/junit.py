@@ -2,7 +2,7 @@
 
 import xml.etree.ElementTree as ET
 
-from theinference.report.text import case_summary, scaling_summary
+from theinference.report.text import case_summary, cross_case_summary, scaling_summary
 from theinference.untrusted import for_terminal
 from theinference.grading.results import NO_ANSWER, RunResult, Status
 
@@ -58,9 +58,12 @@ def render_junit(run: RunResult, version: str) -> str:
                     ET.SubElement(element, "system-out").text = scaling_summary(case)
                 continue
             tag = "error" if case.status in NO_ANSWER else "failure"
-            message = case.diagnosis.summary if case.diagnosis else (for_terminal(case.message) or case.status)
+            # A stage read across its cases diagnoses none of them alone: each failing case carries the stage's.
+            diagnosis = case.diagnosis or (stage.cross_case if case.status == Status.FAIL else None)
+            message = diagnosis.summary if diagnosis else (for_terminal(case.message) or case.status)
             detail = ET.SubElement(element, tag, type=case.status, message=message)
-            detail.text = case_summary(case)
+            across = cross_case_summary(stage) if case.status == Status.FAIL else ""
+            detail.text = case_summary(case) + (f"\n{across}" if across else "")
             if case.stdout or case.stderr:
                 ET.SubElement(element, "system-out").text = for_terminal(case.stdout + case.stderr)
             stage_errors += tag == "error"
