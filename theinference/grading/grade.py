@@ -47,7 +47,7 @@ class OracleCache:
         key = (str(model.path), model.stamp, stage.oracle, spec.stamp, inputs)
         return self.memo(
             key,
-            lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'"),
+            lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'", case.name),
             model=model,
             durable=("oracle", stage.oracle, oracle_version(spec.stamp), case.inputs),
             label=f"{stage.id}: {case.name}",

@@ -210,8 +210,9 @@ class CheckResult:
     stages: list[str]
     subjects: list[str]
     cells: list[CheckCell] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # missing lessons, broken manifests, ...
+    problems: list[str] = field(default_factory=list)  # missing lessons, edits that no longer apply, ...
+    broken: list[str] = field(default_factory=list)  # the instructor's mistakes in manifests: `stages check` exits 2
 
     @property
     def ok(self) -> bool:
-        return not self.problems and all(c.ok for c in self.cells)
+        return not self.problems and not self.broken and all(c.ok for c in self.cells)

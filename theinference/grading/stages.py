@@ -18,7 +18,7 @@ A stage file (format_version 1) holds, at the top level:
   timeout         number > 0, seconds each case may take in the student's process
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
-  [tolerance]     atol, rtol: finite numbers >= 0 (required, except for "tokens" and "scaling"
+  [tolerance]     atol, rtol: finite numbers > 0 (required, except for "tokens" and "scaling"
                   stages, which reject it)
   [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number >= 0. A
                   generated token that is not the oracle's argmax is accepted as a near-tie when
@@ -276,7 +276,7 @@ def _check_values(path: Path, data: dict) -> None:
 def _tolerance(
     path: Path, table: dict, name: str = "tolerance", keys: tuple[str, ...] = ("atol", "rtol")
 ) -> tuple[float, ...]:
-    """The finite, non-negative numbers of a tolerance table ([tolerance] atol, rtol; [tie] rtol)."""
+    """The finite, positive numbers of a tolerance table ([tolerance] atol, rtol; [tie] rtol)."""
     for key in table:
         if key not in keys:
             raise _fail(path, f"{name}.{key}", f"unknown field (known fields: {', '.join(keys)})")
@@ -284,8 +284,9 @@ def _tolerance(
         if key not in table:
             raise _fail(path, f"{name}.{key}", "missing required field")
         _check_type(path, f"{name}.{key}", table[key], (int, float))
-        if not math.isfinite(table[key]) or table[key] < 0:
-            raise _fail(path, f"{name}.{key}", f"must be a finite number >= 0, not {table[key]}")
+        if not math.isfinite(table[key]) or table[key] <= 0:
+            # 0 would fail the reference solution itself on float rounding, and read as the student's bug
+            raise _fail(path, f"{name}.{key}", f"must be a finite number > 0, not {table[key]}")
     return tuple(float(table[key]) for key in keys)
 
 
