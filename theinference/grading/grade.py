@@ -306,6 +306,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         adapter_line=line,
         adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
+        visibility=stage.visibility,
     )
     if ctx.fingerprint:
         fingerprint_stage(stage, result, ctx.model, ctx.cache)

@@ -141,6 +141,7 @@ class StageResult:
     # For stages whose cases return one row each: the shape read across cases, ordered by position.
     cross_case: Diagnosis | None = None
     origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course
+    visibility: str = "visible"  # when Gradescope shows it to the student (the stage file's `visibility`)
 
     @property
     def passed_cases(self) -> int:

@@ -18,6 +18,9 @@ A stage file (format_version 1) holds, at the top level:
   timeout         number > 0, seconds each case may take in the student's process
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
+  visibility      when Gradescope shows the stage's result to the student: "visible" (default),
+                  "after_due_date", "after_published" or "hidden" (its values for a test); other
+                  formats show every stage
   [tolerance]     atol, rtol: finite numbers > 0 (required, except for "tokens" and "scaling"
                   stages, which reject it)
   [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number >= 0. A
@@ -88,7 +91,9 @@ _OPTIONAL = {
     "scaling": dict,
     "bugs": list,
     "bug_hints": dict,
+    "visibility": str,
 }
+VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")  # Gradescope's, for a test
 
 
 class StageError(ConfigError):
@@ -132,6 +137,7 @@ class StageSpec:
     bugs: tuple[str, ...] = ()  # bug oracles to fingerprint failing outputs against
     bug_hints: dict = field(default_factory=dict)  # bug name -> hint text
     tie_rtol: float | None = None  # "tokens"/"scaling" stages: the near-tie tolerance, relative to max|logit|
+    visibility: str = "visible"  # when Gradescope shows the result to the student (VISIBILITIES)
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
@@ -264,6 +270,8 @@ def _check_values(path: Path, data: dict) -> None:
         raise _fail(path, "points", "must be >= 0")
     if data.get("credit", "all-or-nothing") not in ("all-or-nothing", "per-case"):
         raise _fail(path, "credit", "must be 'all-or-nothing' or 'per-case'")
+    if data.get("visibility", "visible") not in VISIBILITIES:
+        raise _fail(path, "visibility", f"must be one of {', '.join(VISIBILITIES)} (Gradescope's)")
     if not data["adapter"].isidentifier():
         raise _fail(path, "adapter", f"'{data['adapter']}' is not a Python function name")
     for i, alias in enumerate(data.get("aliases", [])):
@@ -418,6 +426,7 @@ def load_stage(path: Path) -> StageSpec:
         bugs=bugs,
         bug_hints=bug_hints,
         tie_rtol=tie_rtol,
+        visibility=data.get("visibility", "visible"),
     )
 
 

@@ -91,6 +91,7 @@ def stage_document(stage: StageResult) -> dict:
         "diagnosis": dataclasses.asdict(stage.diagnosis) if stage.diagnosis else None,
         "cross_case": stage.cross_case is not None,
         "source": stage.origin,
+        "visibility": stage.visibility,
         "cases": [case_document(c) for c in stage.cases],
     }
 
