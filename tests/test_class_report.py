@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import write_adapters, write_quick_scaling_stage
+from test_scaling import RECOMPUTE
 from theinference.bundled import data_dir
 from theinference.cli.app import app
 from theinference.grading.mutants import build_mutant, load_mutant
@@ -156,3 +158,47 @@ def test_report_renders_in_a_headless_browser(cli, batch, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     assert "CONSOLE" not in done.stderr
+
+
+@pytest.fixture(scope="module")
+def scaling_batch(tmp_path_factory, tiny_path, proof_cache) -> Path:
+    """grades.json of `grade --format json` over the solution and a recompute, on cache-scaling (test-sized)."""
+    root = tmp_path_factory.mktemp("class-scaling")
+    shutil.copytree(data_dir("course") / "solution", root / "subs" / "solution")
+    write_adapters(root / "subs" / "recompute", RECOMPUTE)
+    stages_dir = write_quick_scaling_stage(root / "quick-stages")
+    out = root / "grades.json"
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("THEINFERENCE_CACHE", str(proof_cache))
+        env.delenv("CI", raising=False)
+        subs = [str(root / "subs" / "solution"), str(root / "subs" / "recompute")]
+        args = ["grade", *subs, "--weights", str(tiny_path), "--stages-dir", str(stages_dir)]
+        result = CliRunner().invoke(app, [*args, "--stage", "quick-scaling", "--format", "json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.slow
+def test_report_shows_cache_scaling_figures_and_counts_no_cache_across_the_class(cli, scaling_batch, tmp_path):
+    doc = json.loads(scaling_batch.read_text())
+    out, page = make_report(cli, scaling_batch, tmp_path)
+    scaling = {
+        sub["id"]: stage["cases"][0]["scaling"] for sub in doc["submissions"] for stage in sub["results"]["stages"]
+    }
+    # a row per timed length for each submission, the stopped call marked as a lower bound
+    rows = page.with_class("scaling-row")
+    assert [int(r["data-tokens"]) for r in rows] == [n for t in scaling.values() for n in t["lengths"]]
+    stopped = [int(r["data-tokens"]) for r in rows if r["data-stopped"] == "true"]
+    assert stopped == [t["stopped_at"] for t in scaling.values() if t["stopped_at"] is not None] == [320]
+    text = " ".join("".join(page.text).split())
+    assert "(stopped)" in text and text.count("(b) 320 tokens cost") == 2 and "× faster" in text
+    assert text.count("counted by the grader (") == 2 and "synthetic 'proof' preset" in text
+    # the class-wide table counts the recompute under its shape: no bug is named for cache-scaling
+    shapes: dict[str, set] = {}
+    for sub in doc["submissions"]:
+        for stage in sub["results"]["stages"]:
+            if stage["status"] == "fail" and stage["diagnosis"]:
+                shapes.setdefault(stage["diagnosis"]["shape"], set()).add(sub["id"])
+    found = {a["data-shape"]: int(a["data-students"]) for a in page.with_class("finding-row")}
+    assert found == {shape: len(ids) for shape, ids in shapes.items()} == {"no-cache": 1}
+    assert all(href[1:] in page.ids() for href in page.hrefs() if href.startswith("#"))

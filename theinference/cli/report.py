@@ -31,9 +31,9 @@ def report_command(
     doc = load_batch(grades)
     view = class_view(doc)
     write_atomic(out, render_class_html(doc, view, grades.name))
-    found = sum(len(f.students) for f in view.findings)
+    named = {student for f in view.findings for student in f.students}
     err_console().print(
-        f"wrote {out}: {view.submissions} submissions, {len(view.findings)} known bug(s) named {found} time(s)",
+        f"wrote {out}: {view.submissions} submissions, {len(view.findings)} known bug(s) named in {len(named)} of them",
         markup=False,
         soft_wrap=True,
     )

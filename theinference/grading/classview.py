@@ -43,7 +43,10 @@ class Sighting:
 
 @dataclass
 class Finding:
+    """A bug the fingerprints named (bug set), or a shape seen where no known bug was named (bug "")."""
+
     bug: str
+    shape: str = ""
     sightings: list[Sighting] = field(default_factory=list)
 
     @property
@@ -64,7 +67,8 @@ class ClassView:
     points: list[float]  # every submission's points, in submission order
     max_points: float
     findings: list[Finding]  # most students first
-    unexplained: list[Sighting]  # failing stages whose fingerprint named no known bug
+    # failing stages whose diagnosis named no known bug, by shape (cache-scaling's no-cache among them)
+    unexplained: list[Finding]
 
 
 def anchor(submission_id: str, stage_id: str = "") -> str:
@@ -106,7 +110,7 @@ def class_view(doc: dict) -> ClassView:
     titles: dict[str, str] = {}
     statuses: dict[str, Counter] = {s: Counter() for s in stage_ids}
     findings: dict[str, Finding] = {}
-    unexplained = []
+    unexplained: dict[str, Finding] = {}
     for sub in subs:
         by_id = {s.get("id"): s for s in stage_results(sub)}
         for stage_id in stage_ids:
@@ -124,7 +128,8 @@ def class_view(doc: dict) -> ClassView:
             for bug in bugs:
                 findings.setdefault(bug, Finding(bug)).sightings.append(sighting)
             if not bugs:
-                unexplained.append(sighting)
+                shape = str(diagnosis.get("shape") or "")
+                unexplained.setdefault(shape, Finding("", shape)).sightings.append(sighting)
     counts = [
         StageCount(
             id=s,
@@ -145,5 +150,5 @@ def class_view(doc: dict) -> ClassView:
         points=[float(s.get("points") or 0) for s in subs],
         max_points=max_points,
         findings=sorted(findings.values(), key=lambda f: (-len(f.students), f.bug)),
-        unexplained=unexplained,
+        unexplained=sorted(unexplained.values(), key=lambda f: (-len(f.students), f.shape)),
     )

@@ -114,18 +114,19 @@ def _findings(view: ClassView) -> str:
         f"<td>{', '.join(f'<code>{escape(s)}</code>' for s in f.stages)}</td><td>{_links(f.sightings)}</td></tr>"
         for f in view.findings
     ]
-    if view.unexplained:
-        students = len({s.submission for s in view.unexplained})
+    for f in view.unexplained:
+        shape = f" (shape <code>{escape(f.shape)}</code>)" if f.shape else ""
         rows.append(
-            f'<tr class="finding-row" data-bug="" data-students="{students}"><td>not one of the known bugs</td>'
-            f"<td>{students} of {view.submissions}</td><td>"
-            f"{', '.join(sorted({f'<code>{escape(s.stage)}</code>' for s in view.unexplained}))}</td>"
-            f"<td>{_links(view.unexplained)}</td></tr>"
+            f'<tr class="finding-row" data-bug="" data-shape="{escape(f.shape)}" data-students="{len(f.students)}">'
+            f"<td>no known bug named{shape}</td><td>{len(f.students)} of {view.submissions}</td>"
+            f"<td>{', '.join(f'<code>{escape(s)}</code>' for s in f.stages)}</td><td>{_links(f.sightings)}</td></tr>"
         )
     body = f"<table>{head}{''.join(rows)}</table>" if rows else "<p>No failing stage had a diagnosis.</p>"
     return (
         "<h2>Bugs found across the class</h2><p class=meta>A failing stage's output compared with GPT-2 computed "
-        "with each known bug: a match names the bug, with its numbers in the submission's section.</p>" + body
+        "with each known bug: a match names the bug, with its numbers in the submission's section. A failing stage "
+        "that names none is counted by the shape of its failure (cache-scaling's <code>no-cache</code>, "
+        "<code>too-slow</code>).</p>" + body
     )
 
 
@@ -187,6 +188,48 @@ def _diagnosis(d: dict | None, where: str) -> str:
     return "".join(parts) + "</div>"
 
 
+def _ms(value) -> str:
+    v = _number(value)
+    return "" if math.isnan(v) else f"{v:.3g}"
+
+
+def _scaling(case: dict) -> str:
+    """cache-scaling's numbers as the terminal shows them: CPU ms per token by length, both tests, the accounting."""
+    t = case.get("scaling")
+    if not isinstance(t, dict) or not t.get("lengths"):
+        return ""
+    rows = []
+    for n, per, marginal in zip(t["lengths"], t.get("ms_per_token") or [], t.get("marginal_ms_per_token") or []):
+        stopped = n == t.get("stopped_at")
+        rows.append(
+            f'<tr class="scaling-row" data-tokens="{escape(str(n))}" data-stopped="{str(stopped).lower()}">'
+            f"<td>{escape(str(n))}</td><td>{'&gt; ' if stopped else ''}{_ms(per)}{' (stopped)' if stopped else ''}</td>"
+            f"<td>{'' if stopped or marginal is None else _ms(marginal)}</td></tr>"
+        )
+    head = "<tr><th>tokens</th><th>CPU ms/token</th><th>marginal ms/token</th></tr>"
+    fraction = _number(t.get("fraction_of_recompute"))
+    least = "at least " if t.get("stopped_at") == t["lengths"][-1] else ""  # the longest call was stopped
+    lines = [
+        f"counted by the grader ({escape(str(t.get('accounting', '')))}): CPU of the whole process tree in "
+        f"{len(t.get('calls') or [])} timed calls, the cheapest call of each length counting",
+        f"(a) per-token cost {least}×{_number(t.get('ratio')):.2f} from {t['lengths'][0]} to {t['lengths'][-1]} tokens "
+        f"(at most ×{_number(t.get('max_ratio')):g} passes)",
+        f"(b) {t['lengths'][-1]} tokens cost {least}{'?' if math.isnan(fraction) else f'{fraction:.0%}'} of the "
+        "oracle's "
+        f"full recompute here (at most {_number(t.get('max_fraction')):.0%} passes)",
+    ]
+    if t.get("weights_note"):
+        lines.insert(0, escape(str(t["weights_note"])))
+    speedup = _number(t.get("speedup"))
+    if case.get("status") == "pass" and math.isfinite(speedup):
+        lines.append(
+            f"the cache: {t['lengths'][-1]} tokens in {_number((t.get('cpu_seconds') or [math.nan])[-1]):.2f} s of "
+            f"CPU; a full recompute: {_number(t.get('oracle_cpu_seconds')):.2f} s; {speedup:.1f}× faster"
+        )
+    figures = "".join(f"<div>{line}</div>" for line in lines)
+    return f'<div class="scaling"><table>{head}{"".join(rows)}</table><div class=meta>{figures}</div></div>'
+
+
 def _case_rows(case: dict) -> str:
     first_bad = case.get("first_bad_row")
     rows = case.get("rows") or []
@@ -208,6 +251,7 @@ def _stage_section(sub_id: str, stage: dict) -> str:
         f"{stage.get('passed_cases', 0)}/{stage.get('total_cases', len(cases))} cases · "
         f"{_number(stage.get('points')):g}/{_number(stage.get('max_points')):g} points</h3>",
         f"<table>{head}{''.join(_case_rows(c) for c in cases)}</table>",
+        *(_scaling(c) for c in cases),
     ]
     if stage.get("status") == "pass":
         return "".join(out) + "</section>"

@@ -16,6 +16,8 @@ def _scaling_properties(scaling) -> list[ET.Element]:
         ("max_fraction", f"{scaling.max_fraction:g}"),
         ("accounting", scaling.accounting),
     ]
+    if scaling.stopped_at is not None:  # that length's figure is a lower bound
+        values.append(("stopped_at", str(scaling.stopped_at)))
     if scaling.speedup is not None:
         values.append(("speedup", f"{scaling.speedup:.4g}"))
     return [ET.Element("property", name=name, value=value) for name, value in values]

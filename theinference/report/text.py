@@ -15,7 +15,10 @@ def scaling_summary(case: CaseResult) -> str:
     """cache-scaling's numbers in one line: how counted, ms per token at each length, both tests' figures."""
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
-    per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
+    per = ", ".join(
+        f"{n} tokens > {ms:.3g} ms/token (stopped)" if n == t.stopped_at else f"{n} tokens {ms:.3g} ms/token"
+        for n, ms in zip(t.lengths, t.ms_per_token)
+    )
     fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
     note = f" ({t.weights_note})" if t.weights_note else ""
     return (
