@@ -274,7 +274,7 @@ for last; do :; done
 case " $* " in
   *" clone "*) repo=$(echo "$*" | sed 's|.*https://github.com/\\(.*\\)\\.git.*|\\1|')
     [ "$repo" = "owner/gone" ] && exit 128
-    cp -r "$COURSES/${repo##*/}" "$last" && mkdir "$last/.git" ;;
+    cp -r "$COURSES/$repo" "$last" && mkdir "$last/.git" ;;
   *" rev-parse "*) echo 0123abc ;;
 esac
 """
@@ -341,24 +341,25 @@ def test_github_workflow_grades_the_roster_in_shards_and_merges_them(
     (stubs / "git").write_text(GIT_STUB)
     (stubs / "git").chmod(0o755)
     courses = tmp_path / "courses"
-    shutil.copytree(data_dir("course") / "solution", courses / "alice")
-    write_adapters(courses / "bob", SYNTAX)
+    shutil.copytree(data_dir("course") / "solution", courses / "owner" / "alice")
+    write_adapters(courses / "owner" / "bob", SYNTAX)
     env = {**os.environ, "PATH": f"{stubs}:{BIN}:{os.environ['PATH']}", "COURSES": str(courses), "TOKEN": ""}
     run_step(grade["Weights"], repo, env)
     fetched = run_step(grade["Fetch the submissions"], repo, env)
     assert "owner/alice 0123abc" in fetched.stdout and "::warning::could not clone owner/gone" in fetched.stdout
-    assert sorted(p.name for p in (repo / "submissions").iterdir()) == ["alice", "bob", "gone"]
-    assert not (repo / "submissions/alice/.git").exists()
+    assert sorted(p.name for p in (repo / "submissions").iterdir()) == ["owner__alice", "owner__bob", "owner__gone"]
+    assert not (repo / "submissions/owner__alice/.git").exists()
     (repo / "shards").mkdir()
     for shard in (1, 2):
         run_step(grade["Grade shard ${{ matrix.shard }} of 2"], repo, env, shard)
         shutil.copy(repo / f"grades-{shard}.csv", repo / "shards")
+        shutil.copy(repo / f"commits-{shard}.csv", repo / "shards")
     run_step(next(step for step in merge.values() if "grade merge" in step.get("run", "")), repo, env)
     rows = {r["id"]: r for r in csv.DictReader((repo / "grades.csv").open())}
     assert {k: (r["status"], r["quick-layer.status"]) for k, r in rows.items()} == {
-        "alice": ("pass", "pass"),
-        "bob": ("fail", "error"),
-        "gone": ("error", "error"),
+        "owner__alice": ("pass", "pass"),
+        "owner__bob": ("fail", "error"),
+        "owner__gone": ("error", "error"),
     }
 
 
@@ -369,3 +370,69 @@ def test_github_refuses_files_outside_the_repository(cli, tmp_path, wheel, cours
     result = cli("autograder", "github", "--wheel", wheel, "--stages-dir", course_stages)
     assert result.exit_code == 2 and "outside the repository" in result.stderr
     assert not (repo / ".github").exists()
+
+
+def _commit(repo: Path, text: str, date: str) -> str:
+    """Commit tests/adapters.py holding text, dated date; return the commit."""
+    (repo / "tests").mkdir(parents=True, exist_ok=True)
+    (repo / "tests" / "adapters.py").write_text(text)
+    env = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    for args in (["add", "-A"], ["commit", "-q", "-m", text[:20]], ["rev-parse", "HEAD"]):
+        done = subprocess.run(["git", "-C", str(repo), *args], env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_github_workflow_keys_forks_by_owner_and_grades_the_last_commit_before_the_deadline(
+    cli, tmp_path, wheel, course_stages, monkeypatch
+):
+    yaml = pytest.importorskip("yaml")
+    repo = tmp_path / "class"
+    shutil.copytree(course_stages, repo / "stages")
+    (repo / "submissions.txt").write_text("alice/kv-course\nbob/kv-course\ncarol/kv-course\nalice/kv-course\n")
+    monkeypatch.chdir(repo)
+    bad = cli("autograder", "github", "--wheel", wheel, "--stages-dir", "stages", "--deadline", "2026-12-01 23:59")
+    assert bad.exit_code == 2 and "give its time zone" in " ".join(bad.stderr.split())
+    assert not (repo / ".github").exists()
+    args = ["autograder", "github", "--wheel", wheel, "--stages-dir", "stages", "--shards", "1"]
+    assert cli(*args, "--deadline", "2026-12-01T23:59:00+01:00").exit_code == 0
+    grade = workflow_steps(yaml.safe_load((repo / ".github/workflows/grade.yml").read_text()), "grade")
+
+    # three forks of one assignment, on a fake github.com (real git: git's url.insteadOf)
+    remotes = tmp_path / "github"
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": str(tmp_path / "gitconfig"), "TOKEN": ""}
+    (tmp_path / "gitconfig").write_text(
+        f'[url "{remotes.as_uri()}/"]\n\tinsteadOf = https://github.com/\n[user]\n\tname = s\n\temail = s@x\n'
+        "[init]\n\tdefaultBranch = main\n"
+    )
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    commits = {}
+    for owner in ("alice", "bob", "carol"):
+        fork = remotes / owner / "kv-course.git"
+        fork.mkdir(parents=True)
+        subprocess.run(["git", "init", "-q", str(fork)], check=True, env=env)
+    commits["alice"] = _commit(remotes / "alice/kv-course.git", "# alice, on time\n", "2026-12-01T22:30:00+01:00")
+    _commit(remotes / "alice/kv-course.git", "# alice, late\n", "2026-12-02T00:30:00+01:00")
+    commits["bob"] = _commit(remotes / "bob/kv-course.git", "# bob, on time\n", "2026-11-30T10:00:00Z")
+    _commit(remotes / "carol/kv-course.git", "# carol, late\n", "2026-12-01T23:30:00Z")  # 00:30 in +01:00
+
+    fetch = grade["Fetch the submissions"]
+    assert fetch["env"]["DEADLINE"] == "2026-12-01T23:59:00+01:00"
+    fetched = run_step(fetch, repo, {**env, "DEADLINE": fetch["env"]["DEADLINE"]})
+    subs = repo / "submissions"
+    assert sorted(p.name for p in subs.iterdir()) == ["alice__kv-course", "bob__kv-course", "carol__kv-course"]
+    assert (subs / "alice__kv-course/tests/adapters.py").read_text() == "# alice, on time\n"
+    assert (subs / "bob__kv-course/tests/adapters.py").read_text() == "# bob, on time\n"
+    assert list((subs / "carol__kv-course").iterdir()) == []  # nothing before the deadline: an empty submission
+    assert "carol/kv-course has no commit before the deadline" in fetched.stdout
+    assert "alice/kv-course is listed twice" in fetched.stdout
+    recorded = {r["id"]: r for r in csv.DictReader((repo / "commits.csv").open())}
+    assert {k: r["commit"] for k, r in recorded.items()} == {
+        "alice__kv-course": commits["alice"],
+        "bob__kv-course": commits["bob"],
+        "carol__kv-course": "",
+    }
+    assert recorded["alice__kv-course"]["committed"] == "2026-12-01T22:30:00+01:00"
+    assert not (subs / "alice__kv-course/.git").exists()

@@ -112,7 +112,7 @@ def test_stage_file_with_nan_tolerance_is_refused(cli, solution_course, tiny_pat
     )
     result = cli("test", "--course", solution_course, "--weights", tiny_path)
     assert result.exit_code == 2
-    assert "nan.toml: field 'tolerance.atol': must be a finite number >= 0, not nan" in result.stderr
+    assert "nan.toml: field 'tolerance.atol': must be a finite number > 0, not nan" in result.stderr
 
 
 def test_theinference_toml_weights_and_bad_field(cli, solution_course, tiny_path):

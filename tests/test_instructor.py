@@ -1,11 +1,13 @@
 """An instructor adds a stage with its own oracle, in a course of their own, without touching the package."""
 
+import re
 import shutil
 import textwrap
 
 import pytest
 
 from theinference.bundled import data_dir
+from conftest import write_adapters
 
 MLP_STAGE = """\
 format_version = 1
@@ -320,3 +322,131 @@ def test_a_scaffolded_stage_with_the_printed_adapters_passes_stages_check(cli, t
     result = cli("stages", "check", "--source", source, "--stage", "my-stage", "--weights", tiny_path)
     assert result.exit_code == 0, result.stdout
     assert "✔ pass" in result.stdout and "✔ not-started" in result.stdout
+
+
+# --- instructor mistakes fail loudly: exit 2, naming the file and the field ---
+
+
+@pytest.mark.parametrize(
+    "returned, words",
+    [
+        ("np.full((len(seq), model.config.n_embd), np.nan)", "non-finite value(s) (NaN or inf)"),
+        ("np.where(np.arange(len(seq))[:, None] > 0, np.inf, np.zeros((len(seq), 4)))", "non-finite value(s)"),
+        ("None", "returned None"),
+        ("'the answer'", "returned a str"),
+        ("np.float64(1.5)", "a 0-d value"),
+        ("[['a'] * 4] * len(seq)", "not numbers"),
+        ("np.zeros((0, 4))", "an empty array"),
+    ],
+)
+def test_an_oracle_output_that_judges_nothing_is_refused(cli, instructor_course, tiny_path, returned, words):
+    oracle_file = instructor_course / "stages" / "oracles.py"
+    oracle_file.write_text(f"import numpy as np\n\n\ndef mlp_sublayer(model, seq):\n    return {returned}\n")
+    result = cli(
+        "test",
+        *("--course", instructor_course / "solution", "--stages-dir", instructor_course / "stages"),
+        *("--weights", tiny_path, "--stage", "mlp-sublayer"),
+    )
+    message = " ".join(result.stderr.split())
+    assert result.exit_code == 2, result.output
+    assert re.search(r"stage 'mlp-sublayer', case '(one-token|sentence)': the oracle mlp_sublayer\(\) in ", message)
+    assert f"mlp_sublayer() in {oracle_file.resolve()}" in message
+    assert "field 'oracle'" in message and words in message
+
+
+def test_an_all_nan_oracle_stops_a_batch_before_any_grade(cli, instructor_course, tiny_path, tmp_path):
+    """Compared with NaN nothing is outside tolerance: a student returning zeros would get every point."""
+    (instructor_course / "stages" / "oracles.py").write_text(
+        "import numpy as np\n\n\ndef mlp_sublayer(model, seq):\n    return np.full((len(seq), 128), np.nan)\n"
+    )
+    zeros = tmp_path / "subs" / "zeros"
+    write_adapters(
+        zeros, "import numpy as np\n\ndef run_mlp_sublayer(seq_ids):\n    return np.zeros((len(seq_ids), 128))\n"
+    )
+    out = tmp_path / "grades.csv"
+    result = cli(
+        "grade",
+        zeros,
+        *("--stages-dir", instructor_course / "stages", "--stage", "mlp-sublayer"),
+        *("--weights", tiny_path, "--out", out),
+    )
+    assert result.exit_code == 2 and "non-finite" in result.stderr
+    assert not out.exists() or "zeros" not in out.read_text()
+
+
+@pytest.mark.parametrize(
+    "find, replace, field",
+    [
+        ("atol = 1e-4", "atol = 0", "tolerance.atol"),
+        ("rtol = 1e-3", "rtol = -1e-3", "tolerance.rtol"),
+    ],
+)
+def test_a_tolerance_of_zero_or_below_is_refused(cli, instructor_course, find, replace, field):
+    stage_file = instructor_course / "stages" / "mlp.toml"
+    stage_file.write_text(stage_file.read_text().replace(find, replace))
+    result = cli("stages", "list", "--stages-dir", instructor_course / "stages")
+    assert result.exit_code == 2
+    assert f"{stage_file}: field '{field}': must be a finite number > 0" in " ".join(result.stderr.split())
+
+
+def test_a_tie_tolerance_of_zero_is_refused(cli, tmp_path):
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    text = (data_dir("stages") / "greedy.toml").read_text()
+    (stages / "greedy2.toml").write_text(
+        text.replace('id = "greedy"', 'id = "greedy-two"').replace("rtol = 1e-4", "rtol = 0")
+    )
+    result = cli("stages", "list", "--stages-dir", stages)
+    assert result.exit_code == 2 and "field 'tie.rtol': must be a finite number > 0" in " ".join(result.stderr.split())
+
+
+BROKEN_MANIFESTS = {
+    "stage-typo": (
+        MUTANT + '\n[fingerprint]\nmlp-sublayr = "missing-scale"\n',
+        "field 'fingerprint.mlp-sublayr': unknown stage 'mlp-sublayr'",
+    ),
+    "bug-typo": (
+        MUTANT.replace("[expect]", '[expect]\nprove-one-layer = "fail"')
+        + '\n[fingerprint]\nprove-one-layer = "wpe-of-by-one"\n',
+        "field 'fingerprint.prove-one-layer': bug 'wpe-of-by-one' is not among the bugs stage 'prove-one-layer' fingerprints",
+    ),
+    "expect-typo": (MUTANT.replace("mlp-sublayer =", "mlp-sublayr ="), "field 'expect.mlp-sublayr': unknown stage"),
+    "not-toml": ("description = \n", "cannot read"),
+}
+
+
+def test_broken_manifests_are_named_and_the_other_mutants_still_run(cli, instructor_course, tiny_path):
+    for name, (text, _) in BROKEN_MANIFESTS.items():
+        (instructor_course / "mutants" / name).mkdir()
+        (instructor_course / "mutants" / name / "manifest.toml").write_text(text)
+    result = cli("stages", "check", "--source", instructor_course, "--stage", "mlp-sublayer", "--weights", tiny_path)
+    out = " ".join(result.stdout.split())
+    assert result.exit_code == 2, result.stdout
+    for name, (_, words) in BROKEN_MANIFESTS.items():
+        assert f"error: {instructor_course / 'mutants' / name / 'manifest.toml'}: " in out and words in out, name
+    # the good mutant and the solution were still checked
+    assert "no-ln2-bias" in result.stdout and "✔ all-rows-off" in result.stdout and "✔ pass" in result.stdout
+    assert "4 broken manifest field(s)" in out
+
+
+def test_stages_check_mutant_checks_only_that_mutant(cli, instructor_course, tiny_path):
+    shutil.copytree(instructor_course / "mutants" / "no-ln2-bias", instructor_course / "mutants" / "other")
+    result = cli(
+        "stages",
+        "check",
+        "--source",
+        instructor_course,
+        "--stage",
+        "mlp-sublayer",
+        "--weights",
+        tiny_path,
+        "--mutant",
+        "no-ln2-bias",
+    )
+    assert result.exit_code == 0, result.stdout
+    rows = [line.split()[0] for line in result.stdout.splitlines() if "all-rows-off" in line or "✔ pass" in line]
+    assert rows == ["no-ln2-bias"]
+    assert "1 checks, 0 mismatches" in result.stdout
+    result = cli("stages", "check", "--source", instructor_course, "--weights", tiny_path, "--mutant", "no-ln2-bais")
+    assert result.exit_code == 2 and "--mutant no-ln2-bais: no such mutant" in result.stderr
+    assert "no-ln2-bias, other" in result.stderr

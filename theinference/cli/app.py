@@ -14,6 +14,7 @@ from theinference.cli.common import EXIT_CONFIG, EXIT_INTERNAL, ConfigErrorsExit
 from theinference.cli.course import demo_command, init_command
 from theinference.cli.grade import GradeCommand, grade_command
 from theinference.cli.oracle import oracle_command
+from theinference.cli.report import report_command
 from theinference.cli.stages import stages_app
 from theinference.cli.test import test_command
 from theinference.cli.weights import weights_app
@@ -33,6 +34,7 @@ app.add_typer(autograder_app, name="autograder")
 app.command("test")(test_command)
 app.command("oracle")(oracle_command)
 app.command("grade", cls=GradeCommand)(grade_command)
+app.command("report")(report_command)
 app.command("init")(init_command)
 app.command("demo")(demo_command)
 

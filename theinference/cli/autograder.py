@@ -14,6 +14,7 @@ from theinference.grading.autograder import (
     check_weights_file,
     copy_wheel,
     obtain_wheel,
+    parse_deadline,
     render_workflow,
     repo_path,
     write_gradescope_bundle,
@@ -177,18 +178,27 @@ def github(
     timeout: TimeoutOpt = None,
     memory_limit: MemoryOpt = None,
     cases_seed: CasesSeedOpt = None,
+    deadline: Annotated[
+        Optional[str],
+        typer.Option(
+            "--deadline",
+            metavar="DATETIME",
+            help="Grade each repository's last commit before this ISO 8601 time with its zone (2026-12-01T23:59:00Z).",
+        ),
+    ] = None,
 ) -> None:
     """Write a GitHub Actions workflow that grades a class on a matrix (`grade --shard I/N`) and merges the shards.
 
     This version's wheel is put in .github/theinference/ beside it: commit both.
     """
+    when = parse_deadline(deadline) if deadline else None  # refused before anything is written
     grading = _grading(stages_dir, stage, timeout, memory_limit, cases_seed)
     chosen, warnings = _weights(weights, preset, seed)
     repo_path(out, repo)
     with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
         found, wheel_warnings = obtain_wheel(wheel, Path(workdir))
         placed = repo / ".github" / "theinference" / found.name
-        text = render_workflow(repo, shards, placed, chosen, grading, roster)
+        text = render_workflow(repo, shards, placed, chosen, grading, roster, when)
         copy_wheel(found, placed.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")

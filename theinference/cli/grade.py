@@ -19,6 +19,7 @@ from theinference.grading.batch import (
     BatchError,
     BatchInterrupted,
     CsvWriter,
+    ShardRecord,
     SubmissionResult,
     check_output,
     first_errors,
@@ -26,6 +27,7 @@ from theinference.grading.batch import (
     graded_with,
     parse_shard,
     shard,
+    shard_record,
     submissions,
 )
 from theinference.cli.common import err_console, in_ci, run_options, synth_progress, write_atomic
@@ -129,18 +131,34 @@ def merge_command(
             help="Where to write the merged grades (default: grades.csv, or grades.json for JSON shards).",
         ),
     ] = None,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace",
+            help="The first file is the class's grades; each later file's rows replace those of the same students (a regrade).",
+        ),
+    ] = False,
 ) -> None:
     """Combine the CSV or JSON files of `theinference grade --shard I/N` runs into one, sorted by id.
 
-    Refuses an interrupted shard, a submission in two shards, and shards graded differently (on other stages, or with another theinference version, weights, stage files or --seed: every shard records them), naming the difference.
+    Refuses an interrupted shard, a shard missing or given twice (each records I/N and the batch it slices), a submission in two shards, and shards graded differently (on other stages, or with another theinference version, weights, stage files or --seed: every shard records them), naming the difference.
+
+    `grade merge --replace GRADES REGRADED... --out FILE` regrades students: their rows in GRADES are replaced by those in REGRADED (graded alike), each keeping its own record of the run that graded it.
 
     Exit 0 when merged, 2 when refused.
     """
     missing = [p for p in parts if not p.is_file()]
     if missing:
         raise BatchError(f"grade merge needs shard files; not found: {', '.join(map(str, missing))}")
-    out, count = merge_shards(parts, out)
-    err_console().print(f"merged {len(parts)} shard(s), {count} submissions, into {out}", markup=False)
+    if replace and len(parts) < 2:
+        raise BatchError("grade merge --replace needs the class's grades and at least one file of regraded students")
+    out, count, replaced = merge_shards(parts, out, replace)
+    what = (
+        f"replaced {len(replaced)} submission(s) ({', '.join(replaced)})"
+        if replace
+        else f"merged {len(parts)} shard(s)"
+    )
+    err_console().print(f"{what}, {count} submissions, into {out}", markup=False, soft_wrap=True)
 
 
 _merge_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -235,12 +253,13 @@ def grade_command(
     subs = submissions(submission_dirs)
     if fmt is BatchFormat.gradescope and len(subs) != 1:
         raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
-    if shard_spec:
-        subs = shard(subs, *parse_shard(shard_spec))
+    index, count = parse_shard(shard_spec) if shard_spec else (1, 1)
+    record = shard_record(subs, index, count)
+    subs = shard(subs, index, count)
     grader, stages = _grader(weights, stages_dir or [], stage or [], student_env)
     with grader:
         grader.launcher.hide(out)
-        results, stopped = _run(subs, grader, stages, options, jobs, out, fmt)
+        results, stopped = _run(subs, grader, stages, options, jobs, out, fmt, record)
     if stopped:
         err_console().print(f"{stopped}; the {len(results)} graded are in {out}", soft_wrap=True, markup=False)
         raise typer.Exit(interrupt.exit_code() or 130)
@@ -251,12 +270,14 @@ def grade_command(
     )
 
 
-def _run(subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat) -> tuple[list[SubmissionResult], str]:
+def _run(
+    subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat, record: ShardRecord
+) -> tuple[list[SubmissionResult], str]:
     """Grade and write the results; also how the batch was interrupted ("" if it was not)."""
     progress = BatchProgress(len(subs), stages)
     progress.say(f"grading {len(subs)} submission(s), {jobs} at a time, against {grader.model.path}")
     graded = graded_with(grader.model, stages, options.seed)
-    writer = CsvWriter(out, stages, graded) if fmt is BatchFormat.csv else None
+    writer = CsvWriter(out, stages, graded, record) if fmt is BatchFormat.csv else None
 
     def on_result(result: SubmissionResult) -> None:
         if writer:
@@ -277,7 +298,7 @@ def _run(subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat) -> tu
         else:
             write_atomic(out, render_gradescope_ungraded(stages, f"grading was {stopped}", __version__))
     else:
-        write_atomic(out, json.dumps(batch_document(results, stages, graded, stopped), indent=2) + "\n")
+        write_atomic(out, json.dumps(batch_document(results, stages, graded, stopped, record), indent=2) + "\n")
     return results, stopped
 
 

@@ -9,7 +9,7 @@ from rich.markdown import Markdown
 from rich.text import Text
 
 from theinference.grading.check import check_course
-from theinference.cli.common import EXIT_FAIL, ItemProgress, console_for, synth_progress
+from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, ItemProgress, console_for, synth_progress
 from theinference.course import find_course_root
 from theinference.proc.launch import default_launcher
 from theinference.grading.grade import OracleCache
@@ -103,9 +103,19 @@ def check(
     weights: WeightsOpt = None,
     timeout: TimeoutOpt = None,
     jobs: JobsOpt = DEFAULT_JOBS,
+    mutant: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--mutant",
+            metavar="NAME",
+            help="Check only this mutant (repeatable; the solution and starter are skipped).",
+        ),
+    ] = None,
 ) -> None:
     """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
-    exactly the stages its manifest names, with the named diagnosis. Exit 1 on any mismatch."""
+    exactly the stages its manifest names, with the named diagnosis.
+
+    Exit 1 on any mismatch; 2 when a manifest is broken (it does not load, or names a stage or a bug that does not exist), after checking every other mutant."""
     source = (source or data_dir("course")).resolve()
     extra = [*(stages_dir or []), *([source / "stages"] if (source / "stages").is_dir() else [])]
     all_stages = load_stages(stage_dirs(None, extra))
@@ -119,11 +129,13 @@ def check(
         weights=choice, model=model, launcher=default_launcher(), cache=OracleCache(store=default_store())
     ) as grader:
         try:
-            result = check_course(source, all_stages, selected, grader, timeout=timeout, jobs=jobs, progress=progress)
+            result = check_course(
+                source, all_stages, selected, grader, timeout=timeout, jobs=jobs, progress=progress, only_mutants=mutant
+            )
         finally:
             progress.close()
     render_check(console, result)
-    raise typer.Exit(0 if result.ok else EXIT_FAIL)
+    raise typer.Exit(EXIT_CONFIG if result.broken else 0 if result.ok else EXIT_FAIL)
 
 
 @stages_app.command("new")

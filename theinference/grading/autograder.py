@@ -6,6 +6,7 @@ the instructor's weights (a synthetic preset made where grading runs, or a file)
 """
 
 import dataclasses
+import datetime
 import importlib.util
 import math
 import shlex
@@ -201,8 +202,26 @@ def repo_path(path: Path, repo: Path) -> str:
         ) from None
 
 
-def render_workflow(repo: Path, shards: int, wheel: Path, weights: Weights, grading: Grading, roster: Path) -> str:
-    """The GitHub Actions workflow that grades the roster's repositories on `shards` machines."""
+def parse_deadline(text: str) -> str:
+    """An ISO 8601 date and time with its time zone ('2026-12-01T23:59:00+01:00', or Z for UTC), normalized."""
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise AutograderError(
+            f"--deadline {text!r}: not an ISO 8601 date and time (e.g. 2026-12-01T23:59:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        raise AutograderError(
+            f"--deadline {text}: give its time zone (e.g. {moment.isoformat()}Z for UTC, or {moment.isoformat()}+01:00)"
+        )
+    return moment.isoformat()
+
+
+def render_workflow(
+    repo: Path, shards: int, wheel: Path, weights: Weights, grading: Grading, roster: Path, deadline: str | None = None
+) -> str:
+    """The GitHub Actions workflow that grades the roster's repositories on `shards` machines; with a deadline
+    (see parse_deadline), each repository's last commit before it on its default branch."""
     if weights.file is None:
         weights_path = "weights/model.safetensors"
         command = f"theinference weights synth --preset {weights.preset} --seed {weights.seed} --out weights"
@@ -221,6 +240,13 @@ def render_workflow(repo: Path, shards: int, wheel: Path, weights: Weights, grad
         "ROSTER": shlex.quote(repo_path(roster, repo)),
         "WEIGHTS_COMMAND": command,
         "GRADE_ARGS": shlex.join(["--weights", weights_path, *grading.grade_args(stages)]),
+        "DEADLINE": deadline or "",
+        "WHEN": (
+            f"Each repository is graded at the last commit of its default branch dated before\n# {deadline} "
+            "(the commit's own date: git records no push time)."
+            if deadline
+            else "Each repository's default branch is graded as it is when the\n# run starts."
+        ),
     }
     text = asset("autograder/grade.yml").read_text()
     for name, value in values.items():

@@ -101,6 +101,32 @@ def shard(items: list[Submission], index: int, count: int) -> list[Submission]:
     return items[index - 1 :: count]
 
 
+@dataclass(frozen=True)
+class ShardRecord:
+    """Which slice of which batch a `grade` run graded: `grade merge` checks that every slice is there once."""
+
+    index: int  # 1-based
+    count: int
+    submissions: int  # how many submissions the whole batch has (before slicing)
+    ids: str  # "sha256:<16 hex>" over the whole batch's submission ids, sorted
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def cells(self) -> list[str]:
+        return [self.label, str(self.submissions), self.ids]
+
+
+SHARD_COLUMNS = ["shard", "batch_submissions", "batch_ids"]
+
+
+def shard_record(subs: list[Submission], index: int = 1, count: int = 1) -> ShardRecord:
+    """The record of slice index/count of the batch subs (every submission, before slicing)."""
+    digest = hashlib.sha256("\n".join(sorted(s.id for s in subs)).encode()).hexdigest()[:16]
+    return ShardRecord(index, count, len(subs), f"sha256:{digest}")
+
+
 def _grade_one(sub: Submission, grader: Grader, stages: list[StageSpec], options: RunOptions) -> SubmissionResult:
     started = time.perf_counter()
     try:
@@ -265,38 +291,47 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
     columns = ["id", "status", "points", "max_points"]
     for stage in stages:
         columns += [f"{stage.id}.status", f"{stage.id}.points"]
-    return columns + ["seconds", *GRADED_WITH_COLUMNS, "finding", "reason", "error"]
+    return columns + ["seconds", *GRADED_WITH_COLUMNS, *SHARD_COLUMNS, "finding", "reason", "error"]
 
 
-def csv_row(result: SubmissionResult, stages: list[StageSpec], graded: GradedWith) -> list[str]:
+def csv_row(
+    result: SubmissionResult, stages: list[StageSpec], graded: GradedWith, shard: ShardRecord | None = None
+) -> list[str]:
     by_id = {s.id: s for s in result.run.stages} if result.run else {}
     earned, possible = result.points(stages)
     row = [spreadsheet_text(result.id), result.status, f"{earned:g}", f"{possible:g}"]  # the id: a directory's name
     for stage in stages:
         found = by_id.get(stage.id)
         row += [found.status, f"{found.points:g}"] if found else ["error", "0"]
+    shard_cells = shard.cells() if shard else [""] * len(SHARD_COLUMNS)
     reasons = [spreadsheet_text(findings(result)), spreadsheet_text(first_reason(result))]
-    return row + [f"{result.seconds:.2f}", *graded.cells(), *reasons, spreadsheet_text(first_errors(result))]
+    return row + [
+        f"{result.seconds:.2f}",
+        *graded.cells(),
+        *shard_cells,
+        *reasons,
+        spreadsheet_text(first_errors(result)),
+    ]
 
 
 class CsvWriter:
     """Appends one row per finished submission and flushes it: an interrupted batch keeps its rows."""
 
-    def __init__(self, path: Path, stages: list[StageSpec], graded: GradedWith):
-        self.path, self.stages, self.graded = path, stages, graded
+    def __init__(self, path: Path, stages: list[StageSpec], graded: GradedWith, shard: ShardRecord | None = None):
+        self.path, self.stages, self.graded, self.shard = path, stages, graded, shard
         self.file = path.open("w", newline="", encoding="utf-8")
         self.writer = csv.writer(self.file)
         self.writer.writerow(csv_header(stages))
         self.file.flush()
 
     def add(self, result: SubmissionResult) -> None:
-        self.writer.writerow(csv_row(result, self.stages, self.graded))
+        self.writer.writerow(csv_row(result, self.stages, self.graded, self.shard))
         self.file.flush()
 
     def finish(self, results: list[SubmissionResult], mark: str = "") -> None:
         """Rewrite the file sorted by id, now that every row is in; a mark (why the batch stopped) ends it."""
         self.file.close()
-        rows = [csv_header(self.stages), *(csv_row(r, self.stages, self.graded) for r in results)]
+        rows = [csv_header(self.stages), *(csv_row(r, self.stages, self.graded, self.shard) for r in results)]
         write_csv(self.path, rows + ([[f"{INTERRUPTED_MARK} {mark}"]] if mark else []))
 
 

@@ -206,7 +206,7 @@ def resolve_bug(name: str, stage_source: Path) -> Bug:
         name=name,
         finding=name,
         oracles=(),
-        compute=lambda model, _, inputs, __: compute_expected(spec, model, inputs, owner),
+        compute=lambda model, _, inputs, __: compute_expected(spec, model, inputs, owner, field="bugs"),
         stamp=spec.stamp,
     )
 

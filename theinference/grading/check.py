@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from theinference.course import load_course
-from theinference.grading.mutants import Mutant, MutantError, build_mutant, load_mutants
+from theinference.grading.mutants import MutantError, build_mutant, check_manifest, gather_mutants
 from theinference.grading.results import CheckCell, CheckResult, StageResult, Status
 from theinference.grading.stages import StageSpec
 from theinference.grading.grader import Grader, RunOptions
@@ -80,11 +80,6 @@ def _lesson_problems(stages: list[StageSpec]) -> list[str]:
     return [f"{s.source}: lesson file {s.lesson} does not exist" for s in stages if not s.lesson.is_file()]
 
 
-def _mutant_expectations(mutant: Mutant, known: set[str], selected: set[str]) -> tuple[dict, list[str]]:
-    unknown = [f"{mutant.source}: expect names unknown stage '{s}'" for s in mutant.expect if s not in known]
-    return {s: shape for s, shape in mutant.expect.items() if s in selected}, unknown
-
-
 def check_course(
     source: Path,
     all_stages: list[StageSpec],
@@ -93,32 +88,45 @@ def check_course(
     timeout: float | None = None,
     jobs: int = 2,
     progress: Callable[[int, int, str], None] | None = None,
+    only_mutants: list[str] | None = None,
 ) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations;
-    progress(done, total, what) is called as each subject × stage cell is finished."""
+    progress(done, total, what) is called as each subject × stage cell is finished.
+
+    With only_mutants, just those mutants are graded. A manifest that does not load, or names a
+    stage or bug that does not exist, is reported in `broken` (the others still run).
+    """
     options = RunOptions(limits=Limits(timeout=timeout))
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
     if not (solution / "tests" / "adapters.py").is_file():
         result.problems.append(f"{solution}: no reference solution (tests/adapters.py) to check against")
         return result
-    subjects: list[tuple[str, Path, dict, dict]] = [("solution", solution, {}, {})]
-    if (source / "starter").is_dir():
-        subjects.append(("starter", source / "starter", {s.id: ("not-started",) for s in stages}, {}))
+    subjects: list[tuple[str, Path, dict, dict]] = []
+    if not only_mutants:
+        subjects.append(("solution", solution, {}, {}))
+        if (source / "starter").is_dir():
+            subjects.append(("starter", source / "starter", {s.id: ("not-started",) for s in stages}, {}))
+    mutants, result.broken = gather_mutants(source / "mutants", only_mutants)
+    known, selected = {s.id: s for s in all_stages}, {s.id for s in stages}
     with tempfile.TemporaryDirectory(prefix="theinference-check-") as tmp:
-        try:
-            mutants = load_mutants(source / "mutants")
-            for mutant in mutants:
-                expect, unknown = _mutant_expectations(mutant, {s.id for s in all_stages}, {s.id for s in stages})
-                result.problems.extend(unknown)
-                subjects.append(
-                    (mutant.name, build_mutant(mutant, solution, Path(tmp) / mutant.name), expect, mutant.fingerprint)
-                )
-        except MutantError as e:
-            result.problems.append(str(e))
+        for mutant in mutants:
+            mistakes = check_manifest(mutant, known)
+            if mistakes:
+                result.broken.extend(mistakes)
+                continue
+            try:
+                built = build_mutant(mutant, solution, Path(tmp) / mutant.name)
+            except MutantError as e:  # an edit that no longer applies: this mutant only
+                result.problems.append(str(e))
+                continue
+            expect = {s: shape for s, shape in mutant.expect.items() if s in selected}
+            subjects.append((mutant.name, built, expect, mutant.fingerprint))
         result.subjects = [name for name, *_ in subjects]
+        if not subjects:
+            return result
         on_cell = _counter(len(subjects) * len(stages), progress)
-        # The solution first and alone: it fills the oracle cache every other subject reuses.
+        # The first subject (the solution) alone: it fills the oracle cache every other subject reuses.
         result.cells.extend(_grade_subject(*subjects[0][:3], stages, grader, options, subjects[0][3], on_cell))
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             for cells in pool.map(

@@ -17,7 +17,7 @@ def oracle_arrays(stage: StageSpec, model: Model, cases: list[CaseSpec]) -> dict
     for case in cases:
         for name, value in case.inputs.items():
             arrays[f"{case.name}.{name}"] = np.asarray(value)
-        expected = compute_expected(spec, model, case.inputs, f"stage '{stage.id}'")
+        expected = compute_expected(spec, model, case.inputs, f"stage '{stage.id}'", case.name)
         arrays[f"{case.name}.expected"] = expected
         if stage.compare == "tokens":  # the logits each greedy choice was made from
             arrays[f"{case.name}.logits"] = oracle.per_step_logits(

@@ -51,7 +51,7 @@ class OracleCache:
         key = (str(model.path), model.stamp, stage.oracle, spec.stamp, inputs)
         return self.memo(
             key,
-            lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'"),
+            lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'", case.name),
             model=model,
             durable=("oracle", stage.oracle, oracle_version(spec.stamp), case.inputs),
             label=f"{stage.id}: {case.name}",
@@ -321,6 +321,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         adapter_line=line,
         adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
+        visibility=stage.visibility,
     )
     if ctx.fingerprint and ctx.diagnosis:
         fingerprint_stage(stage, result, ctx.model, ctx.cache, ctx.first_exact)

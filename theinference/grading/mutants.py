@@ -110,6 +110,49 @@ def load_mutants(directory: Path) -> list[Mutant]:
     return [load_mutant(p) for p in sorted(directory.glob("*/manifest.toml"))]
 
 
+def gather_mutants(directory: Path, names: list[str] | None = None) -> tuple[list[Mutant], list[str]]:
+    """The mutants below directory that load (only those named, if names are given), and one error per
+    manifest that does not: one broken manifest never hides the others."""
+    paths = sorted(directory.glob("*/manifest.toml")) if directory.is_dir() else []
+    if names:
+        known = {p.parent.name: p for p in paths}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise MutantError(
+                f"--mutant {', '.join(unknown)}: no such mutant in {directory} (there: {', '.join(known) or 'none'})"
+            )
+        paths = [known[n] for n in dict.fromkeys(names)]
+    mutants, errors = [], []
+    for path in paths:
+        try:
+            mutants.append(load_mutant(path))
+        except MutantError as e:
+            errors.append(str(e))
+    return mutants, errors
+
+
+def check_manifest(mutant: Mutant, stages: dict) -> list[str]:
+    """The manifest's mistakes against the stages it can be checked on (stage id -> StageSpec), file and field named:
+    a stage id no stage has, or a fingerprint bug its stage does not list in `bugs` (it could never be named)."""
+    problems = []
+    for where, table in (("expect", mutant.expect), ("fingerprint", mutant.fingerprint)):
+        for stage_id in table:
+            if stage_id not in stages:
+                problems.append(
+                    f"{mutant.source}: field '{where}.{stage_id}': unknown stage '{stage_id}' "
+                    f"(stages: {', '.join(stages)})"
+                )
+    for stage_id, bugs in mutant.fingerprint.items():
+        if stage_id in stages:
+            listed = stages[stage_id].bugs
+            for bug in sorted(set(bugs) - set(listed)):
+                problems.append(
+                    f"{mutant.source}: field 'fingerprint.{stage_id}': bug '{bug}' is not among the bugs stage "
+                    f"'{stage_id}' fingerprints ({', '.join(listed) or 'none'}; its file: {stages[stage_id].source})"
+                )
+    return problems
+
+
 def build_mutant(mutant: Mutant, solution: Path, dest: Path) -> Path:
     """Copy the solution to dest and apply the mutant's edits; each `find` must occur exactly once."""
     shutil.copytree(solution, dest, ignore=shutil.ignore_patterns("__pycache__"))

@@ -132,14 +132,56 @@ def resolve_oracle(name: str, stage_source: Path) -> OracleSpec:
     return BUILTIN_ORACLES.get(name) or load_file_function(stage_source, name)
 
 
-def compute_expected(spec: OracleSpec, model: Model, inputs: dict, owner: str = "") -> np.ndarray:
-    """Run an oracle; an instructor's oracle failing is an OracleError naming owner (e.g. "stage 'x'"), file and line."""
+def compute_expected(
+    spec: OracleSpec, model: Model, inputs: dict, owner: str = "", case: str = "", field: str = "oracle"
+) -> np.ndarray:
+    """Run an oracle; an instructor's oracle failing, or returning anything but a finite numeric array, is an
+    OracleError naming owner (e.g. "stage 'x'"), the case, the file and line."""
     try:
-        return np.asarray(spec.compute(model, **inputs))
+        raw = spec.compute(model, **inputs)
     except Exception as e:
         if spec.inputs:  # built-in: a failure here is a grader bug and must surface as one
             raise
         raise OracleError(_failure(spec, owner, e)) from e
+    if spec.inputs:
+        return np.asarray(raw)
+    problem, output = _output_problem(raw)
+    if problem:
+        name = getattr(spec.compute, "__name__", "oracle")
+        where = f"{owner}, case '{case}'" if case else owner
+        raise OracleError(
+            f"{where + ': ' if where else ''}the oracle {name}() in {spec.stamp[0] if spec.stamp else 'its file'} "
+            f"(named by the stage file's field '{field}') returned {problem}; an oracle must return a finite numeric "
+            "array of at least one dimension (every answer would be judged against it)"
+        )
+    return output
+
+
+def _output_problem(raw) -> tuple[str, np.ndarray]:
+    """What is wrong with an instructor oracle's return value ("" if nothing), and the value as an array."""
+    if raw is None:
+        return "None (a missing `return`?)", np.empty(0)
+    if isinstance(raw, (str, bytes)):
+        return f"a {type(raw).__name__} ({raw[:40]!r})", np.empty(0)
+    try:
+        output = np.asarray(raw)
+    except Exception as e:  # ragged lists and the like: numpy says what
+        return f"{type(raw).__name__} that is not an array ({type(e).__name__}: {e})", np.empty(0)
+    if output.dtype.kind not in "iuf":
+        return f"a {type(raw).__name__} of {output.dtype} values, not numbers", output
+    if output.ndim == 0:
+        return f"a single number ({output.item()!r}, a 0-d value), not an array with a row per position", output
+    if output.size == 0:
+        return f"an empty array (shape {list(output.shape)})", output
+    bad = ~np.isfinite(output)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        return (
+            f"{int(bad.sum())} non-finite value(s) (NaN or inf) of {output.size}, the first at index {list(first)} "
+            f"({output[first]!r}): compared with NaN, any answer would pass",
+            output,
+        )
+    return "", output
 
 
 def _failure(spec: OracleSpec, owner: str, e: Exception) -> str:

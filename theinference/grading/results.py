@@ -164,6 +164,7 @@ class StageResult:
     # For stages whose cases return one row each: the shape read across cases, ordered by position.
     cross_case: Diagnosis | None = None
     origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course
+    visibility: str = "visible"  # when Gradescope shows it to the student (the stage file's `visibility`)
 
     @property
     def passed_cases(self) -> int:
@@ -233,8 +234,9 @@ class CheckResult:
     stages: list[str]
     subjects: list[str]
     cells: list[CheckCell] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)  # missing lessons, broken manifests, ...
+    problems: list[str] = field(default_factory=list)  # missing lessons, edits that no longer apply, ...
+    broken: list[str] = field(default_factory=list)  # the instructor's mistakes in manifests: `stages check` exits 2
 
     @property
     def ok(self) -> bool:
-        return not self.problems and all(c.ok for c in self.cells)
+        return not self.problems and not self.broken and all(c.ok for c in self.cells)

@@ -10,8 +10,10 @@ from theinference.grading.batch import (
     BATCH_SCHEMA,
     GRADED_WITH_COLUMNS,
     INTERRUPTED_MARK,
+    SHARD_COLUMNS,
     BatchError,
     check_output,
+    parse_shard,
     write_csv,
 )
 
@@ -55,7 +57,7 @@ def read_csv_shard(path: Path) -> Shard:
             raise BatchError(f"{path}: {row[0][len(INTERRUPTED_MARK) :].strip()}; grade that shard again")
         if row:
             record = dict(zip(header, row))
-            entries.append((row[0], {k: record.get(k, "") for k in GRADED_WITH_COLUMNS}, row))
+            entries.append((row[0], {k: record.get(k, "") for k in [*GRADED_WITH_COLUMNS, *SHARD_COLUMNS]}, row))
     stages = [c.removesuffix(".status") for c in header if c.endswith(".status") and c != "status"]
     return Shard(path, "csv", stages, entries, header)
 
@@ -78,7 +80,7 @@ def read_json_shard(path: Path) -> Shard:
     stages = doc.get("stages", [])
     if not isinstance(stages, list) or not all(isinstance(s, str) for s in stages):
         raise BatchError(f"{path}: 'stages' is not a list of stage ids")
-    entries = [(s["id"], graded, s) for s in subs]
+    entries = [(s["id"], {**graded, **{k: _cell(s.get(k)) for k in SHARD_COLUMNS}}, s) for s in subs]
     return Shard(path, "json", stages, entries, {**doc, "submissions": []})
 
 
@@ -104,6 +106,55 @@ def _check_alike(shards: list[Shard]) -> None:
                 )
 
 
+_REPLACE = "to regrade some students, `grade merge --replace GRADES REGRADED... --out FILE` replaces their rows"
+
+
+def _check_complete(shards: list[Shard]) -> None:
+    """Refuse shards of different batches, a slice given twice, or a missing one, naming it."""
+    files: dict[str, list[Path]] = {}  # slice label -> the files holding rows of it
+    batches: dict[tuple[str, str], Path] = {}
+    for shard in shards:
+        for sub_id, record, _ in shard.entries:
+            if not record["shard"]:
+                raise BatchError(
+                    f"{shard.path}: the row of '{sub_id}' records no shard (written by another theinference?)"
+                )
+            batches.setdefault((record["batch_submissions"], record["batch_ids"]), shard.path)
+            if shard.path not in files.setdefault(record["shard"], []):
+                files[record["shard"]].append(shard.path)
+    if len(batches) > 1:
+        (size_a, ids_a), path_a = next(iter(batches.items()))
+        (size_b, ids_b), path_b = list(batches.items())[1]
+        raise BatchError(
+            f"{path_b}: from another batch ({size_b} submissions, ids {ids_b}) than {path_a} "
+            f"({size_a} submissions, ids {ids_a}): merge the shards of one `grade` run over the same submissions; "
+            f"{_REPLACE}"
+        )
+    for label, paths in files.items():
+        if len(paths) > 1 or sum(s.path == paths[0] for s in shards) > 1:
+            raise BatchError(
+                f"{paths[-1]}: shard {label} already appears in another shard file ({paths[0]}); give each shard once"
+            )
+    if not batches:
+        return
+    slices = {label: parse_shard(label) for label in files}
+    counts = sorted({count for _, count in slices.values()})
+    if len(counts) > 1:
+        raise BatchError(f"the shards split the batch {' and '.join(f'{n} ways' for n in counts)}: merge one split")
+    (size, _), count = next(iter(batches)), counts[0]
+    # A slice is empty only when the batch has fewer submissions than slices: those have no rows to merge.
+    missing = [f"{i}/{count}" for i in range(1, min(count, int(size)) + 1) if f"{i}/{count}" not in files]
+    if missing:
+        have = ", ".join(f"{label} ({paths[0]})" for label, paths in sorted(files.items()))
+        raise BatchError(
+            f"shard {', '.join(missing)} of the batch of {size} submissions is missing (given: {have}); "
+            f"grade it with `theinference grade ... --shard {missing[0]}` and merge it too"
+        )
+    rows = sum(len(s.entries) for s in shards)
+    if rows != int(size):
+        raise BatchError(f"the shards hold {rows} submissions, but their batch has {size}: is a shard file cut short?")
+
+
 def _output(fmt: str, out: Path | None) -> Path:
     out = out or Path(f"grades.{fmt}")
     other = {"csv": ".json", "json": ".csv"}[fmt]
@@ -112,8 +163,14 @@ def _output(fmt: str, out: Path | None) -> Path:
     return out
 
 
-def merge_shards(parts: list[Path], out: Path | None) -> tuple[Path, int]:
-    """Combine shard files (all CSV or all JSON) into out, sorted by id; return out and the submission count."""
+def merge_shards(parts: list[Path], out: Path | None, replace: bool = False) -> tuple[Path, int, list[str]]:
+    """Combine shard files (all CSV or all JSON) into out, sorted by id; return out, the submission count and
+    the ids replaced.
+
+    Every shard of the batch must be there, once. With replace, the first file is a whole batch's grades
+    and the others' rows replace those of the same students (each row keeps its own record of what
+    graded it, and when: its shard and batch cells are the regrade's).
+    """
     formats = {p: shard_format(p) for p in parts}
     if len(set(formats.values())) > 1:
         listed = ", ".join(f"{p} ({f.upper()})" for p, f in formats.items())
@@ -123,12 +180,21 @@ def merge_shards(parts: list[Path], out: Path | None) -> tuple[Path, int]:
     out = _output(first.format, out)
     check_output(out)
     _check_alike(shards)
+    _check_complete(shards[:1] if replace else shards)
     merged: dict[str, Any] = {}
-    for shard in shards:
+    for shard in shards[:1] if replace else shards:
         for sub_id, _, payload in shard.entries:
             if sub_id in merged:
-                raise BatchError(f"{shard.path}: submission '{sub_id}' already appears in another shard")
+                raise BatchError(f"{shard.path}: submission '{sub_id}' already appears in another shard; {_REPLACE}")
             merged[sub_id] = payload
+    replaced: dict[str, Path] = {}
+    for shard in shards[1:] if replace else []:
+        for sub_id, _, payload in shard.entries:
+            if sub_id not in merged:
+                raise BatchError(f"{shard.path}: '{sub_id}' is not in {first.path}: --replace only replaces rows")
+            if sub_id in replaced:
+                raise BatchError(f"{shard.path}: '{sub_id}' is regraded in {replaced[sub_id]} too: give one regrade")
+            merged[sub_id], replaced[sub_id] = payload, shard.path
     ordered = [merged[k] for k in sorted(merged)]
     if first.format == "csv":
         write_csv(out, [first.head, *ordered])
@@ -136,4 +202,4 @@ def merge_shards(parts: list[Path], out: Path | None) -> tuple[Path, int]:
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(json.dumps({**first.head, "submissions": ordered}, indent=2) + "\n", encoding="utf-8")
         tmp.replace(out)
-    return out, len(merged)
+    return out, len(merged), sorted(replaced)

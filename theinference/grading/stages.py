@@ -18,7 +18,10 @@ A stage file (format_version 1) holds, at the top level:
   timeout         number > 0, seconds each case may take in the student's process
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
-  [tolerance]     atol, rtol: finite numbers >= 0 (required, except for "tokens" and "scaling"
+  visibility      when Gradescope shows the stage's result to the student: "visible" (default),
+                  "after_due_date", "after_published" or "hidden" (its values for a test); other
+                  formats show every stage
+  [tolerance]     atol, rtol: finite numbers > 0 (required, except for "tokens" and "scaling"
                   stages, which reject it)
   [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number >= 0. A
                   generated token that is not the oracle's argmax is accepted as a near-tie when
@@ -98,7 +101,9 @@ _OPTIONAL = {
     "scaling": dict,
     "bugs": list,
     "bug_hints": dict,
+    "visibility": str,
 }
+VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")  # Gradescope's, for a test
 
 
 class StageError(ConfigError):
@@ -145,6 +150,7 @@ class StageSpec:
     bugs: tuple[str, ...] = ()  # bug oracles to fingerprint failing outputs against
     bug_hints: dict = field(default_factory=dict)  # bug name -> hint text
     tie_rtol: float | None = None  # "tokens"/"scaling" stages: the near-tie tolerance, relative to max|logit|
+    visibility: str = "visible"  # when Gradescope shows the result to the student (VISIBILITIES)
 
     @property
     def adapter_names(self) -> tuple[str, ...]:
@@ -277,6 +283,8 @@ def _check_values(path: Path, data: dict) -> None:
         raise _fail(path, "points", "must be >= 0")
     if data.get("credit", "all-or-nothing") not in ("all-or-nothing", "per-case"):
         raise _fail(path, "credit", "must be 'all-or-nothing' or 'per-case'")
+    if data.get("visibility", "visible") not in VISIBILITIES:
+        raise _fail(path, "visibility", f"must be one of {', '.join(VISIBILITIES)} (Gradescope's)")
     if not data["adapter"].isidentifier():
         raise _fail(path, "adapter", f"'{data['adapter']}' is not a Python function name")
     for i, alias in enumerate(data.get("aliases", [])):
@@ -289,7 +297,7 @@ def _check_values(path: Path, data: dict) -> None:
 def _tolerance(
     path: Path, table: dict, name: str = "tolerance", keys: tuple[str, ...] = ("atol", "rtol")
 ) -> tuple[float, ...]:
-    """The finite, non-negative numbers of a tolerance table ([tolerance] atol, rtol; [tie] rtol)."""
+    """The finite, positive numbers of a tolerance table ([tolerance] atol, rtol; [tie] rtol)."""
     for key in table:
         if key not in keys:
             raise _fail(path, f"{name}.{key}", f"unknown field (known fields: {', '.join(keys)})")
@@ -297,8 +305,9 @@ def _tolerance(
         if key not in table:
             raise _fail(path, f"{name}.{key}", "missing required field")
         _check_type(path, f"{name}.{key}", table[key], (int, float))
-        if not math.isfinite(table[key]) or table[key] < 0:
-            raise _fail(path, f"{name}.{key}", f"must be a finite number >= 0, not {table[key]}")
+        if not math.isfinite(table[key]) or table[key] <= 0:
+            # 0 would fail the reference solution itself on float rounding, and read as the student's bug
+            raise _fail(path, f"{name}.{key}", f"must be a finite number > 0, not {table[key]}")
     return tuple(float(table[key]) for key in keys)
 
 
@@ -453,6 +462,7 @@ def load_stage(path: Path) -> StageSpec:
         bugs=bugs,
         bug_hints=bug_hints,
         tie_rtol=tie_rtol,
+        visibility=data.get("visibility", "visible"),
     )
 
 

@@ -47,8 +47,11 @@ def render_check(console: Console, result: CheckResult) -> None:
             )
     for problem in result.problems:
         console.print(f"[red]problem:[/red] {escape(problem)}", soft_wrap=True)
+    for mistake in result.broken:
+        console.print(f"[red]error:[/red] {escape(mistake)}", soft_wrap=True)
     verdict = (
         "[bold green]stages check passed[/bold green]" if result.ok else "[bold red]stages check failed[/bold red]"
     )
     bad = sum(not c.ok for c in result.cells)
-    console.print(f"{verdict} · {len(result.cells)} checks, {bad} mismatches, {len(result.problems)} problems")
+    broken = f", {len(result.broken)} broken manifest field(s)" if result.broken else ""
+    console.print(f"{verdict} · {len(result.cells)} checks, {bad} mismatches, {len(result.problems)} problems{broken}")

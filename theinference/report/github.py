@@ -2,7 +2,14 @@
 
 import os
 
-from theinference.report.text import case_summary, group_cases, grouped_summary, repeated_note, run_summary
+from theinference.report.text import (
+    case_summary,
+    cross_case_summary,
+    group_cases,
+    grouped_summary,
+    repeated_note,
+    run_summary,
+)
 from theinference.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
 from theinference.grading.results import RunResult, StageResult, Status
 
@@ -34,6 +41,8 @@ def render_annotations(run: RunResult) -> str:
             continue
         title = workflow_property(f"theinference {stage.id}: {stage.status}")
         failing = grouped_summary([c for c in stage.cases if c.status != Status.PASS])
+        across = cross_case_summary(stage)
+        failing = [across, *failing] if across else failing
         lines.append(f"::error {_location(run, stage)},title={title}::{workflow_data(chr(10).join(failing))}")
     for line in run.course_supplied:
         lines.append(f"::warning title={workflow_property('theinference: not the instructor')}::{workflow_data(line)}")
@@ -57,6 +66,8 @@ def render_summary(run: RunResult, version: str) -> str:
             f"{stage.points:g}/{stage.max_points:g} |"
         )
     for stage in run.stages:
+        if cross_case_summary(stage):
+            out += ["", f"### `{stage.id}` · across its cases", "", markdown_code_block(cross_case_summary(stage))]
         for group in group_cases([c for c in stage.cases if c.status != Status.PASS]):
             more = f" ({repeated_note(group)})" if len(group) > 1 else ""
             heading = for_terminal(f"### `{stage.id}` · {group[0].name}{more}")

@@ -1,5 +1,6 @@
 """Gradescope's results.json: score, execution_time, tests[] with name, score, max_score, status, output, visibility."""
 
+import dataclasses
 import json
 
 from theinference.report.text import run_summary, stage_summary
@@ -16,16 +17,20 @@ def render_gradescope(run: RunResult, version: str) -> str:
             "max_score": stage.max_points,
             "status": "passed" if stage.status == Status.PASS else "failed",
             "output": stage_summary(stage),
-            "visibility": "visible",
+            "visibility": stage.visibility,
         }
         for stage in run.stages
     ]
+    # The submission's line names only what the student may see now; a stage shown later is counted apart.
+    shown = dataclasses.replace(run, stages=[s for s in run.stages if s.visibility == "visible"])
+    later = len(run.stages) - len(shown.stages)
+    withheld = f" ({later} more stage(s) shown after the due date or when grades are published)" if later else ""
     seed = f", seed {run.seed}" if run.seed is not None else ""
     document = {
         "score": round(earned, 4),
         "max_score": possible,
         "execution_time": round(sum(s.seconds for s in run.stages), 3),
-        "output": f"theinference {version}: {run_summary(run)} (weights: {run.weights_path}{seed}; "
+        "output": f"theinference {version}: {run_summary(shown)}{withheld} (weights: {run.weights_path}{seed}; "
         f"isolation: {run.isolation}: {run.isolation_summary})"
         + "".join(f"\nnot the instructor's: {line}" for line in run.course_supplied),
         "visibility": "visible",
@@ -44,7 +49,7 @@ def render_gradescope_ungraded(stages: list[StageSpec], error: str, version: str
             "max_score": s.points,
             "status": "failed",
             "output": f"not graded: {error}",
-            "visibility": "visible",
+            "visibility": s.visibility,
         }
         for s in stages
     ]

@@ -5,7 +5,15 @@ import json
 import math
 
 from theinference import __version__
-from theinference.grading.batch import BATCH_SCHEMA, BATCH_SCHEMA_VERSION, GradedWith, SubmissionResult, first_errors
+from theinference.grading.batch import (
+    BATCH_SCHEMA,
+    BATCH_SCHEMA_VERSION,
+    SHARD_COLUMNS,
+    GradedWith,
+    ShardRecord,
+    SubmissionResult,
+    first_errors,
+)
 from theinference.grading.results import CaseResult, RunResult, ScalingResult, StageResult
 from theinference.grading.stages import StageSpec
 
@@ -100,6 +108,7 @@ def stage_document(stage: StageResult) -> dict:
         "diagnosis": dataclasses.asdict(stage.diagnosis) if stage.diagnosis else None,
         "cross_case": stage.cross_case is not None,
         "source": stage.origin,
+        "visibility": stage.visibility,
         "cases": [case_document(c) for c in stage.cases],
     }
 
@@ -137,9 +146,15 @@ def render_json(run: RunResult, version: str) -> str:
 
 
 def batch_document(
-    results: list[SubmissionResult], stages: list[StageSpec], graded: GradedWith, interrupted: str = ""
+    results: list[SubmissionResult],
+    stages: list[StageSpec],
+    graded: GradedWith,
+    interrupted: str = "",
+    shard: ShardRecord | None = None,
 ) -> dict:
     """The batch JSON document (schema "theinference.batch", see README): every run's full results."""
+    # Each submission keeps which slice of which batch graded it, so merged and regraded documents keep it too.
+    record = dict(zip(SHARD_COLUMNS, [shard.label, shard.submissions, shard.ids])) if shard else {}
     docs = []
     for r in results:
         earned, possible = r.points(stages)
@@ -152,6 +167,7 @@ def batch_document(
                 "max_points": possible,
                 "error": first_errors(r),
                 "seconds": r.seconds,
+                **record,
                 "results": run_document(r.run, __version__) if r.run else None,
             }
         )

@@ -2,7 +2,7 @@
 
 import xml.etree.ElementTree as ET
 
-from theinference.report.text import case_summary, scaling_summary
+from theinference.report.text import case_summary, cross_case_summary, scaling_summary
 from theinference.untrusted import for_terminal
 from theinference.grading.results import NO_ANSWER, RunResult, Status
 
@@ -16,6 +16,8 @@ def _scaling_properties(scaling) -> list[ET.Element]:
         ("max_fraction", f"{scaling.max_fraction:g}"),
         ("accounting", scaling.accounting),
     ]
+    if scaling.stopped_at is not None:  # that length's figure is a lower bound
+        values.append(("stopped_at", str(scaling.stopped_at)))
     if scaling.speedup is not None:
         values.append(("speedup", f"{scaling.speedup:.4g}"))
     return [ET.Element("property", name=name, value=value) for name, value in values]
@@ -60,9 +62,12 @@ def render_junit(run: RunResult, version: str) -> str:
                     ET.SubElement(element, "system-out").text = scaling_summary(case)
                 continue
             tag = "error" if case.status in NO_ANSWER else "failure"
-            message = case.diagnosis.summary if case.diagnosis else (for_terminal(case.message) or case.status)
+            # A stage read across its cases diagnoses none of them alone: each failing case carries the stage's.
+            diagnosis = case.diagnosis or (stage.cross_case if case.status == Status.FAIL else None)
+            message = diagnosis.summary if diagnosis else (for_terminal(case.message) or case.status)
             detail = ET.SubElement(element, tag, type=case.status, message=message)
-            detail.text = case_summary(case)
+            across = cross_case_summary(stage) if case.status == Status.FAIL else ""
+            detail.text = case_summary(case) + (f"\n{across}" if across else "")
             if case.stdout or case.stderr:
                 ET.SubElement(element, "system-out").text = for_terminal(case.stdout + case.stderr)
             stage_errors += tag == "error"

@@ -1,7 +1,7 @@
 """Short plain-text summaries of results, shared by the CI renderers."""
 
 from theinference.untrusted import for_terminal
-from theinference.grading.results import CaseResult, RunResult, StageResult, Status
+from theinference.grading.results import CaseResult, Diagnosis, RunResult, StageResult, Status
 
 
 def run_summary(run: RunResult) -> str:
@@ -15,7 +15,10 @@ def scaling_summary(case: CaseResult) -> str:
     """cache-scaling's numbers in one line: how counted, ms per token at each length, both tests' figures."""
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
-    per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
+    per = ", ".join(
+        f"{n} tokens > {ms:.3g} ms/token (stopped)" if n == t.stopped_at else f"{n} tokens {ms:.3g} ms/token"
+        for n, ms in zip(t.lengths, t.ms_per_token)
+    )
     fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
     note = f" ({t.weights_note})" if t.weights_note else ""
     bound = "at least " if t.stopped_at == t.lengths[-1] else ""  # the longest call was stopped
@@ -35,17 +38,29 @@ def case_summary(case: CaseResult) -> str:
     if case.scaling:
         lines.append(scaling_summary(case))
     if case.diagnosis:
-        if case.diagnosis.shape:
-            lines.append(f"shape: {case.diagnosis.shape} — {case.diagnosis.summary}")
-        if case.diagnosis.bug:
-            lines.append(f"finding: {case.diagnosis.bug}: {case.diagnosis.evidence}")
-        elif case.diagnosis.evidence:
-            lines.append(f"known bugs: {case.diagnosis.evidence}")
-        if case.diagnosis.hint:
-            lines.append(f"hint: {case.diagnosis.hint}")
+        lines += diagnosis_lines(case.diagnosis)
     if case.traceback:
         lines.append(for_terminal(case.traceback.rstrip()))
     return "\n".join(lines)
+
+
+def diagnosis_lines(d: Diagnosis) -> list[str]:
+    """A diagnosis as the terminal tells it: shape, finding (or the known bugs ruled out), hint."""
+    lines = [f"shape: {d.shape} — {d.summary}"] if d.shape else []
+    if d.bug:
+        lines.append(f"finding: {d.bug}: {d.evidence}")
+    elif d.evidence:
+        lines.append(f"known bugs: {d.evidence}")
+    if d.hint:
+        lines.append(f"hint: {d.hint}")
+    return lines
+
+
+def cross_case_summary(stage: StageResult) -> str:
+    """For a stage read across its cases (one row each): that diagnosis in a paragraph; "" for any other stage."""
+    if stage.status == Status.PASS or stage.cross_case is None:
+        return ""
+    return "\n".join([f"{stage.id}, read across its cases:", *diagnosis_lines(stage.cross_case)])
 
 
 REPEATS_NAMED = 5  # a repeated error lists this many of the other cases by name
@@ -81,4 +96,5 @@ def stage_summary(stage: StageResult) -> str:
         f"{stage.points:g}/{stage.max_points:g} points"
     )
     shown = [c for c in stage.cases if c.status != Status.PASS or c.scaling]
-    return "\n\n".join([head, *grouped_summary(shown)])
+    across = cross_case_summary(stage)
+    return "\n\n".join([head, *([across] if across else []), *grouped_summary(shown)])

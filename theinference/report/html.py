@@ -1,0 +1,312 @@
+"""The class report: one self-contained HTML file (inline CSS and SVG, no script, nothing fetched).
+
+It renders a batch JSON document and the ClassView counted from it: per-stage pass rates,
+the distribution of points, the known bugs found across the class with links to each
+sighting, and a section per submission with its stage tables, an error-by-position plot per
+failing case, and the diagnosis (shape, finding, hint). Every text from a submission is escaped.
+"""
+
+import math
+from html import escape
+
+from theinference.grading.classview import ClassView, anchor, stage_results
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:70em;padding:0 1em;color:#222}
+h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;margin-top:2em}h3{margin-bottom:.3em}
+table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.2em .5em;text-align:left;
+vertical-align:top}th{background:#f4f4f4}.pass{color:#17702b}.fail,.error,.timeout,.crash{color:#b00020}
+.not-started{color:#8a6d00}pre{background:#f7f7f7;padding:.5em;overflow-x:auto;white-space:pre-wrap}
+.meta{color:#666;font-size:.9em}section.submission{border-top:3px solid #eee;margin-top:2em}
+.diag{background:#fff8e6;border-left:4px solid #e0a800;padding:.4em .8em;margin:.4em 0}
+.finding{font-weight:600}svg text{font:11px sans-serif;fill:#444}
+"""
+
+_STATUS_ORDER = ("pass", "fail", "not-started", "error", "timeout", "crash", "not graded")
+
+
+def _number(value) -> float:
+    """A JSON number, or the strings "inf"/"nan" the results document writes for non-finite ones."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _status(status: str) -> str:
+    return f'<span class="{escape(status)}">{escape(status)}</span>'
+
+
+def _bar(fraction: float, width: int = 160) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return (
+        f'<svg width="{width}" height="12" role="img" aria-label="{fraction:.0%}">'
+        f'<rect width="{width}" height="12" fill="#eee"/><rect width="{filled}" height="12" fill="#3a8f4f"/></svg>'
+    )
+
+
+def _pass_rates(view: ClassView) -> str:
+    rows = []
+    for s in view.stages:
+        others = ", ".join(f"{n} {escape(k)}" for k, n in sorted(s.statuses.items(), key=_order) if k != "pass")
+        rows.append(
+            f'<tr class="stage-rate" data-stage="{escape(s.id)}" data-passed="{s.passed}" data-total="{s.total}">'
+            f"<td><code>{escape(s.id)}</code></td><td>{escape(s.title)}</td>"
+            f"<td>{s.passed} of {s.total}</td><td>{_bar(s.rate)} {s.rate:.0%}</td><td>{others}</td></tr>"
+        )
+    head = "<tr><th>stage</th><th>title</th><th>passed</th><th>pass rate</th><th>the others</th></tr>"
+    return f"<h2>Stages</h2><table>{head}{''.join(rows)}</table>"
+
+
+def _order(item) -> int:
+    return _STATUS_ORDER.index(item[0]) if item[0] in _STATUS_ORDER else len(_STATUS_ORDER)
+
+
+def _histogram(points: list[float], max_points: float, bins: int = 10) -> list[tuple[float, float, int]]:
+    """(low, high, count) per bin of [0, max_points]; the last bin includes max_points."""
+    if max_points <= 0:
+        return [(0.0, 0.0, len(points))]
+    width = max_points / bins
+    counts = [0] * bins
+    for p in points:
+        counts[min(bins - 1, max(0, int(p // width)))] += 1
+    return [(i * width, (i + 1) * width, n) for i, n in enumerate(counts)]
+
+
+def _points(view: ClassView) -> str:
+    bins = _histogram(view.points, view.max_points)
+    tallest = max((n for *_, n in bins), default=0) or 1
+    bar_w, height = 44, 120
+    bars = []
+    for i, (low, high, n) in enumerate(bins):
+        h = round(n / tallest * height)
+        x = i * bar_w
+        bars.append(
+            f'<g class="bin" data-low="{low:g}" data-high="{high:g}" data-count="{n}">'
+            f'<rect x="{x + 2}" y="{height - h + 14}" width="{bar_w - 4}" height="{h}" fill="#4a78b5"/>'
+            f'<text x="{x + bar_w / 2}" y="{height - h + 10}" text-anchor="middle">{n}</text>'
+            f'<text x="{x + bar_w / 2}" y="{height + 28}" text-anchor="middle">{low:g}–{high:g}</text></g>'
+        )
+    svg = (
+        f'<svg width="{bar_w * len(bins)}" height="{height + 34}" role="img" '
+        f'aria-label="points distribution">{"".join(bars)}</svg>'
+    )
+    mean = sum(view.points) / len(view.points) if view.points else 0.0
+    return (
+        f"<h2>Points</h2><p>{len(view.points)} submissions · mean {mean:.3g} of {view.max_points:g} · "
+        f"{view.statuses.get('pass', 0)} passed every stage, {view.statuses.get('error', 0)} could not be graded</p>"
+        + svg
+    )
+
+
+def _links(sightings) -> str:
+    return ", ".join(
+        f'<a href="#{s.anchor}">{escape(s.submission)} · {escape(s.stage)}</a>'
+        for s in sorted(sightings, key=lambda s: (s.submission, s.stage))
+    )
+
+
+def _findings(view: ClassView) -> str:
+    head = "<tr><th>bug</th><th>students</th><th>stages</th><th>where</th></tr>"
+    rows = [
+        f'<tr class="finding-row" data-bug="{escape(f.bug)}" data-students="{len(f.students)}">'
+        f"<td><code>{escape(f.bug)}</code></td><td>{len(f.students)} of {view.submissions}</td>"
+        f"<td>{', '.join(f'<code>{escape(s)}</code>' for s in f.stages)}</td><td>{_links(f.sightings)}</td></tr>"
+        for f in view.findings
+    ]
+    for f in view.unexplained:
+        shape = f" (shape <code>{escape(f.shape)}</code>)" if f.shape else ""
+        rows.append(
+            f'<tr class="finding-row" data-bug="" data-shape="{escape(f.shape)}" data-students="{len(f.students)}">'
+            f"<td>no known bug named{shape}</td><td>{len(f.students)} of {view.submissions}</td>"
+            f"<td>{', '.join(f'<code>{escape(s)}</code>' for s in f.stages)}</td><td>{_links(f.sightings)}</td></tr>"
+        )
+    body = f"<table>{head}{''.join(rows)}</table>" if rows else "<p>No failing stage had a diagnosis.</p>"
+    return (
+        "<h2>Bugs found across the class</h2><p class=meta>A failing stage's output compared with GPT-2 computed "
+        "with each known bug: a match names the bug, with its numbers in the submission's section. A failing stage "
+        "that names none is counted by the shape of its failure (cache-scaling's <code>no-cache</code>, "
+        "<code>too-slow</code>).</p>" + body
+    )
+
+
+def _error_plot(rows: list[dict], label: str) -> str:
+    """max |Δ| by position on a log scale; rows outside tolerance in red, non-finite ones at the top."""
+    points = [(int(r.get("position", i)), _number(r.get("max_abs")), bool(r.get("ok"))) for i, r in enumerate(rows)]
+    if not points:
+        return ""
+    finite = [v for _, v, _ in points if math.isfinite(v) and v > 0]
+    low = math.floor(math.log10(min(finite))) if finite else -8
+    high = math.ceil(math.log10(max(finite))) if finite else 0
+    high = max(high, low + 1)
+    xs = [p for p, _, _ in points]
+    x0, x1 = min(xs), max(max(xs), min(xs) + 1)
+    w, h, left, top = 420, 120, 48, 8
+
+    def x(p: int) -> float:
+        return left + (p - x0) / (x1 - x0) * w
+
+    def y(v: float) -> float:
+        if not math.isfinite(v):
+            return top
+        level = math.log10(v) if v > 0 else low
+        return top + h - (level - low) / (high - low) * h
+
+    line = " ".join(f"{x(p):.1f},{y(v):.1f}" for p, v, _ in points)
+    dots = "".join(
+        f'<circle cx="{x(p):.1f}" cy="{y(v):.1f}" r="3" fill="{"#3a8f4f" if ok else "#b00020"}">'
+        f"<title>position {p}: max |Δ| {v:.3g}</title></circle>"
+        for p, v, ok in points
+    )
+    return (
+        f'<svg class="error-plot" width="{w + left + 10}" height="{h + top + 30}" role="img" '
+        f'aria-label="{escape(label)}"><line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#999"/>'
+        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#999"/>'
+        f'<text x="{left - 4}" y="{top + 10}" text-anchor="end">1e{high}</text>'
+        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">1e{low}</text>'
+        f'<text x="{left}" y="{top + h + 14}">{x0}</text>'
+        f'<text x="{left + w}" y="{top + h + 14}" text-anchor="end">{x1}</text>'
+        f'<text x="{left + w / 2}" y="{top + h + 26}" text-anchor="middle">position → (max |Δ| per row, log)</text>'
+        f'<polyline points="{line}" fill="none" stroke="#888"/>{dots}</svg>'
+    )
+
+
+def _diagnosis(d: dict | None, where: str) -> str:
+    if not d:
+        return ""
+    parts = [f"<div class=diag><b>{escape(where)}</b>"]
+    if d.get("shape"):
+        parts.append(f"<div>shape: <code>{escape(d['shape'])}</code> — {escape(d.get('summary', ''))}</div>")
+    if d.get("bug"):
+        parts.append(
+            f"<div class=finding>finding: <code>{escape(d['bug'])}</code>: {escape(d.get('evidence', ''))}</div>"
+        )
+    elif d.get("evidence"):
+        parts.append(f"<div>known bugs: {escape(d['evidence'])}</div>")
+    if d.get("hint"):
+        parts.append(f"<div>hint: {escape(d['hint'])}</div>")
+    return "".join(parts) + "</div>"
+
+
+def _ms(value) -> str:
+    v = _number(value)
+    return "" if math.isnan(v) else f"{v:.3g}"
+
+
+def _scaling(case: dict) -> str:
+    """cache-scaling's numbers as the terminal shows them: CPU ms per token by length, both tests, the accounting."""
+    t = case.get("scaling")
+    if not isinstance(t, dict) or not t.get("lengths"):
+        return ""
+    rows = []
+    for n, per, marginal in zip(t["lengths"], t.get("ms_per_token") or [], t.get("marginal_ms_per_token") or []):
+        stopped = n == t.get("stopped_at")
+        rows.append(
+            f'<tr class="scaling-row" data-tokens="{escape(str(n))}" data-stopped="{str(stopped).lower()}">'
+            f"<td>{escape(str(n))}</td><td>{'&gt; ' if stopped else ''}{_ms(per)}{' (stopped)' if stopped else ''}</td>"
+            f"<td>{'' if stopped or marginal is None else _ms(marginal)}</td></tr>"
+        )
+    head = "<tr><th>tokens</th><th>CPU ms/token</th><th>marginal ms/token</th></tr>"
+    fraction = _number(t.get("fraction_of_recompute"))
+    least = "at least " if t.get("stopped_at") == t["lengths"][-1] else ""  # the longest call was stopped
+    lines = [
+        f"counted by the grader ({escape(str(t.get('accounting', '')))}): CPU of the whole process tree in "
+        f"{len(t.get('calls') or [])} timed calls, the cheapest call of each length counting",
+        f"(a) per-token cost {least}×{_number(t.get('ratio')):.2f} from {t['lengths'][0]} to {t['lengths'][-1]} tokens "
+        f"(at most ×{_number(t.get('max_ratio')):g} passes)",
+        f"(b) {t['lengths'][-1]} tokens cost {least}{'?' if math.isnan(fraction) else f'{fraction:.0%}'} of the "
+        "oracle's "
+        f"full recompute here (at most {_number(t.get('max_fraction')):.0%} passes)",
+    ]
+    if t.get("weights_note"):
+        lines.insert(0, escape(str(t["weights_note"])))
+    speedup = _number(t.get("speedup"))
+    if case.get("status") == "pass" and math.isfinite(speedup):
+        lines.append(
+            f"the cache: {t['lengths'][-1]} tokens in {_number((t.get('cpu_seconds') or [math.nan])[-1]):.2f} s of "
+            f"CPU; a full recompute: {_number(t.get('oracle_cpu_seconds')):.2f} s; {speedup:.1f}× faster"
+        )
+    figures = "".join(f"<div>{line}</div>" for line in lines)
+    return f'<div class="scaling"><table>{head}{"".join(rows)}</table><div class=meta>{figures}</div></div>'
+
+
+def _case_rows(case: dict) -> str:
+    first_bad = case.get("first_bad_row")
+    rows = case.get("rows") or []
+    worst = max((_number(r.get("max_abs")) for r in rows), default=math.nan)
+    return (
+        f"<tr><td>{escape(str(case.get('name', '')))}</td><td>{_status(str(case.get('status', '')))}</td>"
+        f"<td>{'' if first_bad is None else escape(str(first_bad))}</td><td>{len(rows) or ''}</td>"
+        f"<td>{'' if math.isnan(worst) else f'{worst:.3g}'}</td>"
+        f"<td>{escape(str(case.get('message', '')))}</td></tr>"
+    )
+
+
+def _stage_section(sub_id: str, stage: dict) -> str:
+    cases = [c for c in stage.get("cases", []) if isinstance(c, dict)]
+    head = "<tr><th>case</th><th>status</th><th>first bad row</th><th>rows</th><th>max |Δ|</th><th>message</th></tr>"
+    out = [
+        f'<section class="stage" id="{anchor(sub_id, str(stage.get("id", "")))}" data-status="{escape(str(stage.get("status")))}">'
+        f"<h3><code>{escape(str(stage.get('id')))}</code> {_status(str(stage.get('status', '')))} · "
+        f"{stage.get('passed_cases', 0)}/{stage.get('total_cases', len(cases))} cases · "
+        f"{_number(stage.get('points')):g}/{_number(stage.get('max_points')):g} points</h3>",
+        f"<table>{head}{''.join(_case_rows(c) for c in cases)}</table>",
+        *(_scaling(c) for c in cases),
+    ]
+    if stage.get("status") == "pass":
+        return "".join(out) + "</section>"
+    if stage.get("cross_case"):
+        rows = sorted((r for c in cases for r in c.get("rows") or []), key=lambda r: _number(r.get("position")))
+        out.append(_diagnosis(stage.get("diagnosis"), f"across {len(cases)} cases"))
+        out.append(_error_plot(rows, f"{stage.get('id')}: error by position across cases"))
+    else:
+        for case in cases:
+            if case.get("status") == "pass":
+                continue
+            out.append(_diagnosis(case.get("diagnosis"), f"case {case.get('name')}"))
+            if case.get("rows"):
+                out.append(_error_plot(case["rows"], f"{stage.get('id')} {case.get('name')}: error by position"))
+            if case.get("traceback"):
+                out.append(f"<pre>{escape(str(case['traceback']))}</pre>")
+    return "".join(out) + "</section>"
+
+
+def _submission(sub: dict) -> str:
+    sub_id = sub["id"]
+    out = [
+        f'<section class="submission" id="{anchor(sub_id)}" data-status="{escape(str(sub.get("status")))}">',
+        f"<h2>{escape(sub_id)} {_status(str(sub.get('status', '')))} · "
+        f"{_number(sub.get('points')):g}/{_number(sub.get('max_points')):g} points</h2>",
+    ]
+    if sub.get("error"):
+        out.append(f"<pre>{escape(str(sub['error']))}</pre>")
+    out += [_stage_section(sub_id, stage) for stage in stage_results(sub)]
+    return "".join(out) + '<p><a href="#top">back to the class</a></p></section>'
+
+
+def render_class_html(doc: dict, view: ClassView, source: str) -> str:
+    """The whole report as one HTML document."""
+    graded = doc.get("graded_with") or {}
+    meta = " · ".join(f"{escape(k)} {escape(str(v))}" for k, v in graded.items() if v not in (None, ""))
+    index = "".join(
+        f'<li><a href="#{anchor(s["id"])}">{escape(s["id"])}</a> {_status(str(s.get("status", "")))} '
+        f"{_number(s.get('points')):g}/{_number(s.get('max_points')):g}</li>"
+        for s in doc["submissions"]
+    )
+    body = [
+        f'<h1 id="top">theinference: the class ({view.submissions} submissions)</h1>',
+        f"<p class=meta>from {escape(source)} · {meta}</p>",
+        _pass_rates(view),
+        _points(view),
+        _findings(view),
+        f"<h2>Submissions</h2><ul>{index}</ul>",
+        *(_submission(s) for s in doc["submissions"]),
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; img-src data:\">"
+        f"<title>theinference class report</title><style>{_CSS}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )
