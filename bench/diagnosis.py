@@ -27,6 +27,7 @@ from theinference.grading.fingerprint import fingerprint_stage
 from theinference.grading.grade import OracleCache, _case_result, cross_case_diagnosis
 from theinference.grading.oracle_registry import resolve_oracle
 from theinference.bundled import data_dir
+from theinference.course import Course
 from theinference.grading.results import StageResult
 from theinference.proc.runner import CallOutcome
 from theinference.grading.stages import load_stages, stage_dirs
@@ -85,6 +86,7 @@ def _failing_result(stage, model, cache, output_of) -> StageResult:
 class _Ctx:
     def __init__(self, model, cache):
         self.model, self.cache = model, cache
+        self.course = Course(root=Path("."), adapters=Path("tests/adapters.py"))
 
 
 def cost(weights: Path) -> None:

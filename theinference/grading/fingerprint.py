@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from theinference.grading import families
 from theinference.grading.bugs import Bug, bug_output, is_inert, resolve_bug
 from theinference.grading.oracle_store import oracle_version
 from theinference.grading.oracle_registry import OracleSpec, resolve_oracle
@@ -104,7 +105,61 @@ def find_matches(stage: StageSpec, cases: list[CaseResult], model: Model, cache,
     matches = (
         _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories) for name in stage.bugs
     )
-    return [m for m in matches if m is not None]
+    found = [m for m in matches if m is not None]
+    return found or find_family_matches(stage, ordered, model, cache)
+
+
+def _verify_family(
+    candidate: families.Candidate, cases: list[CaseResult], stage: StageSpec, model: Model, expected: dict
+) -> Match | None:
+    worst, visible = 0.0, False
+    for case in cases:
+        got = np.asarray(case.output)
+        out = families.variant_output(model, stage.oracle, case.inputs, candidate.make(case.inputs))
+        if not _close(got, out, stage):
+            return None
+        visible = visible or not _close(out, expected[case.name], stage)
+        worst = max(worst, _max_abs(got, out))
+    return Match(Bug(candidate.family, candidate.finding, ()), worst) if visible else None
+
+
+def find_family_matches(stage: StageSpec, ordered: list[CaseResult], model: Model, cache) -> list[Match]:
+    """The parametric families (theinference.grading.families) whose fitted parameter reproduces every case read.
+
+    Each candidate is screened on the cheapest failing case (candidates that coincide there are computed
+    once); one that passes is verified on every case. At most one parameter per family is claimed.
+    """
+    failing = [c for c in ordered if c.status == Status.FAIL]
+    if stage.oracle not in families.SUPPORTED or not failing:
+        return []
+    spec = resolve_oracle(stage.oracle, stage.source)
+    expected = {c.name: cache.get(model, stage, spec, c) for c in ordered}
+    cheapest = failing[0]
+    cheapest_got = np.asarray(cheapest.output)
+    # Screened on the cheapest case's worst row alone: the LM head over one row, not all of them.
+    row = int(np.argmax([r.max_abs for r in cheapest.rows])) if cheapest_got.ndim > 1 else None
+    screen_got = cheapest_got if row is None else cheapest_got[row]
+    screened: dict = {}
+    matches: list[Match] = []
+
+    def consider(candidate: families.Candidate) -> None:
+        if any(m.bug.name == candidate.family for m in matches):
+            return
+        variant = candidate.make(cheapest.inputs)
+        if variant not in screened:
+            out = families.variant_output(model, stage.oracle, cheapest.inputs, variant, row)
+            screened[variant] = _close(screen_got, out, stage)
+        if screened[variant]:
+            match = _verify_family(candidate, ordered, stage, model, expected)
+            if match is not None:
+                matches.append(match)
+
+    for candidate in families.candidates(model, stage.oracle):
+        consider(candidate)
+    if not matches:  # a scale that is no formula: fitted as a number on the cheapest case
+        for candidate in families.fit_scale(model, stage.oracle, cheapest.inputs, cheapest_got):
+            consider(candidate)
+    return matches
 
 
 def _finding(matches: list[Match], cases: list[CaseResult], stage: StageSpec) -> Diagnosis:
