@@ -197,7 +197,7 @@ def position_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
         for base in ("prompt", "zero", "layers"):
             for slope in (1, 0):
                 for k in (0, 1, -1, 2):
-                    if (base, slope, k) != ("prompt", 1, 0):
+                    if (base, slope, k) != ("prompt", 1, 0) and (base != "layers" or (slope, k) == (0, 0)):
                         decodes.append((base, slope, k))
     for block in blocks if oracle_name not in ("layer0-attn-sublayer",) else (0,):
         for base, slope, k in decodes:

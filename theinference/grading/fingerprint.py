@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from theinference.grading import families
+from theinference.grading import families, loops
 from theinference.grading.bugs import Bug, bug_output, is_inert, resolve_bug
 from theinference.grading.oracle_store import oracle_version
 from theinference.grading.oracle_registry import OracleSpec, resolve_oracle
@@ -211,7 +211,58 @@ def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache
             case.output = None
 
 
+def _token_list(output) -> list[int] | None:
+    got = np.asarray(output)
+    if got.ndim != 1 or got.dtype.kind not in "iuf" or not np.all(np.isfinite(got) & (got == np.round(got))):
+        return None
+    return [int(t) for t in got]
+
+
+def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> None:
+    """A greedy stage: is every case's token list exactly what a loop with one known mistake returns?"""
+    cases = [c for c in result.cases if c.status in (Status.PASS, Status.FAIL) and c.output is not None]
+    tokens = {c.name: _token_list(c.output) for c in cases}
+    cases = sorted(
+        (c for c in cases if tokens[c.name]), key=lambda c: (c.status == Status.PASS, len(tokens[c.name] or []))
+    )
+    failing = [c for c in result.cases if c.status == Status.FAIL]
+    if not failing or not cases or cases[0].status != Status.FAIL or stage.tie_rtol is None:
+        return
+    found: list[tuple[loops.LoopBug, str]] = []
+    for bug in loops.loop_bugs(model):
+        details = []
+        for case in cases:
+            detail = loops.reproduces(
+                bug, model, list(case.inputs["prompt"]), case.inputs["n_new"], tokens[case.name] or [], stage.tie_rtol
+            )
+            if detail is None:
+                break
+            details.append(detail)
+        else:
+            fitted = sorted({d for d in details if d})
+            if all(b.name != bug.name for b, _ in found):  # one parameter per family: the simplest that fits
+                found.append((bug, f" ({', '.join(fitted)})" if fitted else ""))
+    if not found:
+        for case in failing:
+            if case.diagnosis is not None:
+                case.diagnosis = _apply(case.diagnosis, None, len(loops.loop_bugs(model)))
+        return
+    where = f"in every one of the {len(cases)} case(s) that returned tokens"
+    each = "; ".join(f"{bug.finding}{fitted}" for bug, fitted in found)
+    evidence = f"your tokens are exactly those of a greedy loop that {each}, {where}"
+    if len(found) > 1:
+        evidence = f"your tokens are exactly those of a greedy loop with each of these mistakes {where}: {each}"
+    diagnosis = Diagnosis(
+        shape="", summary="", hint="", bug=", ".join(dict.fromkeys(b.name for b, _ in found)), evidence=evidence
+    )
+    for case in failing:
+        case.diagnosis = _apply(case.diagnosis, diagnosis, 0) if case.diagnosis is not None else diagnosis
+
+
 def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
+    if stage.compare == "tokens":
+        _fingerprint_tokens(stage, result, model)
+        return
     numeric = [c for c in result.cases if c.rows and c.output is not None]
     failing = [c for c in numeric if c.status == Status.FAIL]
     if not stage.bugs or not failing or stage.compare != "rows":
@@ -230,3 +281,8 @@ def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> 
             found is not None and result.cross_case is None
         ):  # a one-row case has no shape, but the bug explains it too
             case.diagnosis = found
+    headline = result.diagnosis
+    if found is None and headline is not None:  # one stage, one list of suspects: the most telling case's
+        for case in failing:
+            if case.diagnosis is not None:
+                case.diagnosis = dataclasses.replace(case.diagnosis, hint=headline.hint)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from theinference.course import Course
 from theinference.grading import scaling
+from theinference.grading.evidence import add_run_evidence
+from theinference.grading.progress import load_progress, weights_name
 from theinference.grading.fingerprint import fingerprint_stage
 from theinference.grading.grade import GradeContext, OracleCache, check_case_fits, grade
 from theinference.grading.oracle_registry import resolve_oracle
@@ -82,7 +84,7 @@ class Grader:
             dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
             for stage in self.with_seed(stages, options)
         ]
-        return RunResult(
+        run = RunResult(
             course=str(course.root),
             weights_path=str(self.model.path),
             weights_source=self.weights.source,
@@ -97,11 +99,22 @@ class Grader:
             isolation=self.launcher.isolation.level,
             isolation_summary=self.launcher.isolation.summary,
         )
+        if options.fingerprint:
+            self._run_evidence(stages, run)
+        return run
+
+    def _run_evidence(self, stages: list[StageSpec], run: RunResult) -> None:
+        """Each failing stage's diagnosis gets what its passing cases and the other stages (this run, or the
+        course's recorded progress when the course is trusted) say."""
+        recorded = {} if run.untrusted else load_progress(Path(run.course))
+        oracles = {s.id: s.oracle for s in stages}
+        add_run_evidence(run, oracles, self.model.config.n_layer, recorded, weights_name(run))
 
     def fingerprint(self, stages: list[StageSpec], run: RunResult, options: RunOptions | None = None) -> None:
         """Fingerprint the failing stages of a run graded with fingerprint=False (same stages and options)."""
         for stage, result in zip(self.with_seed(stages, options or RunOptions()), run.stages):
             fingerprint_stage(stage, result, self.model, self.cache)
+        self._run_evidence(stages, run)
 
     def with_seed(self, stages: list[StageSpec], options: RunOptions) -> list[StageSpec]:
         """The stages with the seed's random cases added (the same ones for every course graded)."""
