@@ -194,7 +194,7 @@ def position_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
     blocks = (0, 1, -1, 2)
     decodes: list[tuple[str, int, int]] = [("", 1, 0)]
     if oracle_name != "logits":
-        for base in ("prompt", "zero", "layers"):
+        for base in ("prompt", "layers", "zero"):
             for slope in (1, 0):
                 for k in (0, 1, -1, 2):
                     if (base, slope, k) != ("prompt", 1, 0) and (base != "layers" or (slope, k) == (0, 0)):

@@ -36,7 +36,7 @@ def _own(prompt: list[int], tokens: list[int]) -> list[int]:
 
 
 def _position_loops(n_layer: int) -> Iterator[LoopBug]:
-    for base in ("prompt", "zero", "layers"):
+    for base in ("prompt", "layers", "zero"):
         for slope in (1, 0):
             for k in (0, 1, -1, 2):
                 if (base, slope, k) == ("prompt", 1, 0) or (base == "layers" and (slope, k) != (0, 0)):
@@ -101,14 +101,19 @@ def loop_bugs(model: Model) -> list[LoopBug]:
     ]
 
 
-def _path_logits(model: Model, prompt: list[int], fed: list[int], positions: list[int] | None) -> np.ndarray:
-    """The logits each choice is made from: after the prompt, then after each fed token. [1 + len(fed), n_vocab]"""
-    ids = list(prompt) + list(fed)
-    pos = None if positions is None else tuple(range(len(prompt))) + tuple(positions)
-    rows = slice(len(prompt) - 1, len(ids))
-    return model_variant.logits(
-        model.params, ids, model.config.n_head, rows, Variant(prefill=len(prompt), positions=pos)
-    )
+class _PathLogits:
+    """The logits each choice is made from (after the prompt, then after each fed token), one row at a time:
+    one causal pass for the hidden states, the LM head only on the rows read (a wrong loop fails early)."""
+
+    def __init__(self, model: Model, prompt: list[int], fed: list[int], positions: list[int] | None):
+        ids = list(prompt) + list(fed)
+        pos = None if positions is None else tuple(range(len(prompt))) + tuple(positions)
+        variant = Variant(prefill=len(prompt), positions=pos)
+        self.hidden = model_variant.hidden_states(model.params, ids, model.config.n_head, variant)[len(prompt) - 1 :]
+        self.wte = model.params["wte"]["weight"]
+
+    def __getitem__(self, step: int) -> np.ndarray:
+        return self.hidden[step] @ self.wte.T
 
 
 def _chosen(logits: np.ndarray, token: int, rank: int, tie_rtol: float) -> bool:
@@ -137,15 +142,15 @@ def reproduces(
     steps = len(tokens) + (1 if stopped_before else 0)
     fed = bug.fed(prompt, tokens + [ENDOFTEXT_ID] if stopped_before else tokens)
     positions = bug.positions(len(prompt), steps - 1) if bug.positions else None
-    logits = _path_logits(model, prompt, fed, positions)
-    if stopped_before and not _chosen(logits[-1], ENDOFTEXT_ID, 0, tie_rtol):
+    logits = _PathLogits(model, prompt, fed, positions)
+    if stopped_before and not _chosen(logits[len(tokens)], ENDOFTEXT_ID, 0, tie_rtol):
         return None
     ranks = [0] * len(tokens)
     detail = ""
     if bug.choice == "runner-up-once":
-        off = [i for i, t in enumerate(tokens) if not _chosen(logits[i], t, 0, tie_rtol)]
-        if len(off) != 1:
+        rows = [logits[i] for i in range(len(tokens))]
+        off = [i for i, t in enumerate(tokens) if not _chosen(rows[i], t, 0, tie_rtol)]
+        if len(off) != 1 or not _chosen(rows[off[0]], tokens[off[0]], 1, tie_rtol):
             return None
-        ranks[off[0]] = 1
-        detail = f"step {off[0]}"
+        return f"step {off[0]}"
     return detail if all(_chosen(logits[i], t, ranks[i], tie_rtol) for i, t in enumerate(tokens)) else None
