@@ -83,7 +83,7 @@ def other_stages(result: StageResult, oracle: str, run: RunResult, recorded: dic
 
 def _with(diagnosis: Diagnosis, sentences: list[str]) -> Diagnosis:
     extra = "; ".join(sentences)
-    evidence = f"{diagnosis.evidence}. From the run: {extra}" if diagnosis.evidence else f"from the run: {extra}"
+    evidence = f"{diagnosis.evidence}; from the run: {extra}" if diagnosis.evidence else f"from the run: {extra}"
     return dataclasses.replace(diagnosis, evidence=evidence)
 
 
