@@ -3,7 +3,7 @@
     python bench/diagnosis.py [--seeds 0] [--gpt2] [--only NAME...]
 
 Mistakes written the way students write them: three whole student implementations of every stage in
-different styles (bench/students/: `functional` — pure functions and einsum, a list cache; `classes`
+different styles (bench/students/*.py.tmpl: `functional` — pure functions and einsum, a list cache; `classes`
 — a GPT2 object and a KVCache class; `loops` — Python loops over heads, a dict-of-lists cache), each
 with placeholders filled by its correct code or by one mistake. Each mistake is graded through the
 real grading path (student processes and all) on the stages where it first shows, after the stages
@@ -197,7 +197,7 @@ MISTAKES: dict[str, tuple[str, dict, list[str], set]] = {
 
 
 def render(style: str, subs: dict) -> str:
-    text = (STUDENTS / f"{style}.py").read_text()
+    text = (STUDENTS / f"{style}.py.tmpl").read_text()
     for key, value in {**DEFAULTS[style], **subs}.items():
         text = text.replace("{{" + key + "}}", value)
     assert "{{" not in text, f"{style}: a placeholder left unfilled"
