@@ -132,14 +132,16 @@ def scale_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
             yield Candidate("attention-scale", text, _fixed(make(value)))
 
 
-def fit_scale(model: Model, oracle_name: str, inputs: dict, got: np.ndarray, budget: int = 22) -> Iterator[Candidate]:
+def fit_scale(model: Model, oracle_name: str, inputs: dict, got: np.ndarray, budget: int = 32) -> Iterator[Candidate]:
     """The scale c that best reproduces one case, per path: a coarse grid in log c, then golden section."""
     right = scale_formulas(model)[0][1]
     for where, make in _scale_paths(oracle_name):
+        tried: dict[float, float] = {}
 
-        def error(log_c: float, make=make) -> float:
+        def error(log_c: float, make=make, tried=tried) -> float:
             out = variant_output(model, oracle_name, inputs, make(10.0**log_c))
-            return float(np.max(np.abs(out.astype(np.float64) - got)))
+            tried[log_c] = float(np.max(np.abs(out.astype(np.float64) - got)))
+            return tried[log_c]
 
         grid = np.linspace(-3.0, 1.0, 9)
         errors = [error(x) for x in grid]
@@ -157,7 +159,7 @@ def fit_scale(model: Model, oracle_name: str, inputs: dict, got: np.ndarray, bud
                 lo, a, fa = a, b, fb
                 b = lo + golden * (hi - lo)
                 fb = error(b)
-        value = 10.0 ** ((lo + hi) / 2)
+        value = 10.0 ** min(tried, key=tried.__getitem__)
         if abs(value - right) <= 1e-3 * right:
             continue
         text = f"the attention scale {describe_scale(model, value)} instead of 1/sqrt(head_dim) = {right:.4g} {where}"

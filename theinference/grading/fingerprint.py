@@ -180,7 +180,7 @@ def _finding(matches: list[Match], cases: list[CaseResult], stage: StageSpec) ->
     return Diagnosis(shape="", summary="", hint=hint, bug=", ".join(m.bug.name for m in matches), evidence=evidence)
 
 
-def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: int) -> Diagnosis:
+def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: str) -> Diagnosis:
     if found is None:
         return dataclasses.replace(
             diagnosis, evidence=f"{UNKNOWN} ({checked} checked): the shape alone cannot name the cause"
@@ -245,7 +245,7 @@ def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> 
     if not found:
         for case in failing:
             if case.diagnosis is not None:
-                case.diagnosis = _apply(case.diagnosis, None, len(loops.loop_bugs(model)))
+                case.diagnosis = _apply(case.diagnosis, None, f"{len(loops.loop_bugs(model))} greedy-loop mistakes")
         return
     where = f"in every one of the {len(cases)} case(s) that returned tokens"
     each = "; ".join(f"{bug.finding}{fitted}" for bug, fitted in found)
@@ -256,7 +256,7 @@ def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> 
         shape="", summary="", hint="", bug=", ".join(dict.fromkeys(b.name for b, _ in found)), evidence=evidence
     )
     for case in failing:
-        case.diagnosis = _apply(case.diagnosis, diagnosis, 0) if case.diagnosis is not None else diagnosis
+        case.diagnosis = _apply(case.diagnosis, diagnosis, "") if case.diagnosis is not None else diagnosis
 
 
 def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> None:
@@ -272,11 +272,14 @@ def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache) -> 
     histories = _histories(result.cases)
     matches = find_matches(stage, cases, model, cache, histories)
     found = _finding(matches, cases, stage) if matches else None
+    checked = f"{len(stage.bugs)}"
+    if stage.oracle in families.SUPPORTED:
+        checked += " listed bugs and the families: attention scale, positions, layer norms, mask diagonal, q/k/v split, head count"
     if result.cross_case is not None:
-        result.cross_case = _apply(result.cross_case, found, len(stage.bugs))
+        result.cross_case = _apply(result.cross_case, found, checked)
     for case in failing:
         if case.diagnosis is not None:
-            case.diagnosis = _apply(case.diagnosis, found, len(stage.bugs))
+            case.diagnosis = _apply(case.diagnosis, found, checked)
         elif (
             found is not None and result.cross_case is None
         ):  # a one-row case has no shape, but the bug explains it too

@@ -27,7 +27,7 @@ class LoopBug:
     finding: str  # completes "your tokens are exactly those of a greedy loop that ..."
     fed: Callable[[list[int], list[int]], list[int]]  # (prompt, tokens) -> the token fed at each decode step
     positions: Callable[[int, int], list[int]] | None = None  # (len(prompt), steps) -> each decode step's position
-    choice: str = "argmax"  # argmax | runner-up-once
+    choice: str = "argmax"  # argmax | runner-up (every step) | runner-up-once (at one step: fitted)
     length: str = "exact"  # exact | one-short | eot
 
 
@@ -92,6 +92,12 @@ def loop_bugs(model: Model) -> list[LoopBug]:
             choice="runner-up-once",
         ),
         LoopBug(
+            "greedy-runner-up",
+            "picks the runner-up token instead of the argmax at every step",
+            _own,
+            choice="runner-up",
+        ),
+        LoopBug(
             "greedy-one-short",
             "returns one token fewer than n_new (the first token or the last step lost)",
             _own,
@@ -145,7 +151,7 @@ def reproduces(
     logits = _PathLogits(model, prompt, fed, positions)
     if stopped_before and not _chosen(logits[len(tokens)], ENDOFTEXT_ID, 0, tie_rtol):
         return None
-    ranks = [0] * len(tokens)
+    ranks = [1 if bug.choice == "runner-up" else 0] * len(tokens)
     detail = ""
     if bug.choice == "runner-up-once":
         rows = [logits[i] for i in range(len(tokens))]
