@@ -256,6 +256,12 @@ def mask_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
         options.append((-1, -1, "a causal mask off by one in the block and the decode steps: no token sees itself"))
     for block, decode, text in options:
         yield Candidate("mask-diagonal", text, _fixed(Variant(mask_block=block, mask_decode=decode)))
+        if block == -1:  # row 0 sees no key: with the mask added in float64, it sees every key unmasked
+            yield Candidate(
+                "mask-diagonal",
+                f"{text}, and row 0, left no key, attending to every key unmasked (the mask added in float64)",
+                _fixed(Variant(mask_block=block, mask_decode=decode, empty_rows="unmasked")),
+            )
 
 
 def qkv_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:

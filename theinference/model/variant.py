@@ -38,6 +38,9 @@ class Variant:
         False  # c_attn's output read as [n, n_head, 3, head_dim] instead of [n, 3, n_head, head_dim]
     )
     n_head: int | None = None  # the heads the student splits into; None: the model's
+    # A row the mask leaves no key: "uniform" weights over the keys present (a -1e10 mask added in float32
+    # swamps the scores), or "unmasked" scores over them (the same mask added in float64 keeps their differences).
+    empty_rows: str = "uniform"
 
 
 EXACT = Variant()
@@ -90,7 +93,8 @@ def _mha(x, c_attn, c_proj, n_head: int, variant: Variant, decode: np.ndarray): 
     step = default if variant.scale_decode is None else variant.scale_decode
     scores *= np.where(decode, step, block).astype(np.float32)[:, None]
     keys, empty = _visible(n_seq, variant)
-    scores[:, empty, :] = 0.0
+    if variant.empty_rows == "uniform":
+        scores[:, empty, :] = 0.0
     scores[:, ~keys] = -np.inf
     heads = softmax(scores) @ v
     return linear(heads.transpose(1, 0, 2).reshape(n_seq, n_embd), **c_proj)
