@@ -184,7 +184,7 @@ MISTAKES: dict[str, tuple[str, dict, list[str], set]] = {
         {"qkv-split"},
     ),
     "l-split-vkq": ("loops", {"SPLIT": "v, k, q = y[:, :E], y[:, E : 2 * E], y[:, 2 * E :]"}, FWD, {"qkv-split"}),
-    "l-gelu-erf": ("loops", {"GELU": "0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))"}, FWD, {"gelu-erf"}),
+    "l-mask-sees-next": ("loops", {"MASK_EXTRA": "+ 1"}, FWD, {"mask-diagonal"}),
     "l-decode-pos-plus-one": ("loops", {"DECODE_POS": "len(prompt_ids) + 1"}, DEC, {"wpe-off-by-one"}),
     "l-per-step-stuck": ("loops", {"PER_STEP_POS": "len(prompt_ids)"}, PER, {"position-stuck"}),
     "l-greedy-runner-up-once": (

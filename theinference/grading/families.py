@@ -47,11 +47,12 @@ class Candidate:
 
 
 def variant_output(
-    model: Model, oracle_name: str, inputs: dict, variant: Variant, row: int | None = None
+    model: Model, oracle_name: str, inputs: dict, variant: Variant, row: int | None = None, columns=None
 ) -> np.ndarray:
     """What the stage's adapter returns for these inputs with the variant's mistake: one causal pass.
 
-    row: only that row of a multi-row output (screening: the LM head on one row, not all).
+    row, columns: only that row of a multi-row output, and of logits only those vocabulary columns
+    (screening: a necessary condition at a fraction of the LM head's cost).
     """
     consumed, rows, prefill = _SCHEDULES[oracle_name]
     ids, own = consumed(inputs), rows(inputs)
@@ -62,9 +63,9 @@ def variant_output(
     if isinstance(own, slice) and row is not None:
         own = int(own.start) + row
     if isinstance(own, slice):
-        return model_variant.logits(model.params, ids, model.config.n_head, own, variant)
+        return model_variant.logits(model.params, ids, model.config.n_head, own, variant, columns)
     at = int(own)  # type: ignore[call-overload]  # one row: an int
-    return model_variant.logits(model.params, ids, model.config.n_head, slice(at, at + 1), variant)[0]
+    return model_variant.logits(model.params, ids, model.config.n_head, slice(at, at + 1), variant, columns)[0]
 
 
 def _fixed(variant: Variant) -> Callable[[dict], Variant]:
@@ -132,14 +133,17 @@ def scale_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
             yield Candidate("attention-scale", text, _fixed(make(value)))
 
 
-def fit_scale(model: Model, oracle_name: str, inputs: dict, got: np.ndarray, budget: int = 32) -> Iterator[Candidate]:
-    """The scale c that best reproduces one case, per path: a coarse grid in log c, then golden section."""
+def fit_scale(
+    model: Model, oracle_name: str, inputs: dict, got: np.ndarray, row=None, columns=None, budget: int = 32
+) -> Iterator[Candidate]:
+    """The scale c that best reproduces one case (got: its row and columns, if given), per path: a coarse grid
+    in log c, then golden section."""
     right = scale_formulas(model)[0][1]
     for where, make in _scale_paths(oracle_name):
         tried: dict[float, float] = {}
 
         def error(log_c: float, make=make, tried=tried) -> float:
-            out = variant_output(model, oracle_name, inputs, make(10.0**log_c))
+            out = variant_output(model, oracle_name, inputs, make(10.0**log_c), row, columns)
             tried[log_c] = float(np.max(np.abs(out.astype(np.float64) - got)))
             return tried[log_c]
 

@@ -23,6 +23,7 @@ from theinference.grading.stages import StageSpec
 from theinference.model.weights import Model
 
 UNKNOWN = "not one of the known bugs"
+SCREEN_COLUMNS = 256  # logits columns a family candidate is screened on before it is computed in full
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,11 @@ def find_family_matches(stage: StageSpec, ordered: list[CaseResult], model: Mode
     # Screened on the cheapest case's worst row alone: the LM head over one row, not all of them.
     row = int(np.argmax([r.max_abs for r in cheapest.rows])) if cheapest_got.ndim > 1 else None
     screen_got = cheapest_got if row is None else cheapest_got[row]
+    columns = None
+    if stage.oracle not in families.LAYER0:  # logits: the columns where the student differs most from GPT-2
+        right = expected[cheapest.name] if row is None else expected[cheapest.name][row]
+        columns = np.sort(np.argsort(-np.abs(screen_got.astype(np.float64) - right))[:SCREEN_COLUMNS])
+        screen_got = screen_got[columns]
     screened: dict = {}
     matches: list[Match] = []
 
@@ -147,7 +153,7 @@ def find_family_matches(stage: StageSpec, ordered: list[CaseResult], model: Mode
             return
         variant = candidate.make(cheapest.inputs)
         if variant not in screened:
-            out = families.variant_output(model, stage.oracle, cheapest.inputs, variant, row)
+            out = families.variant_output(model, stage.oracle, cheapest.inputs, variant, row, columns)
             screened[variant] = _close(screen_got, out, stage)
         if screened[variant]:
             match = _verify_family(candidate, ordered, stage, model, expected)
@@ -157,7 +163,7 @@ def find_family_matches(stage: StageSpec, ordered: list[CaseResult], model: Mode
     for candidate in families.candidates(model, stage.oracle):
         consider(candidate)
     if not matches:  # a scale that is no formula: fitted as a number on the cheapest case
-        for candidate in families.fit_scale(model, stage.oracle, cheapest.inputs, cheapest_got):
+        for candidate in families.fit_scale(model, stage.oracle, cheapest.inputs, screen_got, row, columns):
             consider(candidate)
     return matches
 

@@ -139,12 +139,13 @@ def reproduces(
     """
     if not tokens:
         return None
-    if bug.length == "eot":
-        if len(tokens) >= n_new:
+    if bug.length == "eot":  # a loop that never met <|endoftext|> returns n_new tokens
+        if len(tokens) > n_new or ENDOFTEXT_ID in tokens[:-1]:
             return None
     elif len(tokens) != (n_new - 1 if bug.length == "one-short" else n_new):
         return None
-    stopped_before = bug.length == "eot" and tokens[-1] != ENDOFTEXT_ID  # chose <|endoftext|> and did not append it
+    # chose <|endoftext|> and stopped before appending it
+    stopped_before = bug.length == "eot" and len(tokens) < n_new and tokens[-1] != ENDOFTEXT_ID
     steps = len(tokens) + (1 if stopped_before else 0)
     fed = bug.fed(prompt, tokens + [ENDOFTEXT_ID] if stopped_before else tokens)
     positions = bug.positions(len(prompt), steps - 1) if bug.positions else None

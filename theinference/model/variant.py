@@ -131,6 +131,7 @@ def hidden_states(params, ids, n_head: int, variant: Variant = EXACT):  # [n_seq
     return _norm(x, 2, params["h"][-1], params, variant, decode)  # ln_1/ln_2 in slot ln_f: the last layer's
 
 
-def logits(params, ids, n_head: int, rows, variant: Variant = EXACT):  # [n_seq] -> [rows, n_vocab]
-    """The LM head (tied to wte) on the chosen rows."""
-    return hidden_states(params, ids, n_head, variant)[rows] @ params["wte"]["weight"].T
+def logits(params, ids, n_head: int, rows, variant: Variant = EXACT, columns=None):  # [n_seq] -> [rows, n_vocab]
+    """The LM head (tied to wte) on the chosen rows (and only the chosen vocabulary columns, if given)."""
+    wte = params["wte"]["weight"] if columns is None else params["wte"]["weight"][columns]
+    return hidden_states(params, ids, n_head, variant)[rows] @ wte.T
