@@ -47,25 +47,34 @@ class Candidate:
 
 
 def variant_output(
-    model: Model, oracle_name: str, inputs: dict, variant: Variant, row: int | None = None, columns=None
+    model: Model,
+    oracle_name: str,
+    inputs: dict,
+    variant: Variant,
+    row: int | None = None,
+    columns=None,
+    float64: bool = False,
 ) -> np.ndarray:
     """What the stage's adapter returns for these inputs with the variant's mistake: one causal pass.
 
     row, columns: only that row of a multi-row output, and of logits only those vocabulary columns
-    (screening: a necessary condition at a fraction of the LM head's cost).
+    (screening: a necessary condition at a fraction of the LM head's cost). float64: computed in float64
+    instead of the weights' float32 (a mistake that makes the model ill-conditioned, a layer norm fed the
+    wrong parameters, can separate the two by more than the stage's tolerance).
     """
     consumed, rows, prefill = _SCHEDULES[oracle_name]
     ids, own = consumed(inputs), rows(inputs)
     variant = replace(variant, prefill=prefill(inputs))
+    params = model_variant.Float64Params(model.params) if float64 else model.params
     if oracle_name in LAYER0:
-        out = model_variant.layer0_attn_sublayer(model.params, ids, model.config.n_head, variant)[own]
+        out = model_variant.layer0_attn_sublayer(params, ids, model.config.n_head, variant)[own]
         return out if row is None or out.ndim == 1 else out[row]
     if isinstance(own, slice) and row is not None:
         own = int(own.start) + row
     if isinstance(own, slice):
-        return model_variant.logits(model.params, ids, model.config.n_head, own, variant, columns)
+        return model_variant.logits(params, ids, model.config.n_head, own, variant, columns)
     at = int(own)  # type: ignore[call-overload]  # one row: an int
-    return model_variant.logits(model.params, ids, model.config.n_head, slice(at, at + 1), variant, columns)[0]
+    return model_variant.logits(params, ids, model.config.n_head, slice(at, at + 1), variant, columns)[0]
 
 
 def _fixed(variant: Variant) -> Callable[[dict], Variant]:

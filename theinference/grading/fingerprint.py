@@ -101,30 +101,43 @@ def find_matches(stage: StageSpec, cases: list[CaseResult], model: Model, cache,
     """The stage's known bugs whose output the student's output equals in every one of these cases."""
     spec = resolve_oracle(stage.oracle, stage.source)
     ordered = _read_order(cases)
+    wide = all(np.asarray(c.output).dtype == np.float64 for c in ordered)  # the families may compute in float64
     for case in ordered:  # once, not once per candidate bug
         case.output = np.asarray(case.output, dtype=np.float32)
     matches = (
         _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories) for name in stage.bugs
     )
     found = [m for m in matches if m is not None]
-    return found or find_family_matches(stage, ordered, model, cache)
+    return found or find_family_matches(stage, ordered, model, cache, wide)
 
 
 def _verify_family(
-    candidate: families.Candidate, cases: list[CaseResult], stage: StageSpec, model: Model, expected: dict
+    candidate: families.Candidate, cases: list[CaseResult], stage: StageSpec, model: Model, expected: dict, wide: bool
 ) -> Match | None:
-    worst, visible = 0.0, False
-    for case in cases:
-        got = np.asarray(case.output)
-        out = families.variant_output(model, stage.oracle, case.inputs, candidate.make(case.inputs))
-        if not _close(got, out, stage):
-            return None
-        visible = visible or not _close(out, expected[case.name], stage)
-        worst = max(worst, _max_abs(got, out))
-    return Match(Bug(candidate.family, candidate.finding, ()), worst) if visible else None
+    """The candidate reproduces every case, computed in float32 (the weights') or, failing that, in float64 when
+    the student's output was float64 (wide): an ill-conditioned mistake can separate the two beyond the tolerance."""
+    for float64 in (False, True) if wide else (False,):
+        worst, visible = 0.0, False
+        for case in cases:
+            got = np.asarray(case.output)
+            out = families.variant_output(
+                model, stage.oracle, case.inputs, candidate.make(case.inputs), float64=float64
+            )
+            if not _close(got, out, stage):
+                break
+            visible = visible or not _close(out, expected[case.name], stage)
+            worst = max(worst, _max_abs(got, out))
+        else:
+            if not visible:
+                return None
+            finding = f"{candidate.finding} (computed in float64, as your output is)" if float64 else candidate.finding
+            return Match(Bug(candidate.family, finding, ()), worst)
+    return None
 
 
-def find_family_matches(stage: StageSpec, ordered: list[CaseResult], model: Model, cache) -> list[Match]:
+def find_family_matches(
+    stage: StageSpec, ordered: list[CaseResult], model: Model, cache, wide: bool = False
+) -> list[Match]:
     """The parametric families (theinference.grading.families) whose fitted parameter reproduces every case read.
 
     Each candidate is screened on the cheapest failing case (candidates that coincide there are computed
@@ -156,7 +169,7 @@ def find_family_matches(stage: StageSpec, ordered: list[CaseResult], model: Mode
             out = families.variant_output(model, stage.oracle, cheapest.inputs, variant, row, columns)
             screened[variant] = _close(screen_got, out, stage)
         if screened[variant]:
-            match = _verify_family(candidate, ordered, stage, model, expected)
+            match = _verify_family(candidate, ordered, stage, model, expected, wide)
             if match is not None:
                 matches.append(match)
 

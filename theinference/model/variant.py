@@ -11,6 +11,7 @@ block, every later row is a single-query decode step reading the cache of the ro
 (attention is causal, so a row depends only on earlier rows, computed with the same mistake).
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,31 @@ class Variant:
 
 
 EXACT = Variant()
+
+
+class Float64Params(Mapping):
+    """The nested params read as float64, each tensor cast when it is used (never all at once: a student who
+    computes in float64 is reproduced without holding a second, double-size copy of the weights)."""
+
+    def __init__(self, params: Mapping):
+        self._params = params
+
+    def __getitem__(self, key):
+        return _float64(self._params[key])
+
+    def __iter__(self):
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+
+def _float64(value):
+    if isinstance(value, Mapping):
+        return Float64Params(value)
+    if isinstance(value, list):
+        return [_float64(v) for v in value]
+    return np.asarray(value, dtype=np.float64)
 
 
 def _decode_rows(n_seq: int, variant: Variant) -> np.ndarray:  # [n_seq] bool
