@@ -74,7 +74,20 @@ def variant_output(
     if isinstance(own, slice):
         return model_variant.logits(params, ids, model.config.n_head, own, variant, columns)
     at = int(own)  # type: ignore[call-overload]  # one row: an int
+    ids, variant = _truncated(ids, variant, at, model.config.n_layer)
     return model_variant.logits(params, ids, model.config.n_head, slice(at, at + 1), variant, columns)[0]
+
+
+def _truncated(ids: list, variant: Variant, at: int, n_layer: int) -> tuple[list, Variant]:
+    """Only the rows row `at` depends on: attention is causal, so none after it (screening one early row of a
+    long case costs a few positions, not all of them), except the block rows a mask that sees ahead lets in,
+    once per layer, and the whole block when the mask leaves a row no key (that row sees every key present)."""
+    keep, ahead = at + 1, variant.mask_block
+    if at < variant.prefill:
+        keep = variant.prefill if ahead is None or ahead < 0 else min(variant.prefill, at + 1 + ahead * n_layer)
+    keep = min(keep, len(ids))
+    positions = None if variant.positions is None else variant.positions[:keep]
+    return ids[:keep], replace(variant, prefill=min(variant.prefill, keep), positions=positions)
 
 
 def _fixed(variant: Variant) -> Callable[[dict], Variant]:

@@ -61,9 +61,11 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _close(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> bool:
-    return got.shape == target.shape and bool(
-        np.allclose(got, target, atol=stage.atol, rtol=stage.rtol, equal_nan=True)
-    )
+    """Within the stage's tolerance everywhere; row by row, so a wrong candidate is rejected at its first bad row."""
+    if got.shape != target.shape:
+        return False
+    pairs = zip(got, target) if got.ndim > 1 else ((got, target),)
+    return all(np.allclose(g, t, atol=stage.atol, rtol=stage.rtol, equal_nan=True) for g, t in pairs)
 
 
 def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
@@ -150,8 +152,12 @@ def find_family_matches(
     expected = {c.name: cache.get(model, stage, spec, c) for c in ordered}
     cheapest = failing[0]
     cheapest_got = np.asarray(cheapest.output)
-    # Screened on the cheapest case's worst row alone: the LM head over one row, not all of them.
-    row = int(np.argmax([r.max_abs for r in cheapest.rows])) if cheapest_got.ndim > 1 else None
+    # Screened on one row of the cheapest case: the earliest that differs clearly (at least half as much as the
+    # worst), so the pass covers the positions up to it and the LM head that row, not all of them.
+    row = None
+    if cheapest_got.ndim > 1 and cheapest.rows:
+        diffs = np.nan_to_num(np.array([r.max_abs for r in cheapest.rows], dtype=np.float64), nan=np.inf)
+        row = int(np.argmax(diffs >= diffs.max() / 2))
     screen_got = cheapest_got if row is None else cheapest_got[row]
     columns = None
     if stage.oracle not in families.LAYER0:  # logits: the columns where the student differs most from GPT-2
