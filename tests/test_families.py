@@ -96,7 +96,7 @@ def test_each_mistake_of_the_table_is_named_with_its_parameter(row, tmp_path, ti
         assert phrase in flat
     # JSON grades the last stage alone: what forward said comes from the progress the first run recorded.
     args = ["test", "--course", course, "--weights", tiny_path, "--stage", stages[-1]]
-    document = json.loads(cli(*args, "--format", "json").output)
+    document = json.loads(cli(*args, "--format", "json").stdout)
     failing = [s for s in document["stages"] if s["status"] == "fail"]
     assert [s["id"] for s in failing] == stages[-1:]
     assert failing[0]["diagnosis"]["bug"] == bug
@@ -115,7 +115,7 @@ def test_a_mistake_outside_every_family_is_no_known_bug(tmp_path, tiny_path, cli
         "return e / e.sum(axis=-2, keepdims=True)",
     )
     document = json.loads(
-        cli("test", "--course", course, "--weights", tiny_path, "--stage", "forward", "--format", "json").output
+        cli("test", "--course", course, "--weights", tiny_path, "--stage", "forward", "--format", "json").stdout
     )
     [stage] = document["stages"]
     assert stage["status"] == "fail"
