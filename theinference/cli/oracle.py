@@ -28,7 +28,7 @@ def oracle_command(
 ) -> None:
     """Write the oracle's inputs and expected outputs for a stage's cases to FILE.npz.
 
-    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return), for greedy also '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
+    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return), for forward also every block's output to compare layer by layer ('<case>.embed', '<case>.block<i>.attn' after block i's attention, '<case>.block<i>.mlp' after its MLP, '<case>.ln_f', each [n, n_embd]), for greedy '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
     """
     root = course.resolve() if course else find_course_root(Path.cwd())
     course_obj = load_course(root) if root else None

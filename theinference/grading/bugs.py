@@ -27,6 +27,7 @@ from theinference.model.weights import Model
 LAYER0 = ("layer0-attn-sublayer", "layer0-attn-last")
 MODEL = ("decode-step-logits", "per-step-logits")
 ALL = LAYER0 + MODEL
+WHOLE = ALL + ("logits",)  # bugs of the model itself, visible in a full forward pass too
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ _BUILTIN = (
     Bug(
         "missing-scale",
         "no 1/sqrt(head_dim) scale on the attention scores",
-        ALL,
+        WHOLE,
         Defects(scale_block=False, scale_decode=False),
     ),
     Bug(
@@ -164,15 +165,29 @@ _BUILTIN = (
         Defects(decode_keys="decoded"),
     ),
     Bug(
-        "mask-off-by-one", "a causal mask off by one: no position attends to itself", ALL, Defects(mask_sees_self=False)
+        "mask-off-by-one",
+        "a causal mask off by one: no position attends to itself",
+        WHOLE,
+        Defects(mask_sees_self=False),
     ),
-    Bug("c-proj-transposed", "the attention's c_proj weight used transposed", ALL, Defects(c_proj_transposed=True)),
-    Bug("c-attn-transposed", "each square q/k/v block of c_attn used transposed", ALL, Defects(c_attn_transposed=True)),
-    Bug("qkv-order-kqv", "q and k swapped when splitting c_attn's output (k, q, v)", ALL, Defects(qkv_order=(1, 0, 2))),
-    Bug("qkv-order-qvk", "k and v swapped when splitting c_attn's output (q, v, k)", ALL, Defects(qkv_order=(0, 2, 1))),
-    Bug("ln-eps-missing", "layer norm without its epsilon (eps 0 instead of 1e-5)", ALL, Defects(ln_eps=0.0)),
-    Bug("gelu-erf", "the exact (erf) GELU instead of GPT-2's tanh approximation", MODEL, Defects(gelu="erf")),
-    Bug("no-ln-f", "no final layer norm (ln_f) before the tied LM head", MODEL, Defects(ln_f=False)),
+    Bug("c-proj-transposed", "the attention's c_proj weight used transposed", WHOLE, Defects(c_proj_transposed=True)),
+    Bug(
+        "c-attn-transposed", "each square q/k/v block of c_attn used transposed", WHOLE, Defects(c_attn_transposed=True)
+    ),
+    Bug(
+        "qkv-order-kqv", "q and k swapped when splitting c_attn's output (k, q, v)", WHOLE, Defects(qkv_order=(1, 0, 2))
+    ),
+    Bug(
+        "qkv-order-qvk", "k and v swapped when splitting c_attn's output (q, v, k)", WHOLE, Defects(qkv_order=(0, 2, 1))
+    ),
+    Bug("ln-eps-missing", "layer norm without its epsilon (eps 0 instead of 1e-5)", WHOLE, Defects(ln_eps=0.0)),
+    Bug(
+        "gelu-erf",
+        "the exact (erf) GELU instead of GPT-2's tanh approximation",
+        MODEL + ("logits",),
+        Defects(gelu="erf"),
+    ),
+    Bug("no-ln-f", "no final layer norm (ln_f) before the tied LM head", MODEL + ("logits",), Defects(ln_f=False)),
     Bug(
         "record-after-consume",
         "each row recorded after consuming cont_ids[k] instead of before",

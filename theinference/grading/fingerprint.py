@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from theinference.grading import families, loops
 from theinference.grading.bugs import Bug, bug_output, is_inert, resolve_bug
 from theinference.grading.oracle_store import oracle_version
 from theinference.grading.oracle_registry import OracleSpec, resolve_oracle
@@ -26,6 +27,7 @@ UNKNOWN = "not one of the known bugs"
 # (a later bug within a fifth of atol of it goes unnamed; `stages check` screens every one). float32 roundoff
 # on 12 layers stays well inside it; bugs the cases can tell apart differ by more than the whole atol.
 EXACT = 0.1
+SCREEN_COLUMNS = 256  # logits columns a family candidate is screened on before it is computed in full
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,11 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _close(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> bool:
-    return got.shape == target.shape and bool(
-        np.allclose(got, target, atol=stage.atol, rtol=stage.rtol, equal_nan=True)
-    )
+    """Within the stage's tolerance everywhere; row by row, so a wrong candidate is rejected at its first bad row."""
+    if got.shape != target.shape:
+        return False
+    pairs = zip(got, target) if got.ndim > 1 else ((got, target),)
+    return all(np.allclose(g, t, atol=stage.atol, rtol=stage.rtol, equal_nan=True) for g, t in pairs)
 
 
 def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
@@ -106,6 +110,7 @@ def find_matches(
     first_exact, the screening stops at the first exact match)."""
     spec = resolve_oracle(stage.oracle, stage.source)
     ordered = _read_order(cases)
+    wide = all(np.asarray(c.output).dtype == np.float64 for c in ordered)  # the families may compute in float64
     for case in ordered:  # once, not once per candidate bug
         case.output = np.asarray(case.output, dtype=np.float32)
     matches = []
@@ -115,6 +120,80 @@ def find_matches(
             matches.append(match)
             if first_exact and match.max_abs <= EXACT * stage.atol:
                 break
+    return matches or find_family_matches(stage, ordered, model, cache, wide)
+
+
+def _verify_family(
+    candidate: families.Candidate, cases: list[CaseResult], stage: StageSpec, model: Model, expected: dict, wide: bool
+) -> Match | None:
+    """The candidate reproduces every case, computed in float32 (the weights') or, failing that, in float64 when
+    the student's output was float64 (wide): an ill-conditioned mistake can separate the two beyond the tolerance."""
+    for float64 in (False, True) if wide else (False,):
+        worst, visible = 0.0, False
+        for case in cases:
+            got = np.asarray(case.output)
+            out = families.variant_output(
+                model, stage.oracle, case.inputs, candidate.make(case.inputs), float64=float64
+            )
+            if not _close(got, out, stage):
+                break
+            visible = visible or not _close(out, expected[case.name], stage)
+            worst = max(worst, _max_abs(got, out))
+        else:
+            if not visible:
+                return None
+            finding = f"{candidate.finding} (computed in float64, as your output is)" if float64 else candidate.finding
+            return Match(Bug(candidate.family, finding, ()), worst)
+    return None
+
+
+def find_family_matches(
+    stage: StageSpec, ordered: list[CaseResult], model: Model, cache, wide: bool = False
+) -> list[Match]:
+    """The parametric families (theinference.grading.families) whose fitted parameter reproduces every case read.
+
+    Each candidate is screened on the cheapest failing case (candidates that coincide there are computed
+    once); one that passes is verified on every case. At most one parameter per family is claimed.
+    """
+    failing = [c for c in ordered if c.status == Status.FAIL]
+    if stage.oracle not in families.SUPPORTED or not failing:
+        return []
+    spec = resolve_oracle(stage.oracle, stage.source)
+    expected = {c.name: cache.get(model, stage, spec, c) for c in ordered}
+    cheapest = failing[0]
+    cheapest_got = np.asarray(cheapest.output)
+    # Screened on one row of the cheapest case: the earliest that differs clearly (at least half as much as the
+    # worst), so the pass covers the positions up to it and the LM head that row, not all of them.
+    row = None
+    if cheapest_got.ndim > 1 and cheapest.rows:
+        diffs = np.nan_to_num(np.array([r.max_abs for r in cheapest.rows], dtype=np.float64), nan=np.inf)
+        row = int(np.argmax(diffs >= diffs.max() / 2))
+    screen_got = cheapest_got if row is None else cheapest_got[row]
+    columns = None
+    if stage.oracle not in families.LAYER0:  # logits: the columns where the student differs most from GPT-2
+        right = expected[cheapest.name] if row is None else expected[cheapest.name][row]
+        columns = np.sort(np.argsort(-np.abs(screen_got.astype(np.float64) - right))[:SCREEN_COLUMNS])
+        screen_got = screen_got[columns]
+    screened: dict = {}
+    matches: list[Match] = []
+
+    def consider(candidate: families.Candidate) -> None:
+        if any(m.bug.name == candidate.family for m in matches):
+            return
+        variant = candidate.make(cheapest.inputs)
+        if variant not in screened:
+            out = families.variant_output(model, stage.oracle, cheapest.inputs, variant, row, columns)
+            screened[variant] = _close(screen_got, out, stage)
+        if screened[variant]:
+            match = _verify_family(candidate, ordered, stage, model, expected, wide)
+            if match is not None:
+                matches.append(match)
+
+    for candidate in families.candidates(model, stage.oracle):
+        consider(candidate)
+    if not matches:  # a scale that is no formula: fitted as a number on the cheapest case
+        for candidate in families.fit_scale(model, stage.oracle, cheapest.inputs, screen_got, row, columns):
+            consider(candidate)
     return matches
 
 
@@ -136,7 +215,7 @@ def _finding(matches: list[Match], cases: list[CaseResult], stage: StageSpec) ->
     return Diagnosis(shape="", summary="", hint=hint, bug=", ".join(m.bug.name for m in matches), evidence=evidence)
 
 
-def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: int) -> Diagnosis:
+def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: str) -> Diagnosis:
     if found is None:
         return dataclasses.replace(
             diagnosis, evidence=f"{UNKNOWN} ({checked} checked): the shape alone cannot name the cause"
@@ -168,12 +247,66 @@ def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache
 
 
 def needs_fingerprint(stage: StageSpec, result: StageResult) -> bool:
-    """Whether fingerprint_stage has anything to match: a failing case with numbers, in a stage listing bugs."""
+    """Whether fingerprint_stage has anything to match: a failing greedy stage (its loop mistakes), or a failing
+    case with numbers in a stage listing bugs (the listed bugs, then the families)."""
+    if stage.compare == "tokens":
+        return stage.tie_rtol is not None and any(c.status == Status.FAIL for c in result.cases)
     failing = [c for c in result.cases if c.rows and c.output is not None and c.status == Status.FAIL]
     return bool(stage.bugs and failing and stage.compare == "rows")
 
 
+def _token_list(output) -> list[int] | None:
+    got = np.asarray(output)
+    if got.ndim != 1 or got.dtype.kind not in "iuf" or not np.all(np.isfinite(got) & (got == np.round(got))):
+        return None
+    return [int(t) for t in got]
+
+
+def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> None:
+    """A greedy stage: is every case's token list exactly what a loop with one known mistake returns?"""
+    cases = [c for c in result.cases if c.status in (Status.PASS, Status.FAIL) and c.output is not None]
+    tokens = {c.name: _token_list(c.output) for c in cases}
+    cases = sorted(
+        (c for c in cases if tokens[c.name]), key=lambda c: (c.status == Status.PASS, len(tokens[c.name] or []))
+    )
+    failing = [c for c in result.cases if c.status == Status.FAIL]
+    if not failing or not cases or cases[0].status != Status.FAIL or stage.tie_rtol is None:
+        return
+    found: list[tuple[loops.LoopBug, str]] = []
+    for bug in loops.loop_bugs(model):
+        details = []
+        for case in cases:
+            detail = loops.reproduces(
+                bug, model, list(case.inputs["prompt"]), case.inputs["n_new"], tokens[case.name] or [], stage.tie_rtol
+            )
+            if detail is None:
+                break
+            details.append(detail)
+        else:
+            fitted = sorted({d for d in details if d})
+            if all(b.name != bug.name for b, _ in found):  # one parameter per family: the simplest that fits
+                found.append((bug, f" ({', '.join(fitted)})" if fitted else ""))
+    if not found:
+        for case in failing:
+            if case.diagnosis is not None:
+                case.diagnosis = _apply(case.diagnosis, None, f"{len(loops.loop_bugs(model))} greedy-loop mistakes")
+        return
+    where = f"in every one of the {len(cases)} case(s) that returned tokens"
+    each = "; ".join(f"{bug.finding}{fitted}" for bug, fitted in found)
+    evidence = f"your tokens are exactly those of a greedy loop that {each}, {where}"
+    if len(found) > 1:
+        evidence = f"your tokens are exactly those of a greedy loop with each of these mistakes {where}: {each}"
+    diagnosis = Diagnosis(
+        shape="", summary="", hint="", bug=", ".join(dict.fromkeys(b.name for b, _ in found)), evidence=evidence
+    )
+    for case in failing:
+        case.diagnosis = _apply(case.diagnosis, diagnosis, "") if case.diagnosis is not None else diagnosis
+
+
 def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache, first_exact: bool) -> None:
+    if stage.compare == "tokens":
+        _fingerprint_tokens(stage, result, model)
+        return
     if not needs_fingerprint(stage, result):
         return
     numeric = [c for c in result.cases if c.rows and c.output is not None]
@@ -183,12 +316,20 @@ def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache, fir
     histories = _histories(result.cases)
     matches = find_matches(stage, cases, model, cache, histories, first_exact)
     found = _finding(matches, cases, stage) if matches else None
+    checked = f"{len(stage.bugs)}"
+    if stage.oracle in families.SUPPORTED:
+        checked += " listed bugs and the families: attention scale, positions, layer norms, mask diagonal, q/k/v split, head count"
     if result.cross_case is not None:
-        result.cross_case = _apply(result.cross_case, found, len(stage.bugs))
+        result.cross_case = _apply(result.cross_case, found, checked)
     for case in failing:
         if case.diagnosis is not None:
-            case.diagnosis = _apply(case.diagnosis, found, len(stage.bugs))
+            case.diagnosis = _apply(case.diagnosis, found, checked)
         elif (
             found is not None and result.cross_case is None
         ):  # a one-row case has no shape, but the bug explains it too
             case.diagnosis = found
+    headline = result.diagnosis
+    if found is None and headline is not None:  # one stage, one list of suspects: the most telling case's
+        for case in failing:
+            if case.diagnosis is not None:
+                case.diagnosis = dataclasses.replace(case.diagnosis, hint=headline.hint)

@@ -198,6 +198,7 @@ def _case_result(
     assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
     if stage.compare in TOKEN_COMPARES:  # verified on the student's own path: no oracle continuation needed
         assert stage.tie_rtol is not None, "the loader requires [tie] for token stages"
+        result.output = np.asarray(outcome.value)  # kept until fingerprinted against the greedy-loop mistakes
         verify_tokens(
             result, outcome.value, ctx.model, stage.tie_rtol, stage.hints, ctx.cache, f"{stage.id}: {case.name}"
         )

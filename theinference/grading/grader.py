@@ -13,7 +13,9 @@ from pathlib import Path
 
 from theinference.course import Course
 from theinference.grading import scaling
+from theinference.grading.evidence import add_run_evidence
 from theinference.grading.fingerprint import fingerprint_stage, needs_fingerprint
+from theinference.grading.progress import load_progress, weights_name
 from theinference.grading.grade import GradeContext, OracleCache, check_case_fits, grade
 from theinference.grading.oracle_registry import resolve_oracle
 from theinference.grading.randomcases import with_random_cases
@@ -102,7 +104,10 @@ class Grader:
             )
             if on_stage is not None:
                 on_stage(results[-1])
-        return self.run_result(course, results, options, notices)
+        run = self.run_result(course, results, options, notices)
+        if options.fingerprint:
+            self._run_evidence(stages, run, run.stages)
+        return run
 
     def run_result(
         self,
@@ -135,6 +140,13 @@ class Grader:
             isolation_summary=self.launcher.isolation.summary,
         )
 
+    def _run_evidence(self, stages: list[StageSpec], run: RunResult, results: list[StageResult]) -> None:
+        """Each failing stage of results gets in its diagnosis what its passing cases and the other stages (this
+        run, or the course's recorded progress when the course is trusted) say."""
+        recorded = {} if run.untrusted else load_progress(Path(run.course))
+        oracles = {s.id: s.oracle for s in stages}
+        add_run_evidence(run, oracles, self.model.config.n_layer, recorded, weights_name(run), results)
+
     def fingerprint(
         self,
         stages: list[StageSpec],
@@ -152,6 +164,8 @@ class Grader:
             else:
                 for case in result.cases:
                     case.output = None
+            if options.diagnosis:
+                self._run_evidence(stages, run, [result])
             if matched and on_stage is not None:
                 on_stage(result)
 

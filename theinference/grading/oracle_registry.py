@@ -68,8 +68,9 @@ BUILTIN_ORACLES = {
     ),
     "logits": OracleSpec(
         inputs=("seq",),
-        compute=lambda m, seq: oracle.logits(m.params, seq, m.config.n_head),
+        compute=lambda m, seq, defects=oracle.EXACT: oracle.logits(m.params, seq, m.config.n_head, defects=defects),
         positions=_seq_positions,
+        prefill=lambda inputs: len(inputs["seq"]),  # one block: no decode steps
     ),
     "layer0-attn-sublayer": OracleSpec(
         inputs=("seq",),
