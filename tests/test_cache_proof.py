@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
+import as_nobody
 from conftest import write_adapters, write_quick_scaling_stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from scaling_subjects import FORGERY, FORK_OFFLOAD, PADDING, SOLUTION_CACHE, TRICKS  # noqa: E402
 
-from theinference.proc.sandbox import NOBODY, reachable_by_others, strongest_isolation  # noqa: E402
+from theinference.proc.sandbox import NOBODY, strongest_isolation  # noqa: E402
 
 EVIDENCE = {
     "clock": "clock patched: process_time() = 0.0",
@@ -163,18 +164,21 @@ def test_every_trick_fails_in_a_sandboxed_grade_batch(cli, tmp_path, tiny_path, 
 
 
 def _weakest_level_command(venv_bin: Path, args: list[str], cache: Path) -> list[str]:
-    env = [f"PATH={venv_bin}", f"THEINFERENCE_CACHE={cache}", f"HOME={cache}", "NO_COLOR=1", "COLUMNS=120"]
-    ids = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    return ["setpriv", *ids, "env", "-i", *env, str(venv_bin / "theinference"), *args]
+    env = {
+        "PATH": str(venv_bin),
+        "THEINFERENCE_CACHE": str(cache),
+        "HOME": str(cache),
+        "NO_COLOR": "1",
+        "COLUMNS": "120",
+    }
+    return as_nobody.command([str(venv_bin / "theinference"), *args], env)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to run as nobody")
+@pytest.mark.skipif(bool(as_nobody.available()), reason=as_nobody.available() or "-")
 def test_every_trick_fails_at_the_weakest_level_as_a_non_root_user(tiny_path, proof_cache):
     """No bwrap, no unshare, not root: the subreaper level, CPU counted from /proc (no cgroup can be made)."""
     venv_bin = Path(sys.executable).parent
-    if not (reachable_by_others(Path(sys.executable)) and reachable_by_others(venv_bin / "theinference")):
-        pytest.skip("this Python is not readable by nobody")
     work = Path(tempfile.mkdtemp(prefix="theinference-weak-"))
     try:
         os.chmod(work, 0o755)
