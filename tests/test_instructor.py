@@ -375,18 +375,26 @@ def test_an_all_nan_oracle_stops_a_batch_before_any_grade(cli, instructor_course
 
 
 @pytest.mark.parametrize(
-    "find, replace, field",
+    "find, replace, field, bound",
     [
-        ("atol = 1e-4", "atol = 0", "tolerance.atol"),
-        ("rtol = 1e-3", "rtol = -1e-3", "tolerance.rtol"),
+        ("atol = 1e-4", "atol = 0", "tolerance.atol", "> 0"),
+        ("rtol = 1e-3", "rtol = -1e-3", "tolerance.rtol", ">= 0"),
     ],
 )
-def test_a_tolerance_of_zero_or_below_is_refused(cli, instructor_course, find, replace, field):
+def test_a_tolerance_of_zero_or_below_is_refused(cli, instructor_course, find, replace, field, bound):
     stage_file = instructor_course / "stages" / "mlp.toml"
     stage_file.write_text(stage_file.read_text().replace(find, replace))
     result = cli("stages", "list", "--stages-dir", instructor_course / "stages")
     assert result.exit_code == 2
-    assert f"{stage_file}: field '{field}': must be a finite number > 0" in " ".join(result.stderr.split())
+    assert f"{stage_file}: field '{field}': must be a finite number {bound}" in " ".join(result.stderr.split())
+
+
+def test_an_absolute_tolerance_alone_is_accepted(cli, instructor_course):
+    """rtol = 0 beside a positive atol is a plain absolute tolerance, not a mistake."""
+    stage_file = instructor_course / "stages" / "mlp.toml"
+    stage_file.write_text(stage_file.read_text().replace("rtol = 1e-3", "rtol = 0"))
+    result = cli("stages", "list", "--stages-dir", instructor_course / "stages")
+    assert result.exit_code == 0, result.stderr
 
 
 def test_a_tie_tolerance_of_zero_is_refused(cli, tmp_path):

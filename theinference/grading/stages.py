@@ -21,7 +21,7 @@ A stage file (format_version 1) holds, at the top level:
   visibility      when Gradescope shows the stage's result to the student: "visible" (default),
                   "after_due_date", "after_published" or "hidden" (its values for a test); other
                   formats show every stage
-  [tolerance]     atol, rtol: finite numbers > 0 (required, except for "tokens" and "scaling"
+  [tolerance]     atol > 0, rtol >= 0: finite numbers (required, except for "tokens" and "scaling"
                   stages, which reject it)
   [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number >= 0. A
                   generated token that is not the oracle's argmax is accepted as a near-tie when
@@ -305,9 +305,12 @@ def _tolerance(
         if key not in table:
             raise _fail(path, f"{name}.{key}", "missing required field")
         _check_type(path, f"{name}.{key}", table[key], (int, float))
-        if not math.isfinite(table[key]) or table[key] <= 0:
-            # 0 would fail the reference solution itself on float rounding, and read as the student's bug
-            raise _fail(path, f"{name}.{key}", f"must be a finite number > 0, not {table[key]}")
+        # An atol of 0 would fail the reference solution itself on float rounding (read as the student's bug);
+        # beside a positive atol, an rtol of 0 is a plain absolute tolerance.
+        least = 0.0 if (name, key) == ("tolerance", "rtol") else None
+        if not math.isfinite(table[key]) or table[key] < 0 or (least is None and table[key] == 0):
+            bound = ">= 0" if least is not None else "> 0"
+            raise _fail(path, f"{name}.{key}", f"must be a finite number {bound}, not {table[key]}")
     return tuple(float(table[key]) for key in keys)
 
 
