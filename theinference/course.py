@@ -21,7 +21,13 @@ from theinference.errors import ConfigError
 CONFIG_NAME = "theinference.toml"
 DEFAULT_ADAPTERS = "tests/adapters.py"
 # Where adapters are looked for, in order: the Python edition's, then the TypeScript edition's.
-ADAPTERS_CANDIDATES = (DEFAULT_ADAPTERS, "tests/adapters.ts", "tests/adapters.mts", "tests/adapters.js", "tests/adapters.mjs")
+ADAPTERS_CANDIDATES = (
+    DEFAULT_ADAPTERS,
+    "tests/adapters.ts",
+    "tests/adapters.mts",
+    "tests/adapters.js",
+    "tests/adapters.mjs",
+)
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "weights": str,
     "adapters": str,

@@ -201,8 +201,9 @@ function toArray(value) {
   if (bad?.kind === "ragged") {
     return {
       problem:
-        `the return value is not an array of numbers (ValueError: the nested arrays have different lengths ` +
-        `after ${bad.depth} dimension(s); the shape so far is [${shape.slice(0, bad.depth).join(", ")}])`,
+        `the return value is not an array of numbers (ValueError: setting an array element with a sequence. ` +
+        `The requested array has an inhomogeneous shape after ${bad.depth} dimensions. ` +
+        `The detected shape was (${shape.slice(0, bad.depth).join(", ")}${bad.depth === 1 ? "," : ""}) + inhomogeneous part.)`,
     };
   }
   if (bad) {

@@ -51,9 +51,9 @@ export function readSafetensors(path: string): Map<string, { shape: number[]; da
     const [start, end] = info.data_offsets as [number, number];
     const raw = bytes.subarray(8 + headerLen + start, 8 + headerLen + end);
     const count = (info.shape as number[]).reduce((a, b) => a * b, 1);
-    const data = new Float32Array(count);
+    let data = new Float32Array(count);
     if (info.dtype === "F32") {
-      for (let i = 0; i < count; i++) data[i] = raw.readFloatLE(4 * i);
+      data = new Float32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + 4 * count)); // a copy, aligned
     } else if (info.dtype === "F64") {
       for (let i = 0; i < count; i++) data[i] = raw.readDoubleLE(8 * i);
     } else if (info.dtype === "BF16") {

@@ -1,0 +1,192 @@
+"""The TypeScript edition: tests/adapters.ts graded by the same stages through the Node harness (proc/harness.mjs).
+
+They need Node.js and, for .ts, the course's tsx (`npm install --prefix course/ts`, which .ci/run does) or a Node
+that strips types itself; without them they skip and say why. cache-scaling is left out: its protocol is being
+rewritten (the harness speaks both the current `scaling` job and the coming interactive one).
+"""
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from theinference.bundled import data_dir
+from theinference.grading.session import open_session
+from theinference.grading.watch import Watch
+from theinference.proc.node import find_tsx, node_executable, strips_types
+
+TS = data_dir("course") / "ts"
+STAGES = ["forward", "single-step-attention", "prove-one-layer", "decode-step", "per-step-identity", "greedy"]
+
+pytestmark = pytest.mark.skipif(
+    node_executable() is None,
+    reason="Node.js is not installed: the TypeScript edition's tests need it (.ci/run installs it where apt can)",
+)
+
+
+@pytest.fixture(scope="session")
+def node_modules() -> Path | None:
+    """The tsx the bundled TypeScript course was given (None where Node strips types itself); else skip."""
+    node = node_executable()
+    tsx = find_tsx(TS)
+    if tsx is not None:
+        return tsx.parents[2]
+    if node and strips_types(node):
+        return None
+    pytest.skip("tsx is not installed for the TypeScript course: run `npm install --prefix course/ts` (.ci/run does)")
+
+
+def ts_course(dest: Path, node_modules: Path | None, source: Path = TS / "solution") -> Path:
+    """A copy of the TypeScript solution (or another TS course) that finds the bundled course's tsx."""
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("node_modules"))
+    if node_modules is not None:
+        (dest / "node_modules").symlink_to(node_modules, target_is_directory=True)
+    return dest
+
+
+def stage_args() -> list[str]:
+    return [arg for stage in STAGES for arg in ("--stage", stage)]
+
+
+@pytest.mark.slow
+def test_ts_solution_passes_every_stage_plain_untrusted_and_in_a_mixed_grade(
+    cli, tmp_path, tiny_path, node_modules, solution_course
+):
+    course = ts_course(tmp_path / "ts", node_modules)
+    result = cli("test", *stage_args(), "--course", course, "--weights", tiny_path)
+    assert result.exit_code == 0, result.output
+    assert "6 of 6 stage(s) passed" in result.output
+    result = cli("test", "--untrusted", "--stage", "prove-one-layer", "--course", course, "--weights", tiny_path)
+    assert result.exit_code == 0, result.output
+    assert "✔ prove-one-layer" in result.output
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    shutil.move(course, subs / "ts")
+    shutil.move(solution_course, subs / "py")
+    broken = ts_course(subs / "ts-broken", node_modules)
+    (broken / "src" / "kvcache.ts").write_text((broken / "src" / "kvcache.ts").read_text().replace("nNew)", "nNew +"))
+    out = tmp_path / "grades.csv"
+    result = cli("grade", *sorted(subs.iterdir()), "--stage", "prove-one-layer", "--weights", tiny_path, "--out", out)
+    assert result.exit_code == 0, result.output  # the batch ran; each submission's verdict is in the CSV
+    assert "ts-broken: fail" in result.output and "syntax error in src/kvcache.ts" in result.output
+    rows = {line.split(",")[0]: line.split(",")[1] for line in out.read_text().splitlines()[1:]}
+    assert rows == {"py": "pass", "ts": "pass", "ts-broken": "fail"}
+
+
+@pytest.mark.slow
+def test_each_ts_mutant_is_caught_by_its_stage_with_its_finding(cli, tmp_path, tiny_path, node_modules):
+    source = tmp_path / "ts"
+    # decode-recomputes is left out: its finding is cache-scaling's `no-cache`, whose protocol is being rewritten.
+    shutil.copytree(TS, source, ignore=shutil.ignore_patterns("node_modules", "decode-recomputes"))
+    if node_modules is not None:
+        (source / "node_modules").symlink_to(node_modules, target_is_directory=True)
+    result = cli("stages", "check", "--source", source, "--stage", "per-step-identity", "--weights", tiny_path)
+    assert result.exit_code == 0, result.output
+    assert "0 mismatches, 0 problems" in result.output
+    for finding in ("position-reset", "missing-scale-decode", "no-self-attention"):
+        assert finding in result.output
+    assert "not-started" in result.output  # the starter
+
+
+def test_a_ts_syntax_error_points_at_the_students_file_and_line(cli, tmp_path, tiny_path, node_modules):
+    course = ts_course(tmp_path / "ts", node_modules)
+    gpt2 = course / "src" / "gpt2.ts"
+    lines = gpt2.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if text.startswith("export function embed("))
+    lines[line - 1] = lines[line - 1].replace("ids: number[]", "ids: number[")
+    gpt2.write_text("\n".join(lines))
+    result = cli("test", "--stage", "forward", "--course", course, "--weights", tiny_path)
+    assert result.exit_code == 1, result.output
+    assert f"syntax error in {gpt2}, line {line}" in result.output
+    assert "harness.mjs" not in result.output and "node_modules" not in result.output
+
+
+def test_a_ts_runtime_error_shows_the_students_frames_only(cli, tmp_path, tiny_path, node_modules):
+    course = ts_course(tmp_path / "ts", node_modules)
+    adapters = course / "tests" / "adapters.ts"
+    text = adapters.read_text().replace(
+        "  return singleStepAttention(model(), seqIds);", '  throw new TypeError("no cache yet");'
+    )
+    adapters.write_text(text)
+    line = text.splitlines().index('  throw new TypeError("no cache yet");') + 1
+    result = cli("test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path)
+    assert result.exit_code == 1, result.output
+    assert "TypeError: no cache yet" in result.output
+    assert f"at runSingleStep ({adapters}:{line}:" in result.output  # the .ts line, through the source map
+    assert "harness.mjs" not in result.output
+
+
+def _single_step_messages(cli, course: Path, tiny_path: Path) -> list[str]:
+    result = cli(
+        "test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path, "--format", "json"
+    )
+    return [c["message"] for c in json.loads(result.output)["stages"][0]["cases"]]
+
+
+def test_wrong_shapes_and_non_numbers_read_as_in_python(cli, tmp_path, tiny_path):
+    """A JavaScript adapter (no tsx needed) and a Python one that return the same wrong things get the same words."""
+    js, py = tmp_path / "js", tmp_path / "py"
+    (js / "tests").mkdir(parents=True)
+    (py / "tests").mkdir(parents=True)
+    (js / "tests" / "adapters.mjs").write_text(
+        "export async function runSingleStep(ids) {\n"
+        "  return ids.length === 1 ? 'abc' : ids.length === 2 ? [[1, 2], [3]] : [1.5, 2.5];\n}\n"
+    )
+    (py / "tests" / "adapters.py").write_text(
+        "def run_single_step(ids):\n    return 'abc' if len(ids) == 1 else [[1, 2], [3]] if len(ids) == 2 else [1.5, 2.5]\n"
+    )
+    js_messages, py_messages = _single_step_messages(cli, js, tiny_path), _single_step_messages(cli, py, tiny_path)
+    assert len(js_messages) == len(py_messages) == 10
+    assert js_messages[0].startswith("the return value is not numeric (got string")  # Python: "(got str of dtype <U3)"
+    assert py_messages[0].startswith("the return value is not numeric (got str")
+    assert js_messages[1] == py_messages[1]  # ragged: numpy's own words
+    assert js_messages[1].startswith("the return value is not an array of numbers (ValueError: ")
+    assert js_messages[2:] == py_messages[2:] == ["expected shape [128], got [2]"] * 8
+
+
+def test_ts_course_without_a_runner_is_a_setup_error_naming_the_install(cli, tmp_path, tiny_path):
+    node = node_executable()
+    if node and strips_types(node):
+        pytest.skip("this Node strips types itself: a .ts course needs no tsx here")
+    course = ts_course(tmp_path / "ts", None)
+    result = cli("test", "--stage", "forward", "--course", course, "--weights", tiny_path)
+    assert result.exit_code == 2
+    assert "npm install --save-dev tsx" in result.output
+
+
+@pytest.mark.slow
+def test_watch_regrades_on_a_ts_save(tmp_path, tiny_path, node_modules):
+    course = ts_course(tmp_path / "ts", node_modules)
+    regrades: list = []
+    with open_session(course, str(tiny_path), []) as session:
+        watch = Watch(session, ["prove-one-layer"], regrades.append)
+        stop = threading.Event()
+        watch.start_observer()
+        thread = threading.Thread(target=watch.loop, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            _wait(lambda: len(regrades) >= 1)
+            kvcache = course / "src" / "kvcache.ts"
+            kvcache.write_text(
+                kvcache.read_text().replace(
+                    "const out = attention(q, cache.k", "const out = attention(q.map((x) => 2 * x), cache.k"
+                )
+            )
+            _wait(lambda: len(regrades) >= 2)
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+            watch.stop_observer()
+    assert regrades[0].result.stages[0].status == "pass"
+    assert regrades[1].changed == [str(kvcache)]
+    assert regrades[1].result.stages[0].status == "fail"
+
+
+def _wait(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert condition(), "timed out waiting for the watch"
