@@ -190,3 +190,58 @@ def _wait(condition, timeout: float = 60.0) -> None:
     while not condition() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert condition(), "timed out waiting for the watch"
+
+
+def test_the_harness_serves_interactive_calls_until_end_of_file(tmp_path):
+    """The coming interactive job (cache-scaling): calls arrive one JSON line at a time; START/DONE each; exit 0 at EOF."""
+    import os
+    import subprocess
+
+    import numpy as np
+
+    from theinference.proc import protocol
+    from theinference.proc.node import HARNESS
+
+    (tmp_path / "tests").mkdir()
+    adapters = tmp_path / "tests" / "adapters.mjs"
+    adapters.write_text(
+        "export async function runGreedy(prompt, n) { return Array.from({ length: n }, (_, i) => prompt[0] + i); }\n"
+    )
+    out_dir = tmp_path / "run"
+    out_dir.mkdir()
+    job = {
+        "course_root": str(tmp_path),
+        "adapters": str(adapters),
+        "names": ["run_greedy", "runGreedy"],
+        "calls": [],
+        "start": 0,
+        "out_dir": str(out_dir),
+        "scaling": None,
+        "interactive": True,
+        "limits": {"memory_bytes": None, "file_bytes": None},
+    }
+    (out_dir / "job.json").write_text(json.dumps(job))
+    events_r, events_w = os.pipe()
+    calls_r, calls_w = os.pipe()
+    env = {**os.environ, protocol.PROTOCOL_FD_ENV: str(events_w), "THEINFERENCE_CALLS_FD": str(calls_r)}
+    proc = subprocess.Popen(
+        [node_executable(), str(HARNESS), str(out_dir / "job.json")], env=env, pass_fds=(events_w, calls_r)
+    )
+    os.close(events_w)
+    os.close(calls_r)
+    with os.fdopen(calls_w, "w") as calls:
+        calls.write(json.dumps({"case": 3, "args": [[7], 4]}) + "\n")
+        calls.write(json.dumps({"case": 5, "args": [[100], 2]}) + "\n")
+    with os.fdopen(events_r) as events:
+        messages = [json.loads(line) for line in events]
+    assert proc.wait(timeout=30) == 0
+    assert [(m["event"], m.get("case"), m.get("status")) for m in messages] == [
+        ("loaded", None, None),
+        ("start", 3, None),
+        ("done", 3, "ok"),
+        ("start", 5, None),
+        ("done", 5, "ok"),
+    ]
+    assert messages[0]["defined_at"] == [str(adapters), 1]
+    assert np.load(out_dir / "case-3.npy").tolist() == [7, 8, 9, 10]
+    assert np.load(out_dir / "case-5.npy").dtype == np.int64

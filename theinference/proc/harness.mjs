@@ -162,12 +162,13 @@ function typeName(value) {
 function toArray(value) {
   const shape = [];
   let probe = value;
-  while (Array.isArray(probe) || (ArrayBuffer.isView(probe) && !(probe instanceof DataView))) {
+  while ((Array.isArray(probe) || (ArrayBuffer.isView(probe) && !(probe instanceof DataView))) && shape.length < 32) {
     shape.push(probe.length);
     if (ArrayBuffer.isView(probe) || probe.length === 0) break;
     probe = probe[0];
   }
-  const values = [];
+  const values = new Float64Array(shape.reduce((a, b) => a * b, 1));
+  let filled = 0;
   let float = false;
   let bad = null;
   const walk = (node, depth) => {
@@ -175,11 +176,11 @@ function toArray(value) {
     if (depth === shape.length) {
       if (typeof node === "number") {
         if (!Number.isInteger(node)) float = true;
-        values.push(node);
+        values[filled++] = node;
       } else if (typeof node === "boolean") {
-        values.push(node ? 1 : 0);
+        values[filled++] = node ? 1 : 0;
       } else if (typeof node === "bigint") {
-        values.push(Number(node));
+        values[filled++] = Number(node);
       } else {
         bad = { kind: "type", got: node };
       }
@@ -192,7 +193,25 @@ function toArray(value) {
     }
     if (isView) {
       if (FLOAT_ARRAYS.some((T) => node instanceof T)) float = true;
-      for (let i = 0; i < node.length; i++) values.push(Number(node[i]));
+      if (node instanceof BigInt64Array || node instanceof BigUint64Array) {
+        for (let i = 0; i < node.length; i++) values[filled++] = Number(node[i]);
+      } else {
+        values.set(node, filled);
+        filled += node.length;
+      }
+      return;
+    }
+    if (depth === shape.length - 1) {
+      // the innermost arrays of numbers: the hot loop (a row of logits is 50257 of them)
+      for (let i = 0; i < node.length && !bad; i++) {
+        const v = node[i];
+        if (typeof v === "number") {
+          if (!float && !Number.isInteger(v)) float = true;
+          values[filled++] = v;
+        } else {
+          walk(v, depth + 1);
+        }
+      }
       return;
     }
     for (let i = 0; i < node.length; i++) walk(node[i], depth + 1);
@@ -232,7 +251,7 @@ function npyBytes(array) {
   head[7] = 0;
   head.writeUInt16LE(header.length, 8);
   const data = array.float
-    ? Buffer.from(Float32Array.from(array.values).buffer)
+    ? Buffer.from(new Float32Array(array.values).buffer)
     : Buffer.from(BigInt64Array.from(array.values, (v) => BigInt(v)).buffer);
   return [Buffer.concat([head, Buffer.from(header, "latin1")]), data];
 }
