@@ -245,3 +245,22 @@ def test_the_harness_serves_interactive_calls_until_end_of_file(tmp_path):
     assert messages[0]["defined_at"] == [str(adapters), 1]
     assert np.load(out_dir / "case-3.npy").tolist() == [7, 8, 9, 10]
     assert np.load(out_dir / "case-5.npy").dtype == np.int64
+
+
+@pytest.mark.slow
+def test_the_gradescope_bundle_grades_a_ts_upload(cli, tmp_path, tiny_path, node_modules):
+    from test_autograder import build, run_autograder
+
+    from theinference import __version__
+
+    wheel = tmp_path / "dist" / f"theinference-{__version__}-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"not installed by this test")
+    root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--stage", "prove-one-layer")
+    if node_modules is not None:  # where setup.sh's `npm install --prefix $ROOT tsx` puts it
+        (root / "node_modules").symlink_to(node_modules, target_is_directory=True)
+    upload = tmp_path / "upload"
+    ts_course(upload / "my-course", None)  # uploaded without node_modules, as students do
+    doc = run_autograder(root, upload)
+    assert doc["score"] == doc["max_score"] == 10, doc["output"]
+    assert [(t["name"].split(":")[0], t["status"]) for t in doc["tests"]] == [("prove-one-layer", "passed")]
