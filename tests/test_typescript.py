@@ -147,6 +147,28 @@ def test_wrong_shapes_and_non_numbers_read_as_in_python(cli, tmp_path, tiny_path
     assert js_messages[2:] == py_messages[2:] == ["expected shape [128], got [2]"] * 8
 
 
+def test_exit_late_throws_and_not_implemented_are_each_cases_outcome(cli, tmp_path, tiny_path):
+    course = tmp_path / "js"
+    (course / "tests").mkdir(parents=True)
+    (course / "tests" / "adapters.mjs").write_text(
+        "export function runSingleStep(ids) {\n"
+        "  if (ids.length === 1) process.exit(3);\n"
+        "  if (ids.length === 2) { setTimeout(() => { throw new Error('late'); }, 1); return new Promise(() => {}); }\n"
+        "  const e = new Error('todo'); e.name = 'NotImplementedError'; throw e;\n"
+        "}\n"
+    )
+    result = cli(
+        "test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path, "--format", "json"
+    )
+    cases = json.loads(result.output)["stages"][0]["cases"]
+    assert [(c["status"], c["message"]) for c in cases[:3]] == [
+        ("error", "the adapter called process.exit(3)"),
+        ("error", "Error: late (thrown outside the adapter's own calls)"),
+        ("not-started", "NotImplementedError: todo"),
+    ]
+    assert f"at runSingleStep ({course / 'tests' / 'adapters.mjs'}:2:" in cases[0]["traceback"]
+
+
 def test_ts_course_without_a_runner_is_a_setup_error_naming_the_install(cli, tmp_path, tiny_path):
     node = node_executable()
     if node and strips_types(node):

@@ -65,7 +65,8 @@ function studentStack(error) {
       !/^\s+at /.test(line) ||
       !(line.includes(HARNESS) || line.includes("node:internal") || /node_modules[\\/](tsx|esbuild)[\\/]/.test(line)),
   );
-  return kept.join("\n") + "\n";
+  // file:// URLs (ES modules) as the paths the student's editor shows
+  return kept.join("\n").replace(/file:\/\/(\/[^\s:)]+)/g, (url) => fileURLToPath(url)) + "\n";
 }
 
 function describeThrown(value) {
@@ -261,19 +262,27 @@ class ExitCalled extends Error {}
 async function runCase(func, index, args, job) {
   const done = (message) => send({ event: "done", case: index, output: outputOffsets(), ...message });
   send({ event: "start", case: index, output: outputOffsets() });
-  current = index;
   const started = performance.now();
   let value;
   let timing;
   try {
-    if (job.scaling) {
-      [value, timing] = await measure(func, args[0], job.scaling.lengths, job.scaling.repeats);
-    } else {
-      value = await func(...args);
-    }
+    const call = job.scaling
+      ? () => measure(func, args[0], job.scaling.lengths, job.scaling.repeats)
+      : async () => [await func(...args), undefined];
+    const running = call();
+    [value, timing] = await new Promise((resolve, reject) => {
+      abortCase = reject; // an exception no await catches (a timer's, say) ends this case
+      running.then(resolve, reject);
+    });
   } catch (error) {
-    current = null;
-    if (error instanceof ExitCalled) {
+    abortCase = null;
+    if (error instanceof Uncaught) {
+      done({
+        status: "error",
+        message: `${describeThrown(error.inner)} (thrown outside the adapter's own calls)`,
+        traceback: studentStack(error.inner),
+      });
+    } else if (error instanceof ExitCalled) {
       done({ status: "error", message: error.message, traceback: studentStack(error) });
     } else if (error?.name === "NotImplementedError" || error?.constructor?.name === "NotImplementedError") {
       done({ status: "not-started", message: error.message ? `NotImplementedError: ${error.message}` : "NotImplementedError" });
@@ -288,7 +297,7 @@ async function runCase(func, index, args, job) {
     }
     return;
   }
-  current = null;
+  abortCase = null;
   const seconds = (performance.now() - started) / 1000;
   const array = toArray(value);
   if (array.problem) {
@@ -335,26 +344,25 @@ async function measure(func, prompt, lengths, repeats) {
   return [value, { seconds: best, blas: [] }];
 }
 
-let current = null; // the case running now, for an exception no await catches
+let abortCase = null; // ends the running case with an exception no await catches
+
+class Uncaught extends Error {
+  constructor(inner) {
+    super("uncaught");
+    this.inner = inner;
+  }
+}
 
 function guardProcess() {
   process.exit = (code) => {
     throw new ExitCalled(`the adapter called process.exit(${code === undefined ? "" : JSON.stringify(code)})`);
   };
   const fatal = (error) => {
-    if (current !== null) {
-      send({
-        event: "done",
-        case: current,
-        output: outputOffsets(),
-        status: "error",
-        message: `${describeThrown(error)} (thrown outside the adapter's own calls)`,
-        traceback: studentStack(error),
-      });
+    if (abortCase !== null) {
+      abortCase(new Uncaught(error));
     } else {
-      process.stderr.write(studentStack(error));
+      process.stderr.write(studentStack(error)); // between calls: the student's output shows it
     }
-    realExit(1);
   };
   process.on("uncaughtException", fatal);
   process.on("unhandledRejection", fatal);
