@@ -9,8 +9,8 @@ once with 1 case, once with `cases` cases, each `repeats` times (the fastest kep
 the start-up (the 1-case run: process start, import of the adapters, one call, reaping) and the cost
 per further case ((T(cases) - T(1)) / (cases - 1): one call, the result converted to .npy, written, and
 read back by the grader), for the Python child from the zygote and from a fresh interpreter, and for
-Node on the .mjs file and on the .ts file (through tsx, found in --tsx DIR's node_modules, default
-course/ts). Wall time, and the CPU time of the student's processes (everything the monitor reaped; not
+Node on the .mjs file and on the .ts file (through tsx, found in the nearest node_modules at or above
+--tsx DIR, default course/ts: `npm install` at the repository's root puts it there). Wall time, and the CPU time of the student's processes (everything the monitor reaped; not
 measurable for zygote workers, which are not the grader's children), which a busy machine disturbs far less.
 """
 
@@ -101,7 +101,7 @@ def main() -> None:
     if tsx is not None:
         workers.append(("node + tsx, .ts", "ts", SubprocessLauncher))
     else:
-        print(f"(no tsx under {args.tsx}: `npm install --prefix {args.tsx}` adds the .ts row)")
+        print(f"(no tsx at or above {args.tsx}: `npm install` at the repository's root adds the .ts row)")
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
         weights = Path(tmp) / "model.safetensors"
         weights.write_bytes(b"")  # never read: the adapters ignore it

@@ -1,6 +1,6 @@
 """The TypeScript edition: tests/adapters.ts graded by the same stages through the Node harness (proc/harness.mjs).
 
-They need Node.js and, for .ts, the course's tsx (`npm install --prefix course/ts`, which .ci/run does) or a Node
+They need Node.js and, for .ts, the course's tsx (`npm install` at the repository's root, which .ci/run does) or a Node
 that strips types itself; without them they skip and say why. cache-scaling is left out: its protocol is being
 rewritten (the harness speaks both the current `scaling` job and the coming interactive one).
 """
@@ -36,7 +36,7 @@ def node_modules() -> Path | None:
         return tsx.parents[2]
     if node and strips_types(node):
         return None
-    pytest.skip("tsx is not installed for the TypeScript course: run `npm install --prefix course/ts` (.ci/run does)")
+    pytest.skip("tsx is not installed for the TypeScript course: run `npm install` at the repository's root (.ci/run does)")
 
 
 def ts_course(dest: Path, node_modules: Path | None, source: Path = TS / "solution") -> Path:
