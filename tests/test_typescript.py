@@ -36,7 +36,9 @@ def node_modules() -> Path | None:
         return tsx.parents[2]
     if node and strips_types(node):
         return None
-    pytest.skip("tsx is not installed for the TypeScript course: run `npm install` at the repository's root (.ci/run does)")
+    pytest.skip(
+        "tsx is not installed for the TypeScript course: run `npm install` at the repository's root (.ci/run does)"
+    )
 
 
 def ts_course(dest: Path, node_modules: Path | None, source: Path = TS / "solution") -> Path:
@@ -89,6 +91,20 @@ def test_each_ts_mutant_is_caught_by_its_stage_with_its_finding(cli, tmp_path, t
     for finding in ("position-reset", "missing-scale-decode", "no-self-attention"):
         assert finding in result.output
     assert "not-started" in result.output  # the starter
+
+
+def test_init_edition_ts_starts_a_course_whose_stages_are_not_started(cli, tmp_path, tiny_path, node_modules):
+    course = tmp_path / "my-course"
+    result = cli("init", course, "--edition", "ts")
+    assert result.exit_code == 0, result.output
+    assert "tests/adapters.ts" in result.output and "npm install" in result.output
+    assert (course / "src" / "kvcache.ts").is_file() and not (course / "tests" / "adapters.py").exists()
+    if node_modules is not None:  # as `npm install` in the course would
+        (course / "node_modules").symlink_to(node_modules, target_is_directory=True)
+    result = cli("test", "--course", course, "--weights", tiny_path)  # the first stage not yet passed
+    assert result.exit_code == 1, result.output
+    assert "forward" in result.output and "not started" in result.output
+    assert "NotImplementedError: forward" in result.output
 
 
 def test_a_ts_syntax_error_points_at_the_students_file_and_line(cli, tmp_path, tiny_path, node_modules):

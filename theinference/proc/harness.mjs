@@ -369,8 +369,7 @@ function guardProcess() {
 }
 
 async function* callLines(fd) {
-  const input = fs.createReadStream(`/proc/self/fd/${fd}`, { encoding: "utf8" });
-  input.on("open", () => fs.closeSync(fd));
+  const input = fs.createReadStream(null, { fd: reopen(fd, "r"), encoding: "utf8" });
   for await (const line of readline.createInterface({ input, crlfDelay: Infinity })) {
     if (line.trim()) yield JSON.parse(line);
   }

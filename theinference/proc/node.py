@@ -50,19 +50,28 @@ def node_executable() -> str | None:
 
 
 @functools.cache
-def strips_types(node: str) -> bool:
-    """Whether this Node runs .ts files by itself (type stripping: Node 22.6 and later, with a flag before 23.6)."""
+def type_stripping(node: str) -> tuple[str, ...] | None:
+    """The flags with which this Node runs .ts files by itself (none from 23.6, where it is on by default), or None
+    where it cannot (before 22.6)."""
+    probe = (
+        "JSON.stringify([Boolean(process.features.typescript), "
+        "process.allowedNodeEnvironmentFlags.has('--experimental-strip-types')])"
+    )
     try:
-        done = subprocess.run(
-            [node, "-p", "process.allowedNodeEnvironmentFlags.has('--experimental-strip-types')"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.stdout.strip() == "true"
+        done = subprocess.run([node, "-p", probe], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        on_by_default, has_flag = json.loads(done.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError, TypeError):
+        return None
+    if on_by_default:
+        return ("--disable-warning=ExperimentalWarning",)
+    if has_flag:
+        return ("--experimental-strip-types", "--disable-warning=ExperimentalWarning")
+    return None
+
+
+def strips_types(node: str) -> bool:
+    """Whether this Node runs .ts files by itself (type stripping: Node 22.6 and later)."""
+    return type_stripping(node) is not None
 
 
 def find_tsx(course_root: Path) -> Path | None:
@@ -96,8 +105,8 @@ def worker(adapters: Path, course_root: Path, limits: protocol.Limits) -> NodeWo
         if tsx is not None:
             flags += ["--import", tsx.as_uri()]
             readable.append(str(tsx.parent.parent.parent))  # node_modules, which holds tsx and esbuild
-        elif strips_types(node):
-            flags += ["--experimental-strip-types", "--disable-warning=ExperimentalWarning"]
+        elif (stripping := type_stripping(node)) is not None:
+            flags += stripping
         else:
             raise NodeMissing(
                 f"{adapters.name} is TypeScript, and neither the course provides tsx (node_modules/.bin/tsx) "
