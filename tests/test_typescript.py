@@ -120,6 +120,19 @@ def test_a_ts_syntax_error_points_at_the_students_file_and_line(cli, tmp_path, t
     assert "harness.mjs" not in result.output and "node_modules" not in result.output
 
 
+def test_a_js_syntax_error_in_an_imported_module_points_at_its_file_and_line(cli, tmp_path, tiny_path):
+    course = tmp_path / "js"
+    (course / "tests").mkdir(parents=True)
+    (course / "src").mkdir()
+    (course / "src" / "lib.mjs").write_text("export function f(x) {\n  return x +;\n}\n")
+    (course / "tests" / "adapters.mjs").write_text(
+        'import { f } from "../src/lib.mjs";\nexport function runSingleStep(ids) { return f(ids); }\n'
+    )
+    result = cli("test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path)
+    assert result.exit_code == 1, result.output
+    assert f"syntax error in {course / 'src' / 'lib.mjs'}, line 2" in result.output
+
+
 def test_a_ts_runtime_error_shows_the_students_frames_only(cli, tmp_path, tiny_path, node_modules):
     course = ts_course(tmp_path / "ts", node_modules)
     adapters = course / "tests" / "adapters.ts"

@@ -9,6 +9,7 @@
 //
 // Plain JavaScript, Node's standard library only: it is copied into the sandbox's stub package.
 
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import readline from "node:readline";
@@ -80,16 +81,45 @@ function describeThrown(value) {
   return `a thrown ${value === null ? "null" : typeof value} (not an Error): ${String(text).slice(0, 200)}`;
 }
 
-// A compile error (tsx/esbuild, Node's type stripping, a .js SyntaxError) -> [file, line] if it names one.
+// A TypeScript compile error -> [file, line]: esbuild's (tsx) "FILE:LINE:COL: ERROR: ...", or the
+// "[file:///FILE:LINE:COL]" of Node's own type stripping (swc). JavaScript's own: checkSources.
 function syntaxLocation(error) {
   const text = `${error?.message ?? ""}\n${error?.stack ?? ""}`;
   const esbuild = /^(\S.*?):(\d+):(\d+): ERROR: /m.exec(text);
   if (esbuild) return [esbuild[1], Number(esbuild[2])];
-  if (error?.name === "SyntaxError" || /ERR_INVALID_TYPESCRIPT_SYNTAX|ERR_UNSUPPORTED_TYPESCRIPT/.test(text)) {
-    const frame = /^(file:\/\/\S+?|\/\S+?):(\d+)(?::\d+)?$/m.exec(error.stack ?? "");
-    if (frame) return [frame[1].startsWith("file:") ? fileURLToPath(frame[1]) : frame[1], Number(frame[2])];
-    const at = /\((\/[^():]+|file:\/\/[^():]+):(\d+):\d+\)/.exec(error.stack ?? "");
-    if (at) return [at[1].startsWith("file:") ? fileURLToPath(at[1]) : at[1], Number(at[2])];
+  if (/ERR_INVALID_TYPESCRIPT_SYNTAX|ERR_UNSUPPORTED_TYPESCRIPT_SYNTAX/.test(text)) {
+    const swc = /\[(file:\/\/[^\]\s]+?):(\d+):\d+\]/.exec(text);
+    if (swc) return [fileURLToPath(swc[1]), Number(swc[2])];
+  }
+  return null;
+}
+
+// Node keeps an ES module's syntax error location out of error.stack: find the file with `node --check`,
+// the adapters file first, then the course's other sources (node_modules and hidden directories left out).
+function checkSources(job) {
+  const files = [job.adapters];
+  const walk = (dir, depth) => {
+    let entries = [];
+    try {
+      entries = fs.readdirSync(dir, { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const entry of entries) {
+      if (entry.name.startsWith(".") || entry.name === "node_modules" || files.length > 200) continue;
+      const full = path.join(dir, entry.name);
+      if (entry.isDirectory() && depth < 6) walk(full, depth + 1);
+      else if (/\.(m?js|cjs)$/.test(entry.name) && full !== job.adapters) files.push(full);
+    }
+  };
+  walk(job.course_root, 0);
+  for (const file of files.filter((f) => /\.(m?js|cjs)$/.test(f))) {
+    const done = spawnSync(process.execPath, ["--check", file], { encoding: "utf8", timeout: 20000 });
+    const found = /^(.+?):(\d+)\n/.exec(done.stderr ?? "");
+    if (done.status !== 0 && found && /SyntaxError/.test(done.stderr)) {
+      const excerpt = done.stderr.split("\n\nNode.js")[0].trim();
+      return { where: [found[1], Number(found[2])], excerpt: excerpt + "\n" };
+    }
   }
   return null;
 }
@@ -107,13 +137,17 @@ async function load(job) {
   try {
     module = await import(pathToFileURL(file).href);
   } catch (error) {
-    const where = syntaxLocation(error);
+    let where = syntaxLocation(error);
+    let excerpt = null;
+    // A parse error has only Node's frames; a SyntaxError thrown by running code (JSON.parse) has the student's.
+    const parsing = !(error?.stack ?? "").split("\n").some((l) => /^\s+at /.test(l) && !l.includes("node:internal"));
+    if (!where && error?.name === "SyntaxError" && parsing) ({ where, excerpt } = checkSources(job) ?? {});
     if (where) {
       send({
         event: "load-error",
         kind: "syntax",
         message: `syntax error in ${where[0]}, line ${where[1]}`,
-        traceback: compileMessage(error),
+        traceback: excerpt ?? compileMessage(error),
       });
     } else {
       send({
