@@ -4,8 +4,10 @@
 // proc/protocol.py exactly: events go up the pipe whose fd is in THEINFERENCE_PROTOCOL_FD, one JSON
 // object a line (LOADED or LOAD_ERROR once, then START and DONE per case); each returned value is
 // written to OUT_DIR/case-<i>.npy (float32 arrays, int64 token lists) by this file itself. Async
-// adapters are awaited. With `interactive: true` the calls come one JSON line at a time,
-// {"case": i, "args": [...]}, on the fd in THEINFERENCE_CALLS_FD, and the harness exits 0 at its end.
+// adapters are awaited. With `interactive: true` (cache-scaling) the calls come one JSON line at a time,
+// {"case": i, "args": [...]}, on the fd in THEINFERENCE_CALLS_FD, each only when the grader starts it, and the
+// harness exits 0 at its end. The grader counts each call's CPU from outside the process tree
+// (proc/calls.py): nothing here times anything.
 //
 // Plain JavaScript, Node's standard library only: it is copied into the sandbox's stub package.
 
@@ -298,13 +300,9 @@ async function runCase(func, index, args, job) {
   send({ event: "start", case: index, output: outputOffsets() });
   const started = performance.now();
   let value;
-  let timing;
   try {
-    const call = job.scaling
-      ? () => measure(func, args[0], job.scaling.lengths, job.scaling.repeats)
-      : async () => [await func(...args), undefined];
-    const running = call();
-    [value, timing] = await new Promise((resolve, reject) => {
+    const running = (async () => func(...args))();
+    value = await new Promise((resolve, reject) => {
       abortCase = reject; // an exception no await catches (a timer's, say) ends this case
       running.then(resolve, reject);
     });
@@ -359,23 +357,7 @@ async function runCase(func, index, args, job) {
     done({ status: "error", message: `the adapter's output could not be saved: ${error.message}`, seconds });
     return;
   }
-  done({ status: "ok", file: out, seconds, ...(timing ? { timing } : {}) });
-}
-
-// cache-scaling as the job's `scaling` field asks (proc/timing.py's measure): best process CPU time per length.
-async function measure(func, prompt, lengths, repeats) {
-  await func(prompt, lengths[0]);
-  const best = lengths.map(() => Infinity);
-  let value = null;
-  for (let r = 0; r < repeats; r++) {
-    for (let i = 0; i < lengths.length; i++) {
-      const before = process.cpuUsage();
-      value = await func(prompt, lengths[i]);
-      const used = process.cpuUsage(before);
-      best[i] = Math.min(best[i], (used.user + used.system) / 1e6);
-    }
-  }
-  return [value, { seconds: best, blas: [] }];
+  done({ status: "ok", file: out, seconds });
 }
 
 let abortCase = null; // ends the running case with an exception no await catches
