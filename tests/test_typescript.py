@@ -1,17 +1,20 @@
 """The TypeScript edition: tests/adapters.ts graded by the same stages through the Node harness (proc/harness.mjs).
 
 They need Node.js and, for .ts, the course's tsx (`npm install` at the repository's root, which .ci/run does) or a Node
-that strips types itself; without them they skip and say why. cache-scaling is left out: its protocol is being
-rewritten (the harness speaks both the current `scaling` job and the coming interactive one).
+that strips types itself; without them they skip and say why. cache-scaling runs the harness interactively (the
+grader sends each call and counts its CPU from outside), on the synthetic `proof` preset at the quick stage's lengths.
 """
 
 import json
+import re
 import shutil
 import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from conftest import write_quick_scaling_stage
 
 from theinference.bundled import data_dir
 from theinference.grading.session import open_session
@@ -81,7 +84,7 @@ def test_ts_solution_passes_every_stage_plain_untrusted_and_in_a_mixed_grade(
 @pytest.mark.slow
 def test_each_ts_mutant_is_caught_by_its_stage_with_its_finding(cli, tmp_path, tiny_path, node_modules):
     source = tmp_path / "ts"
-    # decode-recomputes is left out: its finding is cache-scaling's `no-cache`, whose protocol is being rewritten.
+    # decode-recomputes is left out: its finding is cache-scaling's `no-cache` (test_ts_cache_scaling_...).
     shutil.copytree(TS, source, ignore=shutil.ignore_patterns("node_modules", "decode-recomputes"))
     if node_modules is not None:
         (source / "node_modules").symlink_to(node_modules, target_is_directory=True)
@@ -91,6 +94,30 @@ def test_each_ts_mutant_is_caught_by_its_stage_with_its_finding(cli, tmp_path, t
     for finding in ("position-reset", "missing-scale-decode", "no-self-attention"):
         assert finding in result.output
     assert "not-started" in result.output  # the starter
+
+
+@pytest.mark.slow
+def test_ts_cache_scaling_passes_the_solution_and_stops_the_recomputing_mutant(
+    cli, tmp_path, tiny_path, node_modules, proof_cache, monkeypatch
+):
+    """The Node worker serves cache-scaling's interactive calls; the grader counts its tree's CPU, as for Python."""
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
+    source = ts_course(tmp_path / "ts" / "solution", node_modules).parent
+    mutant = source / "mutants" / "decode-recomputes"
+    shutil.copytree(TS / "mutants" / mutant.name, mutant)
+    manifest = mutant / "manifest.toml"
+    manifest.write_text(manifest.read_text().replace("cache-scaling =", "quick-scaling ="))
+    if node_modules is not None:
+        (source / "node_modules").symlink_to(node_modules, target_is_directory=True)
+    stages = write_quick_scaling_stage(tmp_path / "stages")
+    result = cli(
+        "stages", "check", "--source", source, "--stages-dir", stages, "--weights", tiny_path, "--stage", "quick-scaling"
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = {line.split("|")[0].strip(): line for line in result.output.splitlines() if "|" in line}
+    assert "✔ pass" in lines["solution"], result.output
+    # no-cache, or too-slow where JavaScript's recompute is stopped before its growth shows (its manifest says)
+    assert re.search(r"✔ (no-cache|too-slow)\b", lines["decode-recomputes"]), result.output
 
 
 def test_init_edition_ts_starts_a_course_whose_stages_are_not_started(cli, tmp_path, tiny_path, node_modules):
@@ -244,7 +271,7 @@ def _wait(condition, timeout: float = 60.0) -> None:
 
 
 def test_the_harness_serves_interactive_calls_until_end_of_file(tmp_path):
-    """The coming interactive job (cache-scaling): calls arrive one JSON line at a time; START/DONE each; exit 0 at EOF."""
+    """An interactive job (cache-scaling): calls arrive one JSON line at a time; START/DONE each; exit 0 at EOF."""
     import os
     import subprocess
 
@@ -267,7 +294,6 @@ def test_the_harness_serves_interactive_calls_until_end_of_file(tmp_path):
         "calls": [],
         "start": 0,
         "out_dir": str(out_dir),
-        "scaling": None,
         "interactive": True,
         "limits": {"memory_bytes": None, "file_bytes": None},
     }
