@@ -159,6 +159,7 @@ STUBS = {
     # apt-get and the interpreter are stubbed: each records its command line; `python3 -m venv DIR`
     # makes DIR/bin/python and DIR/bin/theinference, which record theirs.
     "apt-get": 'echo "apt-get $*" >> "$LOG"',
+    "npm": 'echo "npm $*" >> "$LOG"',
     "python3": """case "$*" in
   "-c "*) exit 0 ;;
   "-m venv "*) mkdir -p "$3/bin"
@@ -189,6 +190,7 @@ def test_setup_installs_bubblewrap_the_bundled_wheel_and_makes_the_preset(cli, t
     assert any(line.startswith("apt-get install") and "bubblewrap" in line.split() for line in log)
     assert f"python -m pip install {source / wheel.name}" in log and (source / wheel.name).is_file()
     assert f"theinference weights synth --preset tiny --seed 3 --out {source / 'weights'}" in log
+    assert f"npm install --prefix {root} --no-audit --no-fund tsx@4" in log  # the TypeScript edition's runner
     # run_autograder grades against the file setup.sh makes.
     assert "$SOURCE/weights/model.safetensors" in (root / "run_autograder").read_text()
 

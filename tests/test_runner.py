@@ -294,3 +294,32 @@ def test_greedy_mismatch_marks_the_step_and_shows_both_paths(tmp_path, tiny_path
     assert case["diagnosis"]["shape"] == "token-mismatch"
     text = cli(*args).stdout
     assert "◀ first mismatch" in text and "step 2 generated" in text
+
+
+def test_a_launch_that_fails_leaves_no_descriptor_open(tmp_path, tiny_path):
+    """A setup error at launch (no TypeScript runner, say) is raised; every pipe the run opened is closed."""
+    from theinference.errors import ConfigError
+    from theinference.proc.runner import AdapterJob, run_adapter
+    from theinference.proc.sandbox import basic_isolation
+
+    class Refusing:
+        isolation = basic_isolation()
+
+        def start(self, *args, **kwargs):
+            raise ConfigError("no runner for these adapters")
+
+    adapters = write_adapters(tmp_path / "course", "def run_single_step(ids):\n    return ids\n")
+    job = AdapterJob(
+        course_root=tmp_path / "course",
+        adapters=adapters,
+        names=("run_single_step",),
+        calls=(([464],),),
+        weights=tiny_path,
+        timeout=10,
+        launcher=Refusing(),  # type: ignore[arg-type]
+    )
+    before = set(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(ConfigError, match="no runner"):
+            run_adapter(job)
+    assert set(os.listdir("/proc/self/fd")) == before

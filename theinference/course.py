@@ -4,7 +4,8 @@ theinference.toml (every field optional):
 
   weights     path of model.safetensors (or its directory), relative to the course root, or the name of a
               synthetic preset (`tiny`, `gpt2`) as `--weights` takes it
-  adapters    path of the adapters file (default tests/adapters.py)
+  adapters    path of the adapters file (default tests/adapters.py; the TypeScript edition's
+              tests/adapters.ts, .mts, .js or .mjs when there is no .py, run by Node: proc/node.py)
   stages_dirs list of extra stage directories, relative to the course root
   timeout     seconds per adapter call, overriding every stage's own timeout
 
@@ -20,6 +21,14 @@ from theinference.errors import ConfigError
 
 CONFIG_NAME = "theinference.toml"
 DEFAULT_ADAPTERS = "tests/adapters.py"
+# Where adapters are looked for, in order: the Python edition's, then the TypeScript edition's.
+ADAPTERS_CANDIDATES = (
+    DEFAULT_ADAPTERS,
+    "tests/adapters.ts",
+    "tests/adapters.mts",
+    "tests/adapters.js",
+    "tests/adapters.mjs",
+)
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "weights": str,
     "adapters": str,
@@ -42,10 +51,10 @@ class Course:
 
 
 def find_course_root(start: Path) -> Path | None:
-    """The nearest ancestor of start (itself included) holding theinference.toml or tests/adapters.py."""
+    """The nearest ancestor of start (itself included) holding theinference.toml or tests/adapters.py (or .ts, ...)."""
     start = start.resolve()
     for directory in (start, *start.parents):
-        if (directory / CONFIG_NAME).is_file() or (directory / DEFAULT_ADAPTERS).is_file():
+        if (directory / CONFIG_NAME).is_file() or any((directory / a).is_file() for a in ADAPTERS_CANDIDATES):
             return directory
     return None
 
@@ -67,6 +76,11 @@ def _read_config(path: Path) -> dict:
     return data
 
 
+def default_adapters(root: Path) -> str:
+    """The adapters file a course without an `adapters` setting uses: the first candidate that exists."""
+    return next((a for a in ADAPTERS_CANDIDATES if (root / a).is_file()), DEFAULT_ADAPTERS)
+
+
 def load_course(root: Path) -> Course:
     """Read the course at root; the adapters file must exist."""
     root = root.resolve()
@@ -74,7 +88,7 @@ def load_course(root: Path) -> Course:
         raise CourseError(f"{root}: course directory not found")
     config_path = root / CONFIG_NAME
     data = _read_config(config_path) if config_path.is_file() else {}
-    adapters = root / data.get("adapters", DEFAULT_ADAPTERS)
+    adapters = root / data.get("adapters", default_adapters(root))
     if not adapters.is_file():
         why = "not a regular file" if adapters.exists() else "adapters file not found"
         raise CourseError(f"{adapters}: {why} (the grader calls the functions in it)")

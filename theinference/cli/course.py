@@ -3,6 +3,7 @@
 import shutil
 import sys
 import tempfile
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -24,24 +25,37 @@ from theinference.grading.stages import load_stages, stage_dirs
 DEMO_MUTANT = "position-stuck"
 
 
+class Edition(str, Enum):
+    python = "python"
+    ts = "ts"
+
+
 def init_command(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="Where to create the course.")],
     force: Annotated[
         bool, typer.Option("--force", help="Copy into DIR even if it is not empty (existing files are overwritten).")
     ] = False,
+    edition: Annotated[
+        Edition, typer.Option("--edition", help="python: numpy, tests/adapters.py; ts: TypeScript on Node.js.")
+    ] = Edition.python,
 ) -> None:
-    """Start the course: copy the starter (src/, tests/adapters.py, theinference.toml) into DIR."""
+    """Start the course: copy the starter (src/, tests/adapters.py or .ts, theinference.toml) into DIR."""
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{directory} exists and is not a directory")
     if directory.is_dir() and any(directory.iterdir()) and not force:
         raise ConfigError(f"{directory} is not empty; pass --force to copy the starter into it anyway")
+    ts = edition == Edition.ts
     shutil.copytree(
-        data_dir("course") / "starter", directory, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+        data_dir("course") / ("ts/starter" if ts else "starter"),
+        directory,
+        dirs_exist_ok=True,
+        ignore=shutil.ignore_patterns("__pycache__", "node_modules"),
     )
     first = load_stages(stage_dirs(None, []))[0]
     console = console_for(sys.stdout)
-    console.print(f"created the course in {directory}: src/gpt2.py, src/kvcache.py, tests/adapters.py", soft_wrap=True)
-    console.print(f"next:  cd {directory}", soft_wrap=True)
+    files = "src/gpt2.ts, src/kvcache.ts, tests/adapters.ts" if ts else "src/gpt2.py, src/kvcache.py, tests/adapters.py"
+    console.print(f"created the course in {directory}: {files}", soft_wrap=True)
+    console.print(f"next:  cd {directory}" + (" && npm install" if ts else ""), soft_wrap=True)
     console.print(f"       theinference stages show {first.id}   # the first stage's lesson", soft_wrap=True)
     console.print(
         "       theinference test --watch   # grades on tiny weights (theinference.toml): seconds per run",

@@ -24,6 +24,7 @@ from pathlib import Path
 from theinference import __version__
 from theinference.proc import interrupt
 from theinference.course import CourseError, load_course
+from theinference.proc.node import NodeMissing
 from theinference.proc.launch import ConfinementError
 from theinference.grading.oracle_registry import BUILTIN_ORACLES
 from theinference.grading.results import RunResult
@@ -136,7 +137,7 @@ def _grade_one(sub: Submission, grader: Grader, stages: list[StageSpec], options
     # A submission chooses nothing: not its stages, weights or timeouts (see theinference.trust).
     try:
         run = grader.grade(course, stages, options, notices)
-    except ConfinementError as e:  # e.g. a submission directory its confined user cannot read
+    except (ConfinementError, NodeMissing) as e:  # e.g. a directory its confined user cannot read; no tsx in it
         return SubmissionResult(sub.id, str(sub.path), None, error=str(e), seconds=time.perf_counter() - started)
     return SubmissionResult(sub.id, str(sub.path), run, seconds=time.perf_counter() - started)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from theinference.course import load_course
+from theinference.course import default_adapters, load_course
 from theinference.grading.mutants import MutantError, build_mutant, check_manifest, gather_mutants
 from theinference.grading.results import CheckCell, CheckResult, StageResult, Status
 from theinference.grading.stages import StageSpec
@@ -99,8 +99,8 @@ def check_course(
     options = RunOptions(limits=Limits(timeout=timeout))
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
-    if not (solution / "tests" / "adapters.py").is_file():
-        result.problems.append(f"{solution}: no reference solution (tests/adapters.py) to check against")
+    if not (solution / default_adapters(solution)).is_file():
+        result.problems.append(f"{solution}: no reference solution (tests/adapters.py or .ts) to check against")
         return result
     subjects: list[tuple[str, Path, dict, dict]] = []
     if not only_mutants:

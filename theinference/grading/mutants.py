@@ -154,8 +154,14 @@ def check_manifest(mutant: Mutant, stages: dict) -> list[str]:
 
 
 def build_mutant(mutant: Mutant, solution: Path, dest: Path) -> Path:
-    """Copy the solution to dest and apply the mutant's edits; each `find` must occur exactly once."""
-    shutil.copytree(solution, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    """Copy the solution to dest and apply the mutant's edits; each `find` must occur exactly once.
+
+    A TypeScript solution's node_modules (its own or the nearest above it, which holds tsx) is linked, not copied.
+    """
+    shutil.copytree(solution, dest, ignore=shutil.ignore_patterns("__pycache__", "node_modules"))
+    modules = next((d / "node_modules" for d in (solution, *solution.parents) if (d / "node_modules").is_dir()), None)
+    if (solution / "package.json").is_file() and modules is not None:
+        (dest / "node_modules").symlink_to(modules.resolve(), target_is_directory=True)
     for edit in mutant.edits:
         target = dest / edit.file
         if not target.is_file():

@@ -35,7 +35,8 @@ from theinference.grading.stages import load_stages, stage_dirs
 from theinference.model.weights import load_model
 
 DEBOUNCE = 0.05  # seconds of quiet that end a burst of file events
-WATCHED_SUFFIXES = (".py", ".toml")
+WATCHED_SUFFIXES = (".py", ".toml", ".ts", ".mts", ".cts", ".js", ".mjs", ".cjs")  # both editions' sources
+SKIPPED_DIRS = ("__pycache__", "node_modules")
 IGNORED_NAMES = ("*.swp", "*.swx", "*.swo", "*~", ".#*", "#*#", "4913", "flycheck_*", "*.tmp", ".~*")
 _FILE_EVENTS = {"created", "modified", "moved", "deleted"}
 BACK = "(course directory back)"  # what a re-grade after the course directory reappeared shows as changed
@@ -51,7 +52,7 @@ def _dir_id(path: Path) -> tuple[int, int] | None:
 
 
 def is_relevant(path: str, root: Path) -> bool:
-    """A .py/.toml file under root that is not an editor temp file, in no hidden dir or __pycache__."""
+    """A source (.py, .ts, ...) or .toml file under root, not an editor temp file, in no hidden dir, cache or node_modules."""
     p = Path(path)
     if p.suffix not in WATCHED_SUFFIXES or any(fnmatch.fnmatch(p.name, pat) for pat in IGNORED_NAMES):
         return False
@@ -59,7 +60,7 @@ def is_relevant(path: str, root: Path) -> bool:
         parts = p.resolve().relative_to(root.resolve()).parts
     except ValueError:
         return False
-    return not any(part.startswith(".") or part == "__pycache__" for part in parts[:-1])
+    return not any(part.startswith(".") or part in SKIPPED_DIRS for part in parts[:-1])
 
 
 def _tree_state(root: Path) -> list | None:
@@ -68,7 +69,7 @@ def _tree_state(root: Path) -> list | None:
         return None
     state = []
     for parent, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS]
         for name in files:
             try:
                 stat = os.stat(os.path.join(parent, name))

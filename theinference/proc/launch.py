@@ -25,6 +25,7 @@ from typing import Protocol
 
 from theinference.proc import protocol
 from theinference.proc.interrupt import kill_group
+from theinference.proc.node import HARNESS, worker_for_job
 from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
 
 from theinference.trust import allowed_env
@@ -147,11 +148,17 @@ class SubprocessLauncher:
         self._sandbox = Sandbox(self.isolation) if self.isolation.bwrap else None
 
     def _command(self, args: list[str], cwd: str, env: dict) -> list[str]:
+        node = worker_for_job(args[0])  # the TypeScript edition's adapters run on Node (theinference.proc.node)
         if self._sandbox is None:
+            if node is not None:
+                return [*self.isolation.unshare, *node.prefix, str(HARNESS), *args]
             # -P: the course directory (which the child puts on sys.path itself) cannot shadow the grader's modules.
             return [*self.isolation.unshare, sys.executable, "-P", "-m", "theinference.proc.child", *args]
         run_dir = os.path.dirname(args[0])
         self._sandbox.prepare(run_dir)
+        if node is not None:
+            inner = [*node.prefix, self._sandbox.node_harness, *args]
+            return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"], node.readable)
         inner = [sys.executable, "-P", "-B", self._sandbox.child_script, *args]
         return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"])
 
@@ -243,6 +250,7 @@ class ZygoteLauncher:
         self._proc: subprocess.Popen | None = None
         self._dir: str | None = None
         self._ready = False
+        self._fresh: SubprocessLauncher | None = None  # for Node workers, which cannot fork from a Python zygote
 
     def warm(self) -> None:
         """Start the zygote now, without waiting: it imports numpy while the grader loads stages and weights."""
@@ -289,6 +297,11 @@ class ZygoteLauncher:
         calls_fd: int | None = None,
         cgroup: Sequence[str] = (),
     ) -> ZygoteProcess:
+        if worker_for_job(args[0]) is not None:  # the TypeScript edition: a fresh Node process under its monitor
+            self._fresh = self._fresh or SubprocessLauncher()
+            return self._fresh.start(
+                args, cwd, {**env, **self._env}, stdout, stderr, proto_fd, calls_fd=calls_fd, cgroup=cgroup
+            )
         path = self._ensure_started()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)

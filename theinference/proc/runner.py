@@ -174,7 +174,8 @@ class _Child:
                     calls_fd=calls_read,
                     cgroup=self.cgroup.procs_files if self.cgroup else (),
                 )
-        except BaseException:
+        except BaseException:  # e.g. a setup error (no TypeScript runner): the event pipe's read end goes too
+            os.close(read_fd)
             self._release()
             raise
         finally:

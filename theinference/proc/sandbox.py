@@ -32,6 +32,7 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 # The stub package the student sees: weights_path() and the student-side runner; they import only the standard library and each other at module level
 # (tests/test_architecture.py checks it), so nothing else need be copied.
 STUB_FILES = ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py")
+NODE_HARNESS = "proc/harness.mjs"  # the TypeScript edition's worker (theinference.proc.node), copied beside them
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 
@@ -186,18 +187,22 @@ class Sandbox:
         stub = Path(self.stub_root) / "theinference"
         stub.mkdir(mode=0o755)
         (stub / "proc").mkdir(mode=0o755)
-        for name in STUB_FILES:
+        for name in (*STUB_FILES, NODE_HARNESS):
             shutil.copyfile(_PACKAGE / name, stub / name)
             os.chmod(stub / name, 0o644)
         self.child_script = str(stub / "proc" / "child.py")
+        self.node_harness = str(stub / NODE_HARNESS)
 
-    def command(self, argv: list[str], course_root: str, run_dir: str, weights: str) -> list[str]:
-        """argv (run inside the sandbox) wrapped in bwrap, seeing only what the run needs."""
+    def command(
+        self, argv: list[str], course_root: str, run_dir: str, weights: str, extra: tuple[str, ...] = ()
+    ) -> list[str]:
+        """argv (run inside the sandbox) wrapped in bwrap, seeing only what the run needs (and `extra`, read-only)."""
         assert self.isolation.bwrap is not None, "a Sandbox is made only where bubblewrap runs"
         python = _python_dirs()
         # The weights file and its config.json, not their directory: it may be private, or hold more than they need.
         config = Path(weights).parent / "config.json"
         readable = [*python, course_root, weights, *([str(config)] if config.exists() else []), self.stub_root]
+        readable += [p for p in extra if p not in readable and not any(p.startswith(d + "/") for d in _SYSTEM_DIRS)]
         args = [
             self.isolation.bwrap,
             "--die-with-parent",

@@ -22,6 +22,15 @@ fi
 # This very version of theinference (stages and course included), and its dependencies from PyPI.
 "$ROOT/venv/bin/python" -m pip install "$SOURCE/$WHEEL"
 
+# The TypeScript edition's submissions (tests/adapters.ts) run on Node.js (18.19 or later) with tsx, installed
+# into $ROOT/node_modules: the nearest node_modules above every submission, where theinference looks for it.
+if ! command -v node >/dev/null; then
+    apt-get install -y --no-install-recommends nodejs npm || echo "note: no Node.js: TypeScript submissions cannot be graded"
+fi
+if command -v npm >/dev/null; then
+    npm install --prefix "$ROOT" --no-audit --no-fund tsx@4 || echo "note: no tsx: TypeScript submissions cannot be graded"
+fi
+
 if [ -n "$WEIGHTS_PRESET" ]; then
     # Synthetic weights are deterministic: the same preset and seed give the same bytes everywhere.
     "$ROOT/venv/bin/theinference" weights synth --preset "$WEIGHTS_PRESET" --seed "$WEIGHTS_SEED" --out "$SOURCE/weights"
