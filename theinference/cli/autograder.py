@@ -19,6 +19,7 @@ from theinference.grading.autograder import (
     write_gradescope_bundle,
 )
 from theinference.cli.common import err_console
+from theinference.cli.common import write_atomic
 from theinference.cli.weights import Preset
 from theinference.grading.randomcases import resolve_seed
 from theinference.errors import UsageError
@@ -191,7 +192,7 @@ def github(
         text = render_workflow(repo, shards, placed, chosen, grading, roster)
         copy_wheel(found, placed.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    write_atomic(out, text)
     _warn(warnings + wheel_warnings)
     if not roster.is_file():
         _warn([f"{roster} does not exist yet: list the repositories to grade in it (see the workflow's comments)"])

@@ -279,6 +279,4 @@ def _write_gradescope(result: SubmissionResult, stages, out: Path, seed: int | N
         else render_gradescope_ungraded(stages, result.error, __version__)
     )
     # Atomically: Gradescope must never read a half-written results.json.
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    write_atomic(out, text)

@@ -17,6 +17,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from theinference.files import atomic_file
 from theinference import __version__
 from theinference.bundled import asset
 from theinference.model.weights import check_entries, infer_config, read_header
@@ -162,8 +163,7 @@ def _add_text(bundle: zipfile.ZipFile, name: str, text: str, mode: int) -> None:
 def write_gradescope_bundle(out: Path, wheel: Path, weights: Weights, grading: Grading, time_budget: float) -> None:
     """Write autograder.zip: setup.sh, run_autograder, bundle.env, the wheel, stages and weights."""
     stage_names = [f"stages/{i}-{d.resolve().name}" for i, d in enumerate(grading.stages_dirs, 1)]
-    tmp = out.with_name(out.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+    with atomic_file(out, binary=True) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
         for script in ("setup.sh", "run_autograder"):
             _add_text(bundle, script, asset(f"autograder/{script}").read_text(), EXECUTABLE)
         _add_text(bundle, "bundle.env", bundle_env(wheel.name, weights, grading, stage_names, time_budget), READABLE)
@@ -176,7 +176,6 @@ def write_gradescope_bundle(out: Path, wheel: Path, weights: Weights, grading: G
             config = weights.file.parent / "config.json"
             if config.is_file():
                 bundle.write(config, "weights/config.json")
-    tmp.replace(out)
 
 
 def copy_wheel(wheel: Path, dest_dir: Path) -> Path:

@@ -33,6 +33,7 @@ from theinference.model.weights import Model
 from theinference.untrusted import for_terminal
 from theinference.trust import untrusted_course
 from theinference.errors import ConfigError
+from theinference.files import atomic_file
 
 
 class BatchError(ConfigError):
@@ -253,18 +254,16 @@ class CsvWriter:
 
     def __init__(self, path: Path, stages: list[StageSpec], graded: GradedWith):
         self.path, self.stages, self.graded = path, stages, graded
-        self.file = path.open("w", newline="", encoding="utf-8")
-        self.writer = csv.writer(self.file)
-        self.writer.writerow(csv_header(stages))
-        self.file.flush()
+        self.rows = [csv_header(stages)]
+        write_csv(path, self.rows)
 
     def add(self, result: SubmissionResult) -> None:
-        self.writer.writerow(csv_row(result, self.stages, self.graded))
-        self.file.flush()
+        # Rewritten whole each time (theinference.files): never appended to through a link planted meanwhile.
+        self.rows.append(csv_row(result, self.stages, self.graded))
+        write_csv(self.path, self.rows)
 
     def finish(self, results: list[SubmissionResult], mark: str = "") -> None:
         """Rewrite the file sorted by id, now that every row is in; a mark (why the batch stopped) ends it."""
-        self.file.close()
         rows = [csv_header(self.stages), *(csv_row(r, self.stages, self.graded) for r in results)]
         write_csv(self.path, rows + ([[f"{INTERRUPTED_MARK} {mark}"]] if mark else []))
 
@@ -280,10 +279,8 @@ def check_output(out: Path) -> None:
 
 
 def write_csv(path: Path, rows: list[list[str]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
+    with atomic_file(path, newline="", encoding="utf-8") as f:
         csv.writer(f).writerows(rows)
-    tmp.replace(path)
 
 
 BATCH_SCHEMA, BATCH_SCHEMA_VERSION = "theinference.batch", 1

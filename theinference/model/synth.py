@@ -11,6 +11,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from theinference.model.copycircuit import install_copy_circuit
+from theinference.files import write_atomic
 from theinference.model.weights import GPT2Config, expected_shapes
 
 # Bump when the drawing changes: checkpoints made on first use are cached under this version.
@@ -103,7 +104,7 @@ def write_synthetic(
     # One metadata key only: safetensors writes metadata in hash order, and two keys would make
     # the bytes differ from run to run. The synthetic marker lives in config.json.
     metadata = {"format": "pt"}
-    (out_dir / "config.json").write_text(json.dumps(hf_config(config, preset, seed), indent=2) + "\n")
+    write_atomic(out_dir / "config.json", json.dumps(hf_config(config, preset, seed), indent=2) + "\n")
     # Write beside the target, then rename: a reader never sees a half-written checkpoint.
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.", suffix=".tmp")
     os.close(fd)

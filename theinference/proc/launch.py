@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from theinference.proc import protocol
+from theinference.proc import protocol, strays
 from theinference.proc.interrupt import kill_group
 from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
 
@@ -72,6 +72,7 @@ class ZygoteProcess:
         self.conn = conn
         self.buffer = b""
         self.returncode: int | None = None
+        self.monitor_lost = False  # the monitor died without a status: nothing of this run counts
         self.pid = self._read(time.monotonic() + 30)["pid"]
 
     def _read(self, deadline: float) -> dict:
@@ -90,10 +91,15 @@ class ZygoteProcess:
         if self.returncode is None:
             deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
             try:
-                self.returncode = self._read(deadline)["status"]
-            except ConnectionResetError:  # student code killed its monitor: its process group goes the same way
+                status = self._read(deadline)["status"]
+                if type(status) is not int:
+                    raise ValueError(status)
+                self.returncode = status
+            except (ConnectionResetError, ValueError, KeyError, TypeError):
+                # Student code killed its monitor (or forged its words): its group dies, the orphans it left
+                # came back to the grader (theinference.proc.strays), and the run is an error.
                 kill_group(self.pid)
-                self.returncode = -signal.SIGKILL
+                self.returncode, self.monitor_lost = -signal.SIGKILL, True
             self.conn.close()
         return self.returncode
 
@@ -113,6 +119,7 @@ class MonitoredProcess(ZygoteProcess):
     def wait(self, timeout: float | None = None) -> int:
         code = super().wait(timeout)
         self.monitor.wait()
+        strays.forget(self.monitor.pid)
         return code
 
 
@@ -150,7 +157,8 @@ class SubprocessLauncher:
     def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> MonitoredProcess:
         env = self._student_env(args, cwd, env, proto_fd)
         ours, theirs = socket.socketpair()
-        with theirs:
+        strays.adopt_orphans()
+        with theirs, strays.starting():
             # -P: the monitor is grader code and must not import anything from the course directory.
             monitor = subprocess.Popen(
                 [
@@ -170,6 +178,7 @@ class SubprocessLauncher:
                 pass_fds=(proto_fd, theirs.fileno()),
                 start_new_session=True,
             )
+            strays.register(monitor.pid)
         return MonitoredProcess(ours, monitor)
 
     def warm(self) -> None:
@@ -219,19 +228,24 @@ class ZygoteLauncher:
     def _spawn(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
         path = os.path.join(self._dir, "zygote.sock")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "theinference.proc.zygote", path],
-            env={**allowed_env(os.environ), **self._env},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
+        strays.adopt_orphans()
+        with strays.starting():
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "theinference.proc.zygote", path],
+                env={**allowed_env(os.environ), **self._env, "THEINFERENCE_GRADER_PID": str(os.getpid())},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+            )
+            strays.register(self._proc.pid)
         self._ready = False
         atexit.register(self.close)
 
     def _ensure_started(self) -> str:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
+                if self._proc is not None:
+                    strays.forget(self._proc.pid)
                 self._spawn()
             assert self._proc is not None and self._dir is not None
             if not self._ready:
@@ -260,6 +274,8 @@ class ZygoteLauncher:
                     self._proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     self._proc.kill()
+                    self._proc.wait()
+                strays.forget(self._proc.pid)
                 self._proc = None
             if self._dir:
                 shutil.rmtree(self._dir, ignore_errors=True)

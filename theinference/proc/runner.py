@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference.proc import interrupt, protocol
+from theinference.proc import interrupt, protocol, strays
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
 from theinference.trust import allowed_env
@@ -423,6 +423,8 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
         child.finish(graceful=False)
         raise
     returncode = child.finish(graceful=not kill_now)
+    if getattr(child.proc, "monitor_lost", False):
+        return _monitor_lost(job, start, outcomes)
     if state.current >= len(job.calls) and failure is None:
         return state.current
     if failure is None:
@@ -433,6 +435,20 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
     for index in range(state.current, last):
         outcomes[index] = failure
     return last
+
+
+def _monitor_lost(job: AdapterJob, start: int, outcomes: dict[int, CallOutcome]) -> int:
+    """The student's process killed its monitor: kill what it left, and no case of this run counts."""
+    strays.kill_strays()
+    lost = CallOutcome(
+        status=protocol.ERROR,
+        message="the adapter's process killed its monitor (the process that confines it): nothing of this run counts",
+    )
+    for index in range(start, len(job.calls)):
+        outcomes[index] = lost
+        if job.consume is not None:  # replaces what an earlier case of this run may have passed with
+            job.consume(index, lost)
+    return len(job.calls)
 
 
 def _spent_message(job: AdapterJob) -> str:

@@ -14,7 +14,9 @@ Levels, strongest first (the report header names the one in use):
   descendant, whatever session it moved to, before results are accepted (Linux).
 - `process-group`: elsewhere (macOS): only the student's process group is killed.
 
-Run as root, the `sandbox` and `namespaces` levels also run the student as nobody. Untrusted modes (`grade`, CI) use the
+Run as root, the `sandbox` and `namespaces` levels also run the student as nobody. Untrusted grading
+never runs student code as root: where no level can drop to nobody, it refuses (RootRefused, exit 2)
+unless the instructor sets THEINFERENCE_ALLOW_ROOT=1, which every report then names. Untrusted modes (`grade`, CI) use the
 strongest level available; `test` on a student's own machine keeps the fast zygote launcher.
 """
 
@@ -27,7 +29,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from theinference.errors import ConfigError
+
 NOBODY = 65534  # the uid and gid of `nobody` on Debian, Ubuntu, Fedora, Alpine
+# The instructor's explicit consent to untrusted grading as root where nothing can drop to nobody.
+ALLOW_ROOT_ENV = "THEINFERENCE_ALLOW_ROOT"
 _PACKAGE = Path(__file__).resolve().parents[1]
 # The stub package the student sees: weights_path(), the student-side runner and its timing helper
 # (cache-scaling); they import only the standard library and each other at module level
@@ -35,6 +41,10 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 STUB_FILES = ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py", "proc/timing.py")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+
+
+class RootRefused(ConfigError):
+    """Untrusted grading would run student code as root: refused unless the instructor insists (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +140,21 @@ def strongest_isolation() -> Isolation:
         )
     basic, unshare = basic_isolation(), _working_unshare()
     run_as = NOBODY if _is_root() and reachable_by_others(Path(sys.executable)) else None
+    if _is_root() and run_as is None:
+        if os.environ.get(ALLOW_ROOT_ENV) != "1":
+            raise RootRefused(
+                f"refusing to run student code as root: bubblewrap is unavailable and this Python "
+                f"({Path(sys.executable).resolve()}) is not readable by user nobody, whom student code would run as. "
+                "Install bubblewrap (apt-get install bubblewrap), or grade with a Python that nobody can read "
+                f"(e.g. /usr/bin/python3 and a virtualenv outside /root). {ALLOW_ROOT_ENV}=1 runs it as root anyway: "
+                "it can then write anything on this machine, the grader and its results included."
+            )
     who = (
-        f" as user nobody ({NOBODY})" if run_as else " as root (Python is not readable by nobody)" if _is_root() else ""
+        f" as user nobody ({NOBODY})"
+        if run_as
+        else f" AS ROOT ({ALLOW_ROOT_ENV}=1: it can change anything on this machine, grades included)"
+        if _is_root()
+        else ""
     )
     if unshare:
         return Isolation(
@@ -147,7 +170,7 @@ def strongest_isolation() -> Isolation:
             f"no sandbox (bubblewrap unavailable): student code runs{who}; every process it starts is killed",
             run_as=run_as,
         )
-    root = "; as root, since Python is not readable by nobody" if _is_root() else ""
+    root = f"; AS ROOT ({ALLOW_ROOT_ENV}=1), since Python is not readable by nobody" if _is_root() else ""
     return Isolation(basic.level, f"{basic.summary} (bubblewrap unavailable{root})")
 
 
