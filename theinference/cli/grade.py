@@ -32,7 +32,7 @@ from theinference.cli.common import err_console, in_ci, run_options, synth_progr
 from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.untrusted import for_terminal
-from theinference.proc.runner import DEFAULT_MEMORY_MB
+from theinference.proc.runner import DEFAULT_MEMORY_MB, LEFTOVERS
 from theinference.grading.session import select_stages
 from theinference.grading.shards import merge_shards
 from theinference.model.weights_choice import obtain_weights
@@ -259,6 +259,8 @@ def _run(subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat) -> tu
             results = grade_batch(subs, grader, stages, options, jobs, on_result, progress.oracle_case)
         except BatchInterrupted as e:
             results, stopped = e.results, str(e)
+    if LEFTOVERS:  # a student process kept writing into a run directory: reported, never the batch's failure
+        progress.say(f"notice: {len(LEFTOVERS)} run directory(ies) could not be removed: {', '.join(LEFTOVERS[:5])}")
     if writer:
         writer.finish(results, stopped)
     elif fmt is BatchFormat.gradescope:

@@ -24,7 +24,14 @@ from typing import Protocol
 
 from theinference.proc import protocol, strays
 from theinference.proc.interrupt import kill_group
-from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
+from theinference.proc.sandbox import (
+    Isolation,
+    Sandbox,
+    basic_isolation,
+    reachable_by_others,
+    strongest_isolation,
+    submission_uids,
+)
 
 from theinference.trust import allowed_env
 from theinference.errors import ConfigError
@@ -133,13 +140,14 @@ class SubprocessLauncher:
     def __init__(self, isolation: Isolation | None = None):
         self.isolation = isolation or basic_isolation()
         self._sandbox = Sandbox(self.isolation) if self.isolation.bwrap else None
+        self._uids: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def _command(self, args: list[str], cwd: str, env: dict) -> list[str]:
         if self._sandbox is None:
             # -P: the course directory (which the child puts on sys.path itself) cannot shadow the grader's modules.
             return [*self.isolation.unshare, sys.executable, "-P", "-m", "theinference.proc.child", *args]
         run_dir = os.path.dirname(args[0])
-        self._sandbox.prepare(run_dir)
         inner = [sys.executable, "-P", "-B", self._sandbox.child_script, *args]
         return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"])
 
@@ -149,10 +157,20 @@ class SubprocessLauncher:
             env["TMPDIR"] = os.path.dirname(args[0])  # the one writable place
         if self.isolation.run_as is None:
             return env
+        uid = self._uid_for(cwd)
         if self._sandbox is None:
             _check_readable(cwd, env["THEINFERENCE_WEIGHTS"])
-            os.chown(os.path.dirname(args[0]), self.isolation.run_as, self.isolation.run_as)
-        return {**env, "THEINFERENCE_RUN_AS": str(self.isolation.run_as)}
+        os.chown(os.path.dirname(args[0]), uid, uid)  # its run directory (0700) is its own, and nobody else's
+        return {**env, "THEINFERENCE_RUN_AS": str(uid)}
+
+    def _uid_for(self, course_root: str) -> int:
+        """The uid a submission's processes run as: nobody for the first, then an unused one below it for each other
+        (a batch): one submission cannot signal another's processes or write into its run directory."""
+        with self._lock:
+            if course_root not in self._uids:
+                taken = set(self._uids.values())
+                self._uids[course_root] = next(u for u in submission_uids() if u not in taken)
+            return self._uids[course_root]
 
     def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> MonitoredProcess:
         env = self._student_env(args, cwd, env, proto_fd)

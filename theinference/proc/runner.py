@@ -468,6 +468,18 @@ def _stage_budget(job: AdapterJob) -> float:
     return job.timeout * (len(job.calls) + 1)
 
 
+LEFTOVERS: list[str] = []  # run directories that could not be removed, for the grader to report
+
+
+def remove_run_dir(path: str) -> None:
+    """Remove a run's directory; never raises: what cannot be removed is recorded in LEFTOVERS."""
+    for _ in range(3):  # a process still writing into it (another submission's, at a weak level) may race us
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+    LEFTOVERS.append(path)
+
+
 def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     """Call the adapter once per entry of job.calls, each in a child process; never raises for student faults.
 
@@ -476,7 +488,8 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     """
     outcomes: dict[int, CallOutcome] = {}
     stage_deadline = min(time.monotonic() + _stage_budget(job), job.deadline or math.inf)
-    with tempfile.TemporaryDirectory(prefix="theinference-run-") as work:
+    work = tempfile.mkdtemp(prefix="theinference-run-")  # 0700; chowned to the submission's own uid as root
+    try:
         start = 0
         while start < len(job.calls) and time.monotonic() < stage_deadline:
             try:
@@ -497,5 +510,7 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
                 )
                 outcomes.update((i, skipped) for i in range(start, len(job.calls)))
                 start = len(job.calls)
+    finally:
+        remove_run_dir(work)
     spent = CallOutcome(status=protocol.TIMEOUT, message=_spent_message(job))
     return [outcomes.get(i, spent) for i in range(len(job.calls))]

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +56,21 @@ class Isolation:
     summary: str
     bwrap: str | None = None  # the bubblewrap executable, for the sandbox level
     unshare: tuple[str, ...] = ()  # the command prefix, for the namespaces level
-    run_as: int | None = None  # uid (and gid) of student processes, when the grader is root
+    # uid (and gid) of student processes, when the grader is root; each other submission of a batch gets its own
+    # unused uid below it (submission_uids)
+    run_as: int | None = None
+
+
+def submission_uids() -> Iterator[int]:
+    """Uids for student processes when the grader is root: nobody, then unused uids just below it (no passwd entry)."""
+    import pwd  # Unix only; only root reaches here
+
+    yield NOBODY
+    for uid in range(NOBODY - 1, NOBODY - 1000, -1):
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            yield uid
 
 
 def _is_root() -> bool:
@@ -245,11 +260,6 @@ class Sandbox:
                 args += ["--ro-bind", "/dev/null", path]
         args += ["--bind", run_dir, run_dir, "--chdir", course_root, "--remount-ro", "/", "--", *argv]
         return args
-
-    def prepare(self, run_dir: str) -> None:
-        """Let the student's user write the run's output directory."""
-        if self.isolation.run_as is not None:
-            os.chown(run_dir, self.isolation.run_as, self.isolation.run_as)
 
     def close(self) -> None:
         shutil.rmtree(self.stub_root, ignore_errors=True)

@@ -1,0 +1,318 @@
+"""Attacks that broke outside the sandbox (issue: integrity at the weaker levels), through the real CLI.
+
+Each test runs the attack at the level where it broke (a PATH without bubblewrap or unshare, a
+grader run as root with a Python user nobody cannot read, plain `test`), shows it fails to gain
+credit or damage anything, and, where the protection can be switched off, that it worked without.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import write_adapters
+from test_runner import SOLUTION_IMPORTS
+from theinference.proc.sandbox import ALLOW_ROOT_ENV, reachable_by_others
+
+STAGE = "prove-one-layer"
+needs_linux = pytest.mark.skipif(sys.platform != "linux", reason="the subreaper monitor is Linux-only")
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+PYTHON_PRIVATE = not reachable_by_others(Path(sys.executable))
+
+
+def _grader(*args, env: dict, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "theinference", *map(str, args)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
+
+
+def _run(*args, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "theinference", *map(str, args)], env=env, capture_output=True, timeout=timeout
+    )
+    return done
+
+
+def _live(pid: str) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def _left_behind(marker: str, course: Path | None = None, grader_pid: int | None = None) -> list[int]:
+    """Live processes with marker in their command line, working in course, or started for grader_pid (a zygote)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        if int(entry) == os.getpid() or not _live(entry):
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            cwd = os.readlink(f"/proc/{entry}/cwd") if course else ""
+            environ = Path(f"/proc/{entry}/environ").read_bytes() if grader_pid else b""
+        except OSError:
+            continue
+        if (
+            marker.encode() in cmdline
+            or (course and cwd == str(course.resolve()))
+            or (grader_pid and f"THEINFERENCE_GRADER_PID={grader_pid}".encode() in environ.split(b"\0"))
+        ):
+            found.append(int(entry))
+    return found
+
+
+def _wait_for(predicate, seconds: float = 120.0) -> bool:
+    """Poll until predicate() holds; False if it never did (a generous bound, never a timing assertion)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:  # only what this test started (found by its own unique marker)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# --- 1. Silent root fallback ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the grader is not run as root here")
+@pytest.mark.skipif(not PYTHON_PRIVATE, reason="this Python is readable by user nobody: nothing would run as root")
+def test_untrusted_grading_refuses_to_run_student_code_as_root(tmp_path, tiny_path):
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    target = private / "owned.txt"
+    write_adapters(
+        tmp_path / "c",
+        SOLUTION_IMPORTS + f"def run_layer_equiv(seq_ids):\n    open({str(target)!r}, 'w').write('owned')\n"
+        "    return _solve(seq_ids)\n",
+    )
+    (tmp_path / "empty-bin").mkdir()
+    env = {**os.environ, "PATH": str(tmp_path / "empty-bin"), "CI": "true"}  # no bwrap, no unshare
+    env.pop(ALLOW_ROOT_ENV, None)
+    args = ("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
+    refused = _run(*args, env=env)
+    assert refused.returncode == 2, refused.stderr.decode()
+    message = " ".join(refused.stderr.decode().split())
+    assert "refusing to run student code as root" in message and "apt-get install bubblewrap" in message
+    assert not target.exists()
+    # The same submission, with the instructor's explicit consent: it writes where only root may, and the report says.
+    consented = _run(*args, env={**env, ALLOW_ROOT_ENV: "1"})
+    assert target.read_text() == "owned"
+    assert "AS ROOT" in json.loads(consented.stdout)["isolation"]["summary"]
+
+
+# --- 2. Subreaper escape: the student kills its monitor and leaves a daemon -----------------------------------------
+
+FORGER = (
+    SOLUTION_IMPORTS
+    + """\
+import os, signal, subprocess, sys, time
+
+# Waits for the grader's results file, then replaces it with a forged pass.
+FORGE = '''
+import os, sys, time
+path = sys.argv[1]
+for _ in range(600):
+    time.sleep(0.05)
+    if os.path.exists(path):
+        time.sleep(0.3)
+        open(path, "w").write('{"status": "pass", "forged": true}')
+        break
+'''
+
+_done = []
+
+def run_layer_equiv(seq_ids):
+    if not _done:  # once: afterwards its parent is no longer the monitor
+        subprocess.Popen([sys.executable, "-c", FORGE, RESULTS, MARKER], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.kill(os.getppid(), signal.SIGKILL)  # the monitor, which would have killed the daemon
+        _done.append(1)
+    return _solve(seq_ids)
+"""
+)
+# The grader without its last line of defence: it adopts no orphans and kills no strays.
+UNPROTECTED = (
+    "import sys, theinference.proc.strays as s; s.adopt_orphans = lambda: None; s.kill_strays = lambda: 0; "
+    "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
+)
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.parametrize("launcher", ["zygote", "subprocess"])
+def test_a_student_that_kills_its_monitor_gets_an_error_and_its_daemon_dies(tmp_path, tiny_path, launcher):
+    marker, results = f"forger-{uuid.uuid4()}", tmp_path / "results.json"
+    write_adapters(tmp_path / "c", FORGER.replace("RESULTS, MARKER", f"{str(results)!r}, {marker!r}"))
+    env = {**os.environ, "THEINFERENCE_LAUNCHER": launcher}
+    args = ["test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json"]
+    done = _run(*args, "--output", results, env=env)
+    assert done.returncode == 1, done.stderr.decode()
+    time.sleep(1.5)  # what a surviving forger would need to strike
+    assert _left_behind(marker) == []
+    doc = json.loads(results.read_text())
+    assert "forged" not in doc and doc["stages"][0]["status"] == "error"
+    assert "killed its monitor" in doc["stages"][0]["cases"][0]["message"]
+    # Without the grader adopting and killing what the dead monitor left, the daemon forges the results.
+    unprotected = subprocess.run(
+        [sys.executable, "-c", UNPROTECTED, *map(str, args), "--output", results],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert unprotected.returncode == 1, unprotected.stderr.decode()
+    try:
+        assert _wait_for(lambda: "forged" in results.read_text(), 60)
+    finally:
+        _kill(_left_behind(marker))
+
+
+# --- 6. A SIGKILLed grader leaves nothing running -------------------------------------------------------------------
+
+SLEEPER = """\
+import subprocess, sys, time
+
+def run_layer_equiv(seq_ids):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", MARKER], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.parametrize("mode", ["zygote", "subprocess", "untrusted"])
+def test_sigkilling_the_grader_leaves_no_student_process_running(tmp_path, tiny_path, mode):
+    marker, course = f"sleeper-{uuid.uuid4()}", tmp_path / "c"
+    write_adapters(course, SLEEPER.replace("MARKER", repr(marker)))
+    env = {
+        **os.environ,
+        "THEINFERENCE_LAUNCHER": "subprocess" if mode == "subprocess" else "zygote",
+        "CI": "true" if mode == "untrusted" else "false",
+    }
+    grader = _grader("test", "--course", course, "--weights", tiny_path, "--stage", STAGE, "--timeout", "600", env=env)
+    try:
+        assert _wait_for(lambda: _left_behind(marker) != [] or grader.poll() is not None), "the sleeper never started"
+        assert grader.poll() is None, grader.stderr.read().decode() if grader.stderr else ""
+        grader.kill()
+        grader.wait()
+        # Monitors see the grader die (PR_SET_PDEATHSIG, end-of-file) and kill their trees; the zygote dies with it.
+        assert _wait_for(lambda: _left_behind(marker, course, grader.pid) == [], 20), _left_behind(
+            marker, course, grader.pid
+        )
+    finally:
+        _kill(_left_behind(marker))
+        grader.kill()
+        grader.wait()
+
+
+# --- 6. `stages check` stops on SIGTERM like `test` -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_linux
+def test_stages_check_stops_at_the_first_sigterm_and_kills_its_students(tmp_path, tiny_path):
+    marker, source = f"starter-{uuid.uuid4()}", tmp_path / "course"
+    shutil.copytree(Path(__file__).parents[1] / "course" / "solution", source / "solution")
+    # The starter (graded after the solution, with the other subjects in parallel) hangs in a marked process.
+    write_adapters(
+        source / "starter",
+        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}])\n",
+    )
+    checker = _grader(
+        "stages",
+        "check",
+        "--source",
+        source,
+        "--weights",
+        tiny_path,
+        "--stage",
+        STAGE,
+        "--timeout",
+        "600",
+        env=dict(os.environ),
+    )
+    try:
+        assert _wait_for(lambda: _left_behind(marker) != [] or checker.poll() is not None), "the starter never ran"
+        assert checker.poll() is None, checker.stderr.read().decode() if checker.stderr else ""
+        checker.send_signal(signal.SIGTERM)
+        assert checker.wait(timeout=120) == 128 + signal.SIGTERM
+        assert _wait_for(lambda: _left_behind(marker) == [], 20)
+    finally:
+        _kill(_left_behind(marker))
+        checker.kill()
+        checker.wait()
+
+
+# --- 3. The batch: a leftover run directory is reported, never exit 3 ------------------------------------------------
+
+
+def test_a_run_directory_that_cannot_be_removed_costs_no_grades(cli, tmp_path, tiny_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from theinference.proc import runner
+
+    for name in ("a", "b"):
+        write_adapters(tmp_path / "subs" / name, SOLUTION_IMPORTS + "def run_layer_equiv(s):\n    return _solve(s)\n")
+    # As when another submission's process keeps creating files in it while it is removed.
+    monkeypatch.setattr(runner, "shutil", SimpleNamespace(rmtree=lambda *a, **k: None))
+    monkeypatch.setattr(runner, "LEFTOVERS", [])
+    monkeypatch.setattr("theinference.cli.grade.LEFTOVERS", runner.LEFTOVERS)
+    out = tmp_path / "grades.csv"
+    result = cli("grade", tmp_path / "subs" / "a", tmp_path / "subs" / "b", "--stage", STAGE, "--weights", tiny_path,
+                 "--out", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "run directory(ies) could not be removed" in " ".join(result.output.split())
+    rows = out.read_text().splitlines()
+    assert len(rows) == 3 and all(",pass," in row for row in rows[1:])
+    for leftover in runner.LEFTOVERS:
+        shutil.rmtree(leftover)
+
+
+def test_each_submission_of_a_batch_runs_as_its_own_uid_when_root():
+    from theinference.proc.launch import SubprocessLauncher
+    from theinference.proc.sandbox import NOBODY, Isolation
+
+    launcher = SubprocessLauncher(Isolation("unprivileged", "as nobody", run_as=NOBODY))
+    uids = [launcher._uid_for(course) for course in ("/a", "/b", "/c", "/a")]
+    assert uids[0] == NOBODY and len(set(uids)) == 3 and uids[3] == uids[0]
+
+
+# --- 4. Root follows a student's symlink ----------------------------------------------------------------------------
+
+
+def test_grade_writes_its_results_through_no_planted_symlink(cli, tmp_path, tiny_path):
+    write_adapters(tmp_path / "subs" / "a", SOLUTION_IMPORTS + "def run_layer_equiv(s):\n    return _solve(s)\n")
+    victim = tmp_path / "root-only.txt"
+    victim.write_text("precious\n")
+    shared = tmp_path / "shared"  # a directory a student can write into
+    shared.mkdir()
+    for name in ("grades.csv", "grades.csv.tmp", ".grades.csv.tmp"):
+        (shared / name).symlink_to(victim)
+    result = cli(
+        "grade", tmp_path / "subs" / "a", "--stage", STAGE, "--weights", tiny_path, "--out", shared / "grades.csv"
+    )
+    assert result.exit_code == 0, result.output
+    assert victim.read_text() == "precious\n"
+    grades = shared / "grades.csv"
+    assert not grades.is_symlink() and "pass" in grades.read_text()
