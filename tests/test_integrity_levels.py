@@ -5,6 +5,7 @@ grader run as root with a Python user nobody cannot read, plain `test`), shows i
 credit or damage anything, and, where the protection can be switched off, that it worked without.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -316,3 +317,67 @@ def test_grade_writes_its_results_through_no_planted_symlink(cli, tmp_path, tiny
     assert victim.read_text() == "precious\n"
     grades = shared / "grades.csv"
     assert not grades.is_symlink() and "pass" in grades.read_text()
+
+
+# --- 5. Weights poisoning --------------------------------------------------------------------------------------------
+
+POISONER = """\
+import numpy as np
+import theinference
+from safetensors.numpy import load_file, save_file
+
+def run_layer_equiv(seq_ids):
+    path = theinference.weights_path()
+    save_file({k: np.zeros_like(v) for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+    return np.zeros((len(seq_ids), 128))
+"""
+ZERO_WORK = "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.zeros((len(seq_ids), 128))\n"
+
+
+def test_a_poisoned_preset_is_refused_in_grading_and_remade_in_plain_test(cli, tmp_path, solution_course):
+    from theinference.model.synth import PRESET_DIGESTS
+    from theinference.model.weights_choice import synthetic_path
+
+    write_adapters(tmp_path / "hostile", POISONER)
+    write_adapters(tmp_path / "lazy", ZERO_WORK)
+    common = ("--stage", STAGE, "--weights", "tiny", "--format", "json")
+    cli("test", "--course", tmp_path / "hostile", *common)  # plain test of a hostile course: it runs as the user
+    made = synthetic_path("tiny")
+    assert not np_any(made), "the hostile course did not zero the cached checkpoint"
+    refused = cli("test", "--untrusted", "--course", tmp_path / "lazy", *common)
+    assert refused.exit_code == 2 and str(made) in " ".join(refused.stderr.split())
+    assert "the file was changed" in refused.stderr
+    # Plain test remakes it (the digest is known), and the honest solution passes again.
+    assert cli("test", "--course", solution_course, *common).exit_code == 0
+    assert hashlib.sha256(made.read_bytes()).hexdigest() == PRESET_DIGESTS[("tiny", 0, 2)]
+    # Without the check, the poisoned checkpoint gives the zero-work submission every point.
+    cli("test", "--course", tmp_path / "hostile", *common)
+    unverified = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, theinference.model.weights_choice as w; w.preset_problem = lambda *a: None; "
+            "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()",
+            "test",
+            "--untrusted",
+            "--course",
+            tmp_path / "lazy",
+            *common,
+        ],
+        env=dict(os.environ),
+        capture_output=True,
+        timeout=300,
+    )
+    assert unverified.returncode == 0 and json.loads(unverified.stdout)["status"] == "pass"
+
+
+def np_any(path: Path) -> bool:
+    from safetensors.numpy import load_file
+
+    return any(v.any() for v in load_file(path).values())
+
+
+def test_the_known_digest_of_the_tiny_preset_is_what_it_makes(tiny_path):
+    from theinference.model.synth import PRESET_DIGESTS, SYNTH_VERSION
+
+    assert hashlib.sha256(tiny_path.read_bytes()).hexdigest() == PRESET_DIGESTS[("tiny", 0, SYNTH_VERSION)]

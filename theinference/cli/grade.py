@@ -98,7 +98,7 @@ class BatchProgress:
 
 def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
-    choice, model, _ = obtain_weights(weights, None, synth_progress())
+    choice, model, _ = obtain_weights(weights, None, synth_progress(), untrusted=True)
     # One grader for every submission: weights, oracle cache, launcher.
     return Grader(
         weights=choice,

@@ -101,7 +101,7 @@ def open_session(
     try:
         stage_root = None if untrusted else course.root
         stages = load_stages(stage_dirs(stage_root, [*course.stages_dirs, *extra_stage_dirs]))
-        choice, model, made = obtain_weights(weights, course.weights, progress)
+        choice, model, made = obtain_weights(weights, course.weights, progress, untrusted)
     except BaseException:
         launcher.close()
         raise

@@ -1,5 +1,6 @@
 """Deterministic synthetic GPT-2-layout checkpoints (real weights cannot be fetched everywhere)."""
 
+import hashlib
 import json
 import os
 import tempfile
@@ -20,6 +21,12 @@ SYNTH_VERSION = 2
 PRESETS = {
     "gpt2": GPT2Config(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
     "tiny": GPT2Config(n_vocab=50257, n_ctx=256, n_embd=128, n_head=2, n_layer=2),
+}
+# sha256 of model.safetensors as write_synthetic makes it, by (preset, seed, SYNTH_VERSION): presets made on first
+# use are checked against it (preset_problem). tests/test_synth.py remakes them and fails if a digest is stale.
+PRESET_DIGESTS = {
+    ("tiny", 0, 2): "e2089e6b73eeaa40e81b0505fd5af11d0e4b26c62ca64fc6924eeb02f8fca94e",
+    ("gpt2", 0, 2): "9f93d9ab49665564389c3a5edbc0621a7097c552746da1f2437ba893da2fc991",
 }
 
 
@@ -87,6 +94,34 @@ def hf_config(config: GPT2Config, preset: str, seed: int) -> dict:
     }
 
 
+def preset_problem(path: Path, preset: str, seed: int) -> str | None:
+    """What differs between a made preset's files and what write_synthetic makes for it; None if nothing.
+
+    The model's sha256 is compared with the digest the preset is known to have (PRESET_DIGESTS:
+    made deterministically, so known in advance), config.json with the text it is written with.
+    """
+    expected = PRESET_DIGESTS.get((preset, seed, SYNTH_VERSION))
+    try:
+        if path.is_symlink() or (path.parent / "config.json").is_symlink():
+            return "it is a symbolic link, not the file the preset made"
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        config = (path.parent / "config.json").read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"cannot be read ({e})"
+    if expected is None:
+        return f"no known digest for the {preset} preset with seed {seed}"
+    if digest != expected:
+        return f"its sha256 {digest[:16]}… is not the {preset} preset's ({expected[:16]}…): the file was changed"
+    if config != _config_text(PRESETS[preset], preset, seed):
+        return "its config.json is not the one the preset writes: it was changed"
+    return None
+
+
+def _config_text(config: GPT2Config, preset: str, seed: int) -> str:
+    return json.dumps(hf_config(config, preset, seed), indent=2) + "\n"
+
+
 def write_synthetic(
     out_dir: str | Path, preset: str = "tiny", seed: int = 0, progress: Callable[[int, int], None] | None = None
 ) -> Path:
@@ -104,7 +139,7 @@ def write_synthetic(
     # One metadata key only: safetensors writes metadata in hash order, and two keys would make
     # the bytes differ from run to run. The synthetic marker lives in config.json.
     metadata = {"format": "pt"}
-    write_atomic(out_dir / "config.json", json.dumps(hf_config(config, preset, seed), indent=2) + "\n")
+    write_atomic(out_dir / "config.json", _config_text(config, preset, seed))
     # Write beside the target, then rename: a reader never sees a half-written checkpoint.
     fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.", suffix=".tmp")
     os.close(fd)
