@@ -381,3 +381,93 @@ def test_the_known_digest_of_the_tiny_preset_is_what_it_makes(tiny_path):
     from theinference.model.synth import PRESET_DIGESTS, SYNTH_VERSION
 
     assert hashlib.sha256(tiny_path.read_bytes()).hexdigest() == PRESET_DIGESTS[("tiny", 0, SYNTH_VERSION)]
+
+
+# --- 8. Copies of the reference solution, and of each other ---------------------------------------------------------
+
+
+def test_grade_flags_a_disguised_copy_of_the_solution_and_two_identical_submissions(cli, tmp_path, tiny_path):
+    from theinference.bundled import data_dir
+
+    subs, solution = tmp_path / "subs", data_dir("course") / "solution"
+    shutil.copytree(solution, subs / "copier")
+    kvcache = subs / "copier" / "src" / "kvcache.py"
+    disguised = kvcache.read_text().replace("params", "weights_by_name").replace("    ", "        ")
+    kvcache.write_text("# my own work\n\n" + disguised.replace("\n\n", "\n\n\n# think\n"))
+    for twin in ("twin-a", "twin-b"):
+        shutil.copytree(solution, subs / twin)
+        path = subs / twin / "src" / "kvcache.py"
+        path.write_text(path.read_text() + "\n\ndef shared_helper(x):\n    return [x, x + 1, x * 2, x - 3, str(x)]\n")
+    shutil.copytree(data_dir("course") / "starter", subs / "honest")  # not started: nothing to flag
+    args = [*sorted(subs.iterdir()), "--stage", STAGE, "--weights", tiny_path]
+    assert cli("grade", *args, "--out", tmp_path / "grades.csv").exit_code == 0
+    import csv
+
+    rows = {r["id"]: r for r in csv.DictReader((tmp_path / "grades.csv").open())}
+    assert rows["copier"]["copy_of"] == "reference-solution: src/gpt2.py src/kvcache.py"
+    assert rows["copier"]["status"] == "pass"  # a flag, never a silent zero
+    assert rows["twin-a"]["copy_of"] == "reference-solution: src/gpt2.py; twin-b: src/kvcache.py"
+    assert rows["honest"]["copy_of"] == ""
+    cli("grade", *args, "--format", "json", "--out", tmp_path / "grades.json")
+    doc = {s["id"]: s for s in json.loads((tmp_path / "grades.json").read_text())["submissions"]}
+    assert doc["twin-b"]["copy_of"][1] == {"of": "twin-a", "files": ["src/kvcache.py"]}
+
+
+# --- 1. (Gradescope) run_autograder fails closed; 8. bundles without the solution ----------------------------------
+
+
+def test_run_autograder_discards_results_a_killed_grader_leaves_behind(cli, tmp_path, tiny_path):
+    from test_autograder import build, run_autograder
+
+    from theinference import __version__
+
+    root = build(cli, tmp_path, _fake_wheel(tmp_path / "dist" / f"theinference-{__version__}-py3-none-any.whl"),
+                 "--weights", tiny_path)  # fmt: skip
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    # A grader killed mid-run while something else (a student's daemon) writes full marks where results go.
+    forged = '{"score": 75, "output": "forged", "tests": []}'
+    (fake / "theinference").write_text(
+        f"#!/bin/sh\necho '{forged}' > \"$AUTOGRADER_ROOT/results/results.json\"\nkill -9 $$\n"
+    )
+    (fake / "theinference").chmod(0o755)
+    write_adapters(tmp_path / "sub", "def run_layer_equiv(seq_ids):\n    raise NotImplementedError\n")
+    doc = run_autograder(root, tmp_path / "sub", path=str(fake))
+    assert doc["score"] == 0 and "forged" not in doc["output"] and "could not be graded" in doc["output"]
+
+
+def _fake_wheel(path: Path) -> Path:
+    import zipfile
+
+    names = [
+        "theinference/__init__.py",
+        "theinference/_data/course/solution/src/kvcache.py",
+        "theinference/_data/course/mutants/m/mutant.toml",
+        "theinference/_data/course/starter/src/kvcache.py",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for name in names:
+            z.writestr(name, "x = 1\n")
+        z.writestr("theinference-0.dist-info/RECORD", "".join(f"{n},sha256=x,6\n" for n in names))
+    return path
+
+
+def test_the_wheel_and_the_gradescope_bundle_can_leave_the_solution_out(cli, tmp_path, tiny_path):
+    import zipfile
+
+    from theinference import __version__
+
+    wheel = _fake_wheel(tmp_path / "dist" / f"theinference-{__version__}-py3-none-any.whl")
+    assert cli("autograder", "wheel", "--wheel", wheel, "--without-solution", "--out", tmp_path / "out").exit_code == 0
+    with zipfile.ZipFile(tmp_path / "out" / wheel.name) as z:
+        names, record = z.namelist(), z.read("theinference-0.dist-info/RECORD").decode()
+    assert "theinference/_data/course/starter/src/kvcache.py" in names and "theinference/__init__.py" in record
+    assert not [n for n in names + record.splitlines() if "/solution/" in n or "/mutants/" in n]
+    out = tmp_path / "autograder.zip"
+    args = ("--out", out, "--wheel", wheel, "--weights", tiny_path)
+    for without in (False, True):
+        assert cli("autograder", "gradescope", *args, *(["--without-solution"] if without else [])).exit_code == 0
+        with zipfile.ZipFile(out) as bundle, zipfile.ZipFile(bundle.open(wheel.name)) as carried:
+            has_solution = "theinference/_data/course/solution/src/kvcache.py" in carried.namelist()
+        assert has_solution is not without

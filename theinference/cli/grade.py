@@ -18,6 +18,7 @@ from theinference.proc import interrupt
 from theinference.grading.batch import (
     BatchError,
     BatchInterrupted,
+    mark_copies,
     CsvWriter,
     SubmissionResult,
     check_output,
@@ -259,6 +260,7 @@ def _run(subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat) -> tu
             results = grade_batch(subs, grader, stages, options, jobs, on_result, progress.oracle_case)
         except BatchInterrupted as e:
             results, stopped = e.results, str(e)
+    mark_copies(results)
     if LEFTOVERS:  # a student process kept writing into a run directory: reported, never the batch's failure
         progress.say(f"notice: {len(LEFTOVERS)} run directory(ies) could not be removed: {', '.join(LEFTOVERS[:5])}")
     if writer:

@@ -112,6 +112,32 @@ def check_wheel(path: Path) -> list[str]:
     return []
 
 
+# What a wheel without the solution leaves out: the reference solution, and the mutants (edits of it).
+SOLUTION_PARTS = ("theinference/_data/course/solution/", "theinference/_data/course/mutants/")
+
+
+def strip_solution(wheel: Path, dest_dir: Path) -> Path:
+    """A copy of wheel in dest_dir (same name) without the reference solution and the mutants (RECORD updated).
+
+    A course graded for credit ships the grader to students' graders (Gradescope, CI): the bundled
+    solution would then be one copy away. `stages check` and `theinference demo` need it; `grade` does not.
+    """
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / wheel.name
+    if out.resolve() == wheel.resolve():
+        raise AutograderError(f"{wheel}: the wheel without the solution would overwrite it; choose another directory")
+    with zipfile.ZipFile(wheel) as src, atomic_file(out, binary=True) as f, zipfile.ZipFile(f, "w") as dst:
+        for info in src.infolist():
+            if info.filename.startswith(SOLUTION_PARTS):
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode().splitlines(keepends=True)
+                data = "".join(line for line in lines if not line.startswith(SOLUTION_PARTS)).encode()
+            dst.writestr(info, data, compress_type=info.compress_type)
+    return out
+
+
 def obtain_wheel(wheel: Path | None, workdir: Path) -> tuple[Path, list[str]]:
     """The given wheel (checked), else one built from the source tree into workdir."""
     if wheel is not None:

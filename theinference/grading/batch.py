@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference import __version__
@@ -34,6 +34,8 @@ from theinference.untrusted import for_terminal
 from theinference.trust import untrusted_course
 from theinference.errors import ConfigError
 from theinference.files import atomic_file
+from theinference.grading.copies import Copy, find_copies
+from theinference.grading.copies import describe as describe_copies
 
 
 class BatchError(ConfigError):
@@ -64,6 +66,7 @@ class SubmissionResult:
     run: RunResult | None  # None when the submission could not be graded at all
     error: str = ""
     seconds: float = 0.0
+    copies: list[Copy] = field(default_factory=list)  # its code is the reference solution's or another's (copies.py)
 
     @property
     def status(self) -> str:
@@ -236,7 +239,7 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
     columns = ["id", "status", "points", "max_points"]
     for stage in stages:
         columns += [f"{stage.id}.status", f"{stage.id}.points"]
-    return columns + ["seconds", *GRADED_WITH_COLUMNS, "error"]
+    return columns + ["seconds", "copy_of", *GRADED_WITH_COLUMNS, "error"]
 
 
 def csv_row(result: SubmissionResult, stages: list[StageSpec], graded: GradedWith) -> list[str]:
@@ -246,7 +249,15 @@ def csv_row(result: SubmissionResult, stages: list[StageSpec], graded: GradedWit
     for stage in stages:
         found = by_id.get(stage.id)
         row += [found.status, f"{found.points:g}"] if found else ["error", "0"]
-    return row + [f"{result.seconds:.2f}", *graded.cells(), spreadsheet_text(first_errors(result))]
+    copy_of = spreadsheet_text(describe_copies(result.copies))
+    return row + [f"{result.seconds:.2f}", copy_of, *graded.cells(), spreadsheet_text(first_errors(result))]
+
+
+def mark_copies(results: list[SubmissionResult]) -> None:
+    """Flag each submission whose code is the bundled reference solution's or another submission's (copies.py)."""
+    found = find_copies({r.id: Path(r.path) for r in results})
+    for result in results:
+        result.copies = found.get(result.id, [])
 
 
 class CsvWriter:
