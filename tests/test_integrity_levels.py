@@ -471,3 +471,41 @@ def test_the_wheel_and_the_gradescope_bundle_can_leave_the_solution_out(cli, tmp
         with zipfile.ZipFile(out) as bundle, zipfile.ZipFile(bundle.open(wheel.name)) as carried:
             has_solution = "theinference/_data/course/solution/src/kvcache.py" in carried.namelist()
         assert has_solution is not without
+
+
+# --- 7. Resources: a process cap on the submission's own uid ---------------------------------------------------------
+
+FORKER = """\
+import os, time
+
+def run_layer_equiv(seq_ids):
+    started = 0
+    for _ in range(400):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        started += 1
+    raise RuntimeError(f"started {started} processes")
+"""
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.skipif(not IS_ROOT, reason="only root can give student code a uid of its own")
+def test_a_fork_bomb_stops_at_the_process_cap_of_its_uid(tmp_path, tiny_path):
+    from theinference.proc.child import MAX_PROCESSES
+    from theinference.proc.sandbox import strongest_isolation
+
+    if strongest_isolation().run_as is None:
+        pytest.skip("student code cannot run as a uid of its own here (no bubblewrap, Python private to root)")
+    write_adapters(tmp_path / "c", FORKER)
+    env = {**os.environ, "CI": "true"}
+    args = ("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
+    doc = json.loads(_run(*args, env=env).stdout)
+    message = doc["stages"][0]["cases"][0]["message"]
+    started = int(message.split("started ")[1].split()[0])
+    assert 0 < started < MAX_PROCESSES
