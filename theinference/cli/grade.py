@@ -38,7 +38,15 @@ from theinference.grading.session import select_stages
 from theinference.grading.shards import merge_shards
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
-from theinference.cli.options import DEFAULT_JOBS, JobsOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.cli.options import (
+    DEFAULT_JOBS,
+    AllowRootOpt,
+    JobsOpt,
+    MemoryLimitOpt,
+    StagesDirOpt,
+    TimeoutOpt,
+    WeightsOpt,
+)
 from theinference.grading.grader import Grader
 from theinference.report.jsonout import batch_document
 
@@ -97,14 +105,14 @@ class BatchProgress:
         )
 
 
-def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
+def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict, allow_root: bool):
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
     choice, model, _ = obtain_weights(weights, None, synth_progress(), untrusted=True)
     # One grader for every submission: weights, oracle cache, launcher.
     return Grader(
         weights=choice,
         model=model,
-        launcher=default_launcher(student_env, untrusted=True),
+        launcher=default_launcher(student_env, untrusted=True, allow_root=allow_root),
         untrusted=True,
         extra_stage_dirs=list(stages_dir),
     ), stages
@@ -199,6 +207,7 @@ def grade_command(
             help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).",
         ),
     ] = SUBMISSION_TIMEOUT,
+    allow_root: AllowRootOpt = False,
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 
@@ -228,7 +237,7 @@ def grade_command(
         raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
     if shard_spec:
         subs = shard(subs, *parse_shard(shard_spec))
-    grader, stages = _grader(weights, stages_dir or [], stage or [], student_env)
+    grader, stages = _grader(weights, stages_dir or [], stage or [], student_env, allow_root)
     with grader:
         grader.launcher.hide(out)
         results, stopped = _run(subs, grader, stages, options, jobs, out, fmt)

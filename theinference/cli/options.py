@@ -46,3 +46,12 @@ JobsOpt = Annotated[
 ]
 
 DEFAULT_JOBS = os.cpu_count() or 1
+
+AllowRootOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-root",
+        help="DANGEROUS: where no confinement can drop to user nobody (no bubblewrap, a Python nobody cannot read), "
+        "run student code as root anyway instead of refusing (as THEINFERENCE_ALLOW_ROOT=1). Every report says so.",
+    ),
+]

@@ -21,7 +21,7 @@ from theinference.cli.common import (
     synth_progress,
     write_atomic,
 )
-from theinference.cli.options import CourseOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
+from theinference.cli.options import AllowRootOpt, CourseOpt, MemoryLimitOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
 from theinference.cli.watch import render_regrade, run_watch
 from theinference.errors import UsageError
 from theinference.grading.advice import advise
@@ -113,6 +113,7 @@ def test_command(
             "--all-cases", help="Run a stage's remaining cases after one times out (default: report them as skipped)."
         ),
     ] = False,
+    allow_root: AllowRootOpt = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
@@ -126,7 +127,9 @@ def test_command(
             "(--untrusted, CI=true or --format gradescope)"
         )
     options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
-    with open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted) as session:
+    with open_session(
+        course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted, allow_root=allow_root
+    ) as session:
         # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
         wanted = [] if all_stages else (stage or ([] if untrusted else None))
         if output:

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import zlib
 from collections.abc import Callable
@@ -141,13 +142,13 @@ def write_synthetic(
     metadata = {"format": "pt"}
     write_atomic(out_dir / "config.json", _config_text(config, preset, seed))
     # Write beside the target, then rename: a reader never sees a half-written checkpoint.
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.", suffix=".tmp")
-    os.close(fd)
+    # safetensors writes by name: in a private directory (0700, made fresh) nothing can stand in for that name.
+    private = tempfile.mkdtemp(dir=out_dir, prefix=".model.", suffix=".tmp")
     try:
+        tmp = os.path.join(private, "model.safetensors")
         save_file(tensors, tmp, metadata=metadata)
         os.chmod(tmp, 0o644)
         os.replace(tmp, out_dir / "model.safetensors")
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(private, ignore_errors=True)
     return out_dir / "model.safetensors"

@@ -305,13 +305,13 @@ def blas_env(threads: int) -> dict:
     return {name: str(threads) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def default_launcher(env: dict | None = None, untrusted: bool = False) -> Launcher:
+def default_launcher(env: dict | None = None, untrusted: bool = False, allow_root: bool = False) -> Launcher:
     """For untrusted submissions, a fresh interpreter under the strongest isolation available;
     otherwise the zygote where fork is safe and cheap (Linux), else a fresh interpreter per run.
 
     THEINFERENCE_LAUNCHER=subprocess (or zygote) overrides the choice for trusted runs only.
     """
     if untrusted:
-        return SubprocessLauncher(strongest_isolation())
+        return SubprocessLauncher(strongest_isolation(allow_root))
     choice = os.environ.get("THEINFERENCE_LAUNCHER") or ("zygote" if sys.platform == "linux" else "subprocess")
     return ZygoteLauncher(env) if choice == "zygote" else SubprocessLauncher()

@@ -141,8 +141,11 @@ def basic_isolation() -> Isolation:
     )
 
 
-def strongest_isolation() -> Isolation:
-    """The strongest isolation available on this machine (for untrusted submissions)."""
+def strongest_isolation(allow_root: bool = False) -> Isolation:
+    """The strongest isolation available on this machine (for untrusted submissions).
+
+    Never student code as root: RootRefused where only that is left, unless allow_root (--allow-root) or
+    THEINFERENCE_ALLOW_ROOT=1 says otherwise."""
     bwrap = _working_bwrap()
     if bwrap:
         as_nobody = f" as user nobody ({NOBODY})" if _is_root() else ""
@@ -156,18 +159,19 @@ def strongest_isolation() -> Isolation:
     basic, unshare = basic_isolation(), _working_unshare()
     run_as = NOBODY if _is_root() and reachable_by_others(Path(sys.executable)) else None
     if _is_root() and run_as is None:
-        if os.environ.get(ALLOW_ROOT_ENV) != "1":
+        if not allow_root and os.environ.get(ALLOW_ROOT_ENV) != "1":
             raise RootRefused(
                 f"refusing to run student code as root: bubblewrap is unavailable and this Python "
                 f"({Path(sys.executable).resolve()}) is not readable by user nobody, whom student code would run as. "
                 "Install bubblewrap (apt-get install bubblewrap), or grade with a Python that nobody can read "
-                f"(e.g. /usr/bin/python3 and a virtualenv outside /root). {ALLOW_ROOT_ENV}=1 runs it as root anyway: "
+                f"(e.g. /usr/bin/python3 and a virtualenv outside /root). --allow-root (or {ALLOW_ROOT_ENV}=1) runs it "
+                "as root anyway: "
                 "it can then write anything on this machine, the grader and its results included."
             )
     who = (
         f" as user nobody ({NOBODY})"
         if run_as
-        else f" AS ROOT ({ALLOW_ROOT_ENV}=1: it can change anything on this machine, grades included)"
+        else " AS ROOT (allowed by --allow-root: it can change anything on this machine, grades included)"
         if _is_root()
         else ""
     )
@@ -185,7 +189,7 @@ def strongest_isolation() -> Isolation:
             f"no sandbox (bubblewrap unavailable): student code runs{who}; every process it starts is killed",
             run_as=run_as,
         )
-    root = f"; AS ROOT ({ALLOW_ROOT_ENV}=1), since Python is not readable by nobody" if _is_root() else ""
+    root = "; AS ROOT (allowed by --allow-root), since Python is not readable by nobody" if _is_root() else ""
     return Isolation(basic.level, f"{basic.summary} (bubblewrap unavailable{root})")
 
 

@@ -68,11 +68,11 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int], zygote: int) ->
 
     If the zygote or the grader dies meanwhile (guard), the monitor kills the worker's whole tree first."""
     become_subreaper()
-    guard(conn, zygote)
     pid = os.fork()
     if pid == 0:
         conn.close()
         _worker(request, fds)
+    guard(conn, zygote)  # after the fork: the worker runs on in Python, and must not inherit a thread's state
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
