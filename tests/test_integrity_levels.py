@@ -384,6 +384,25 @@ def test_the_known_digest_of_the_tiny_preset_is_what_it_makes(tiny_path):
     assert hashlib.sha256(tiny_path.read_bytes()).hexdigest() == PRESET_DIGESTS[("tiny", 0, SYNTH_VERSION)]
 
 
+def test_a_machine_that_makes_other_bytes_checks_against_its_own_digest(tmp_path, tiny_dir, monkeypatch):
+    """Another CPU or numpy may draw other bytes than the known digest's: the preset is then checked against
+    what this machine makes (drawn in memory), so an intact one is used and an altered one still refused."""
+    from safetensors.numpy import load_file, save_file
+
+    from theinference.model import synth
+
+    monkeypatch.setitem(synth.PRESET_DIGESTS, ("tiny", 0, synth.SYNTH_VERSION), "0" * 64)
+    monkeypatch.setattr(synth, "_MADE", {})
+    intact = tiny_dir / "model.safetensors"
+    assert synth.preset_problem(intact, "tiny", 0) is None
+    altered = tmp_path / "tiny"
+    shutil.copytree(tiny_dir, altered)
+    tensors = load_file(altered / "model.safetensors")
+    tensors["ln_f.bias"] = tensors["ln_f.bias"] + 1
+    save_file(tensors, altered / "model.safetensors", metadata={"format": "pt"})
+    assert "the file was changed" in (synth.preset_problem(altered / "model.safetensors", "tiny", 0) or "")
+
+
 # --- 8. Copies of the reference solution, and of each other ---------------------------------------------------------
 
 

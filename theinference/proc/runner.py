@@ -528,13 +528,13 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
     return last
 
 
+MONITOR_LOST = "the adapter's process killed its monitor (the process that confines it): nothing of this run counts"
+
+
 def _monitor_lost(job: AdapterJob, start: int, outcomes: dict[int, CallOutcome]) -> int:
     """The student's process killed its monitor: kill what it left, and no case of this run counts."""
     strays.kill_strays()
-    lost = CallOutcome(
-        status=protocol.ERROR,
-        message="the adapter's process killed its monitor (the process that confines it): nothing of this run counts",
-    )
+    lost = CallOutcome(status=protocol.ERROR, message=MONITOR_LOST)
     for index in range(start, len(job.calls)):
         outcomes[index] = lost
         if job.consume is not None:  # replaces what an earlier case of this run may have passed with
