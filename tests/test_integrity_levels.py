@@ -529,3 +529,154 @@ def test_a_fork_bomb_stops_at_the_process_cap_of_its_uid(tmp_path, tiny_path):
     message = doc["stages"][0]["cases"][0]["message"]
     started = int(message.split("started ")[1].split()[0])
     assert 0 < started < MAX_PROCESSES
+
+
+# --- 2, 3, 6 as a non-root user: no bubblewrap, no unshare, the grader's own uid (the `subreaper` level) -----------
+
+# setpriv to user nobody needs root; nobody needs to read this Python (not one under a private /root).
+NOBODY_CAN_RUN = (
+    IS_ROOT
+    and shutil.which("setpriv") is not None
+    and reachable_by_others(Path(sys.executable))
+    and reachable_by_others(Path(__file__).parents[1] / "theinference" / "__init__.py")
+)
+needs_nobody = pytest.mark.skipif(not NOBODY_CAN_RUN, reason="needs root, setpriv and a Python user nobody can read")
+
+
+@pytest.fixture
+def weak(tmp_path_factory, tiny_dir):
+    """A directory user nobody owns, with a copy of the tiny weights; the grader run there as nobody."""
+    import tempfile
+
+    from theinference.proc.sandbox import NOBODY
+
+    work = Path(tempfile.mkdtemp(prefix="theinference-weak-"))
+    os.chmod(work, 0o755)
+    shutil.copytree(tiny_dir, work / "tiny")
+    (work / "empty-bin").mkdir()
+
+    def command(*args, script: str | None = None) -> list[str]:
+        subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
+        env = [f"PATH={work / 'empty-bin'}", f"HOME={work}", f"THEINFERENCE_CACHE={work / 'cache'}", "CI=true"]
+        python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
+        ids = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        return ["setpriv", *ids, "env", "-i", *env, *python, *map(str, args)]
+
+    yield work, command
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_as_a_non_root_user_a_monitor_killer_gets_an_error_and_its_daemon_dies(weak):
+    work, command = weak
+    marker, results = f"forger-{uuid.uuid4()}", work / "results.json"
+    write_adapters(work / "c", FORGER.replace("RESULTS, MARKER", f"{str(results)!r}, {marker!r}"))
+    args = ["test", "--course", work / "c", "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    args += ["--format", "json", "--output", results]
+    done = subprocess.run(command(*args), capture_output=True, timeout=300)
+    assert done.returncode == 1, done.stderr.decode()
+    doc = json.loads(results.read_text())
+    assert doc["isolation"]["level"] == "subreaper" and doc["untrusted"] is True
+    time.sleep(1.5)  # what a surviving forger would need to strike
+    assert _left_behind(marker) == []
+    doc = json.loads(results.read_text())
+    assert "forged" not in doc and "killed its monitor" in doc["stages"][0]["cases"][0]["message"]
+    results.unlink()
+    unprotected = subprocess.run(command(*args, script=UNPROTECTED), capture_output=True, timeout=300)
+    assert unprotected.returncode == 1, unprotected.stderr.decode()
+    try:
+        assert _wait_for(lambda: "forged" in results.read_text(), 60)
+    finally:
+        _kill(_left_behind(marker))
+
+
+GRADER_KILLER = """\
+import os, signal, subprocess, sys, time
+
+def _ancestors():
+    pid = os.getppid()
+    while pid > 1:
+        yield pid
+        stat = open(f"/proc/{pid}/stat", "rb").read()
+        pid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+def run_layer_equiv(seq_ids):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", MARKER], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for pid in _ancestors():  # the grader: `python -m theinference test`, its own uid
+        if b"theinference\\0test" in open(f"/proc/{pid}/cmdline", "rb").read():
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_as_a_non_root_user_a_submission_that_kills_the_grader_leaves_nothing_running(weak):
+    work, command = weak
+    marker, course = f"grader-killer-{uuid.uuid4()}", work / "c"
+    write_adapters(course, GRADER_KILLER.replace("MARKER", repr(marker)))
+    args = ["test", "--course", course, "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    grader = subprocess.Popen(command(*args, "--timeout", "600"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert grader.wait(timeout=300) == -signal.SIGKILL or grader.returncode == 128 + signal.SIGKILL
+        # Its monitor sees the grader die (PR_SET_PDEATHSIG, end-of-file) and kills the submission's whole tree.
+        assert _wait_for(lambda: _left_behind(marker, course) == [], 20), _left_behind(marker, course)
+    finally:
+        _kill(_left_behind(marker))
+        grader.kill()
+        grader.wait()
+
+
+NEIGHBOUR_KILLER = (
+    SOLUTION_IMPORTS
+    + """\
+import os, signal, time
+
+def run_layer_equiv(seq_ids):
+    end = time.monotonic() + 15
+    while time.monotonic() < end:  # whatever runs in the victim's course directory, under our shared uid
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == VICTIM:
+                    os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+    return _solve(seq_ids)
+"""
+)
+# The batch without its protection: submissions run side by side though they share a uid.
+SIDE_BY_SIDE = (
+    "import sys, theinference.proc.sandbox as s; s.Isolation.separates_submissions = property(lambda self: True); "
+    "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
+)
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_as_a_non_root_user_a_batch_runs_one_at_a_time_and_no_neighbour_is_killed(weak):
+    work, command = weak
+    victim = work / "subs" / "victim"
+    write_adapters(
+        victim, SOLUTION_IMPORTS + "import time\ndef run_layer_equiv(s):\n    time.sleep(5)\n    return _solve(s)\n"
+    )
+    write_adapters(work / "subs" / "killer", NEIGHBOUR_KILLER.replace("VICTIM", repr(str(victim))))
+    out = work / "grades.json"
+    args = ["grade", work / "subs" / "killer", victim, "--weights", work / "tiny" / "model.safetensors"]
+    args += ["--stage", STAGE, "--format", "json", "--jobs", "2", "--out", out]
+    done = subprocess.run(command(*args), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "grading one submission at a time: at the subreaper level" in " ".join(done.stderr.split())
+    points = {s["id"]: s["points"] for s in json.loads(out.read_text())["submissions"]}
+    assert points["victim"] > 0 and points["victim"] == points["killer"], points
+    # Side by side, the killer takes the victim's points.
+    out.unlink()
+    done = subprocess.run(command(*args, script=SIDE_BY_SIDE), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    points = {s["id"]: s["points"] for s in json.loads(out.read_text())["submissions"]}
+    assert points["victim"] == 0 and points["killer"] > 0, points

@@ -7,6 +7,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Optional
 
 import typer
@@ -105,14 +106,14 @@ class BatchProgress:
         )
 
 
-def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict, allow_root: bool):
+def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], allow_root: bool):
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
     choice, model, _ = obtain_weights(weights, None, synth_progress(), untrusted=True)
     # One grader for every submission: weights, oracle cache, launcher.
     return Grader(
         weights=choice,
         model=model,
-        launcher=default_launcher(student_env, untrusted=True, allow_root=allow_root),
+        launcher=default_launcher(untrusted=True, allow_root=allow_root),
         untrusted=True,
         extra_stage_dirs=list(stages_dir),
     ), stages
@@ -220,16 +221,8 @@ def grade_command(
     `theinference grade merge SHARD... [--out FILE]` combines the CSV or JSON files of --shard runs (see `theinference grade merge --help`).
     """
     out = out or Path(DEFAULT_OUT[fmt])
-    # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
-    student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
     options = run_options(
-        timeout,
-        memory_limit,
-        seed,
-        untrusted=True,
-        all_cases=all_cases,
-        submission_timeout=submission_timeout,
-        env=student_env,
+        timeout, memory_limit, seed, untrusted=True, all_cases=all_cases, submission_timeout=submission_timeout
     )
     check_output(out)
     subs = submissions(submission_dirs)
@@ -237,7 +230,21 @@ def grade_command(
         raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
     if shard_spec:
         subs = shard(subs, *parse_shard(shard_spec))
-    grader, stages = _grader(weights, stages_dir or [], stage or [], student_env, allow_root)
+    grader, stages = _grader(weights, stages_dir or [], stage or [], allow_root)
+    isolation = grader.launcher.isolation
+    if jobs > 1 and len(subs) > 1 and not isolation.separates_submissions:
+        jobs = 1
+        err_console().print(
+            f"grading one submission at a time: at the {isolation.level} level submissions share a user, and one "
+            "could kill another's processes or write into its run directory (bubblewrap, or grading as root, "
+            "gives each its own)",
+            soft_wrap=True,
+            markup=False,
+        )
+    # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
+    if jobs > 1:
+        student_env = MappingProxyType(blas_env(max(1, (os.cpu_count() or 1) // jobs)))
+        options = dataclasses.replace(options, limits=dataclasses.replace(options.limits, env=student_env))
     with grader:
         grader.launcher.hide(out)
         results, stopped = _run(subs, grader, stages, options, jobs, out, fmt)

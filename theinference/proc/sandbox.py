@@ -59,6 +59,13 @@ class Isolation:
     # unused uid below it (submission_uids)
     run_as: int | None = None
 
+    @property
+    def separates_submissions(self) -> bool:
+        """Whether two submissions run at once cannot reach each other: a sandbox each (own PID namespace, own
+        writable directory) or a uid each. Otherwise they share a user that may signal the other's processes
+        and write into its run directory."""
+        return self.bwrap is not None or self.run_as is not None
+
 
 def submission_uids() -> Iterator[int]:
     """Uids for student processes when the grader is root: nobody, then unused uids just below it (no passwd entry)."""
