@@ -553,14 +553,22 @@ def weak(tmp_path_factory, tiny_dir):
     work = Path(tempfile.mkdtemp(prefix="theinference-weak-"))
     os.chmod(work, 0o755)
     shutil.copytree(tiny_dir, work / "tiny")
-    (work / "empty-bin").mkdir()
 
-    def command(*args, script: str | None = None) -> list[str]:
+    def command(*args, script: str | None = None, level: str = "subreaper") -> list[str]:
+        """The grader: as nobody with nothing on PATH (subreaper), or as root with only unshare (namespaces)
+        or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way."""
         subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
-        env = [f"PATH={work / 'empty-bin'}", f"HOME={work}", f"THEINFERENCE_CACHE={work / 'cache'}", "CI=true"]
+        bin_dir = work / f"bin-{level}"
+        if not bin_dir.exists():
+            bin_dir.mkdir()
+            if level == "namespaces":  # and `true`, which the grader's probe of unshare runs
+                for name in ("unshare", "true"):
+                    os.symlink(shutil.which(name) or name, bin_dir / name)
+        env = [f"PATH={bin_dir}", f"HOME={work}", f"THEINFERENCE_CACHE={work / 'cache'}", "CI=true"]
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
         ids = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-        return ["setpriv", *ids, "env", "-i", *env, *python, *map(str, args)]
+        who = ["setpriv", *ids] if level == "subreaper" else []
+        return [*who, "env", "-i", *env, *python, *map(str, args)]
 
     yield work, command
     shutil.rmtree(work, ignore_errors=True)
@@ -659,8 +667,12 @@ SIDE_BY_SIDE = (
 @pytest.mark.slow
 @needs_linux
 @needs_nobody
-def test_as_a_non_root_user_a_batch_runs_one_at_a_time_and_no_neighbour_is_killed(weak):
+@pytest.mark.parametrize("level", ["subreaper", "unprivileged", "namespaces"])
+def test_without_bubblewrap_no_neighbour_in_a_batch_is_killed(weak, level):
+    """As nobody: one submission at a time. As root (no bubblewrap): side by side, each under a uid of its own."""
     work, command = weak
+    if level == "namespaces" and not shutil.which("unshare"):
+        pytest.skip("no unshare here")
     victim = work / "subs" / "victim"
     write_adapters(
         victim, SOLUTION_IMPORTS + "import time\ndef run_layer_equiv(s):\n    time.sleep(5)\n    return _solve(s)\n"
@@ -669,12 +681,17 @@ def test_as_a_non_root_user_a_batch_runs_one_at_a_time_and_no_neighbour_is_kille
     out = work / "grades.json"
     args = ["grade", work / "subs" / "killer", victim, "--weights", work / "tiny" / "model.safetensors"]
     args += ["--stage", STAGE, "--format", "json", "--jobs", "2", "--out", out]
-    done = subprocess.run(command(*args), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command(*args, level=level), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    assert "grading one submission at a time: at the subreaper level" in " ".join(done.stderr.split())
-    points = {s["id"]: s["points"] for s in json.loads(out.read_text())["submissions"]}
+    serial = "grading one submission at a time: at the subreaper level" in " ".join(done.stderr.split())
+    assert serial == (level == "subreaper"), done.stderr
+    doc = json.loads(out.read_text())
+    assert {s["results"]["isolation"]["level"] for s in doc["submissions"]} == {level}
+    points = {s["id"]: s["points"] for s in doc["submissions"]}
     assert points["victim"] > 0 and points["victim"] == points["killer"], points
-    # Side by side, the killer takes the victim's points.
+    if level != "subreaper":
+        return
+    # Side by side under one uid, the killer takes the victim's points.
     out.unlink()
     done = subprocess.run(command(*args, script=SIDE_BY_SIDE), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
