@@ -30,7 +30,7 @@ PRESETS = {
 # sha256 of model.safetensors as write_synthetic makes it, by (preset, seed, SYNTH_VERSION), on the machines the
 # project is tested on: the fast path of preset_problem. The bytes rest on float arithmetic (BLAS, numpy's SIMD
 # loops), so another CPU or numpy may make others: a file that differs is then checked against the digest this
-# machine makes (made_digest). tests/test_synth.py remakes them and fails if a digest is stale here.
+# machine makes (made_digest). tests/test_integrity_levels.py fails if tiny's is stale here.
 PRESET_DIGESTS = {
     ("tiny", 0, 2): "39bc4bcb657c06b492d9e668ba9f47f0043bf63b3a400378a7cef6f9dd17fa59",
     ("gpt2", 0, 2): "18bd8834fcca6ff56d0c10ae3d6002a75e07dae86129d88542a0073da842f34c",
