@@ -152,9 +152,11 @@ def run_layer_equiv(seq_ids):
     return _solve(seq_ids)
 """
 )
-# The grader without its last line of defence: it adopts no orphans and kills no strays.
+# The grader without its last lines of defence: it adopts no orphans, kills no strays, and makes no cgroup (whose
+# removal kills whatever is left in it: as root, every run has one).
 UNPROTECTED = (
     "import sys, theinference.proc.strays as s; s.adopt_orphans = lambda: None; s.kill_strays = lambda: 0; "
+    "import theinference.proc.accounting as a; a.Cgroup.create = classmethod(lambda cls, *args: None); "
     "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
 )
 
