@@ -214,3 +214,43 @@ def test_untrusted_test_fails_the_tricks_that_leave_the_process(
     doc = _grade_one(cli, course, tiny_path, quick, *(["--untrusted"] if mode == "--untrusted" else []))
     assert doc["untrusted"] is True and doc["isolation"]["level"] == strongest_isolation().level
     _assert_failed_with_evidence(doc, trick)
+
+
+MONITOR_KILLER = (
+    SOLUTION_CACHE
+    + """
+import os, signal
+
+_solve = run_greedy
+_killed = []
+
+
+def run_greedy(prompt_ids, n_new):
+    if not _killed:  # the monitor (the worker's parent) would have killed whatever it starts
+        print("monitor killed:", os.getppid(), flush=True)
+        os.kill(os.getppid(), signal.SIGKILL)
+        _killed.append(1)
+    return _solve(prompt_ids, n_new)
+"""
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["zygote", "subprocess"])
+def test_a_cache_that_kills_its_monitor_is_an_error(cli, tmp_path, tiny_path, quick, proof_env, monkeypatch, launcher):
+    """Plain `test` (the subreaper level): the reference cache, after killing its monitor, earns nothing."""
+    from theinference.proc.calls import CallSession
+
+    monkeypatch.setenv("THEINFERENCE_LAUNCHER", launcher)
+    course = tmp_path / "killer"
+    write_adapters(course, MONITOR_KILLER)
+    case = _grade_one(cli, course, tiny_path, quick)["stages"][0]["cases"][0]
+    assert case["status"] == "error" and "killed its monitor" in case["message"], case["message"]
+    # Without the check, the same run passes: its calls were answered, and timed from outside.
+    monkeypatch.setattr(
+        CallSession, "monitor_lost", property(lambda self: False, lambda self, value: None), raising=False
+    )
+    result = cli("test", "--course", course, "--weights", tiny_path, "--stages-dir", quick, "--stage",
+                 "quick-scaling", "--format", "json")  # fmt: skip
+    case = json.loads(result.stdout)["stages"][0]["cases"][0]
+    assert case["status"] == "pass" and "monitor killed:" in case["stdout"], case["message"]

@@ -8,6 +8,7 @@ import typer
 from rich.markup import escape
 
 from theinference.grading.autograder import (
+    strip_solution,
     AutograderError,
     Grading,
     Weights,
@@ -20,6 +21,7 @@ from theinference.grading.autograder import (
     write_gradescope_bundle,
 )
 from theinference.cli.common import err_console
+from theinference.cli.common import write_atomic
 from theinference.cli.weights import Preset
 from theinference.grading.randomcases import resolve_seed
 from theinference.errors import UsageError
@@ -35,6 +37,14 @@ WheelOpt = Annotated[
         "--wheel",
         metavar="FILE",
         help="theinference's wheel to carry (default: build this version's from its source checkout).",
+    ),
+]
+WithoutSolutionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--without-solution",
+        help="Carry a wheel without the reference solution (and the mutants, edits of it): "
+        "students' code can read the grader's files outside a sandbox.",
     ),
 ]
 WeightsOpt = Annotated[
@@ -115,6 +125,7 @@ def gradescope(
         Path, typer.Option("--out", metavar="FILE", help="The zip to upload as the assignment's autograder.")
     ] = Path("autograder.zip"),
     wheel: WheelOpt = None,
+    without_solution: WithoutSolutionOpt = False,
     weights: WeightsOpt = None,
     preset: PresetOpt = Preset.gpt2,
     seed: SeedOpt = 0,
@@ -141,6 +152,8 @@ def gradescope(
     chosen, warnings = _weights(weights, preset, seed)
     with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
         found, wheel_warnings = obtain_wheel(wheel, Path(workdir))
+        if without_solution:
+            found = strip_solution(found, Path(workdir) / "without-solution")
         write_gradescope_bundle(out, found, chosen, grading, time_budget)
     _warn(warnings + wheel_warnings)
     what = (
@@ -170,6 +183,7 @@ def github(
         Path, typer.Option("--repo", metavar="DIR", help="The root of the repository the workflow lives in.")
     ] = Path("."),
     wheel: WheelOpt = None,
+    without_solution: WithoutSolutionOpt = False,
     weights: WeightsOpt = None,
     preset: PresetOpt = Preset.gpt2,
     seed: SeedOpt = 0,
@@ -197,14 +211,35 @@ def github(
     repo_path(out, repo)
     with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
         found, wheel_warnings = obtain_wheel(wheel, Path(workdir))
+        if without_solution:
+            found = strip_solution(found, Path(workdir) / "without-solution")
         placed = repo / ".github" / "theinference" / found.name
         text = render_workflow(repo, shards, placed, chosen, grading, roster, when)
         copy_wheel(found, placed.parent)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    write_atomic(out, text)
     _warn(warnings + wheel_warnings)
     if not roster.is_file():
         _warn([f"{roster} does not exist yet: list the repositories to grade in it (see the workflow's comments)"])
     err_console().print(
         f"wrote {out} and {placed}: commit both, then run the workflow from the Actions tab", soft_wrap=True
+    )
+
+
+@autograder_app.command()
+def wheel(
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", help="Directory to write the wheel into.")] = Path(
+        "dist"
+    ),
+    wheel: WheelOpt = None,
+    without_solution: WithoutSolutionOpt = False,
+) -> None:
+    """Write theinference's wheel (this version's, built from its source checkout, or --wheel's), optionally
+    without the reference solution."""
+    with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
+        found, warnings = obtain_wheel(wheel, Path(workdir))
+        written = strip_solution(found, out) if without_solution else copy_wheel(found, out)
+    _warn(warnings)
+    err_console().print(
+        f"wrote {written}" + (" (without the reference solution)" if without_solution else ""), soft_wrap=True
     )

@@ -2,7 +2,6 @@
 
 import os
 import sys
-import tempfile
 import threading
 import time
 from types import MappingProxyType
@@ -16,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from theinference.grading.randomcases import resolve_seed
 from theinference.errors import ConfigError, UsageError
+from theinference import files
 from theinference.grading.session import RunOptions
 from theinference.proc.limits import Limits
 
@@ -44,15 +44,8 @@ def err_console() -> Console:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write a results file whole or not at all: a temporary file beside it, renamed over it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    """Write a results file whole or not at all, never through a link (theinference.files)."""
+    files.write_atomic(path, text)
 
 
 def config_error(e: Exception) -> typer.Exit:

@@ -7,6 +7,7 @@ import sys
 import time
 from enum import Enum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Optional
 
 import typer
@@ -18,6 +19,7 @@ from theinference.proc import interrupt
 from theinference.grading.batch import (
     BatchError,
     BatchInterrupted,
+    mark_copies,
     CsvWriter,
     ShardRecord,
     SubmissionResult,
@@ -34,13 +36,14 @@ from theinference.cli.common import err_console, in_ci, run_options, synth_progr
 from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.untrusted import for_terminal
-from theinference.proc.runner import DEFAULT_MEMORY_MB
+from theinference.proc.runner import DEFAULT_MEMORY_MB, LEFTOVERS
 from theinference.grading.session import select_stages
 from theinference.grading.shards import merge_shards
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.stages import load_stages, stage_dirs
 from theinference.cli.options import (
     DEFAULT_JOBS,
+    AllowRootOpt,
     JobsOpt,
     MemoryLimitOpt,
     NoDiagnosisOpt,
@@ -106,14 +109,14 @@ class BatchProgress:
         )
 
 
-def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], student_env: dict):
+def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], allow_root: bool):
     stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
-    choice, model, _ = obtain_weights(weights, None, synth_progress())
+    choice, model, _ = obtain_weights(weights, None, synth_progress(), untrusted=True)
     # One grader for every submission: weights, oracle cache, launcher.
     return Grader(
         weights=choice,
         model=model,
-        launcher=default_launcher(student_env, untrusted=True),
+        launcher=default_launcher(untrusted=True, allow_root=allow_root),
         untrusted=True,
         extra_stage_dirs=list(stages_dir),
     ), stages
@@ -225,6 +228,7 @@ def grade_command(
         ),
     ] = SUBMISSION_TIMEOUT,
     no_diagnosis: NoDiagnosisOpt = False,
+    allow_root: AllowRootOpt = False,
 ) -> None:
     """Grade many submissions: the oracle once per case, students in parallel, each under its own limits.
 
@@ -237,16 +241,8 @@ def grade_command(
     `theinference grade merge SHARD... [--out FILE]` combines the CSV or JSON files of --shard runs (see `theinference grade merge --help`).
     """
     out = out or Path(DEFAULT_OUT[fmt])
-    # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
-    student_env = blas_env(max(1, (os.cpu_count() or 1) // jobs)) if jobs > 1 else {}
     options = run_options(
-        timeout,
-        memory_limit,
-        seed,
-        untrusted=True,
-        all_cases=all_cases,
-        submission_timeout=submission_timeout,
-        env=student_env,
+        timeout, memory_limit, seed, untrusted=True, all_cases=all_cases, submission_timeout=submission_timeout
     )
     options = dataclasses.replace(options, diagnosis=not no_diagnosis)
     check_output(out)
@@ -256,7 +252,21 @@ def grade_command(
     index, count = parse_shard(shard_spec) if shard_spec else (1, 1)
     record = shard_record(subs, index, count)
     subs = shard(subs, index, count)
-    grader, stages = _grader(weights, stages_dir or [], stage or [], student_env)
+    grader, stages = _grader(weights, stages_dir or [], stage or [], allow_root)
+    isolation = grader.launcher.isolation
+    if jobs > 1 and len(subs) > 1 and not isolation.separates_submissions:
+        jobs = 1
+        err_console().print(
+            f"grading one submission at a time: at the {isolation.level} level submissions share a user, and one "
+            "could kill another's processes or write into its run directory (bubblewrap, or grading as root, "
+            "gives each its own)",
+            soft_wrap=True,
+            markup=False,
+        )
+    # Parallel students share the cores: each gets its share of BLAS threads, not all of them.
+    if jobs > 1:
+        student_env = MappingProxyType(blas_env(max(1, (os.cpu_count() or 1) // jobs)))
+        options = dataclasses.replace(options, limits=dataclasses.replace(options.limits, env=student_env))
     with grader:
         grader.launcher.hide(out)
         results, stopped = _run(subs, grader, stages, options, jobs, out, fmt, record)
@@ -290,6 +300,9 @@ def _run(
             results = grade_batch(subs, grader, stages, options, jobs, on_result, progress.oracle_case)
         except BatchInterrupted as e:
             results, stopped = e.results, str(e)
+    mark_copies(results)
+    if LEFTOVERS:  # a student process kept writing into a run directory: reported, never the batch's failure
+        progress.say(f"notice: {len(LEFTOVERS)} run directory(ies) could not be removed: {', '.join(LEFTOVERS[:5])}")
     if writer:
         writer.finish(results, stopped)
     elif fmt is BatchFormat.gradescope:
@@ -310,6 +323,4 @@ def _write_gradescope(result: SubmissionResult, stages, out: Path, seed: int | N
         else render_gradescope_ungraded(stages, result.error, __version__)
     )
     # Atomically: Gradescope must never read a half-written results.json.
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    write_atomic(out, text)

@@ -54,3 +54,11 @@ NoDiagnosisOpt = Annotated[
         help="Do not match failing outputs against known bugs (verdicts, tables and shapes only).",
     ),
 ]
+AllowRootOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-root",
+        help="DANGEROUS: where no confinement can drop to user nobody (no bubblewrap, a Python nobody cannot read), "
+        "run student code as root anyway instead of refusing (as THEINFERENCE_ALLOW_ROOT=1). Every report says so.",
+    ),
+]

@@ -24,6 +24,7 @@ from theinference.cli.common import (
 )
 from theinference.cli.options import (
     CourseOpt,
+    AllowRootOpt,
     MemoryLimitOpt,
     NoDiagnosisOpt,
     StagesDirOpt,
@@ -123,6 +124,7 @@ def test_command(
         ),
     ] = False,
     no_diagnosis: NoDiagnosisOpt = False,
+    allow_root: AllowRootOpt = False,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
@@ -137,7 +139,9 @@ def test_command(
         )
     options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
     options = dataclasses.replace(options, diagnosis=not no_diagnosis)
-    with open_session(course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted) as session:
+    with open_session(
+        course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted, allow_root=allow_root
+    ) as session:
         # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
         wanted = [] if all_stages else (stage or ([] if untrusted else None))
         if output:

@@ -18,6 +18,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from theinference.files import atomic_file
 from theinference import __version__
 from theinference.bundled import asset
 from theinference.model.weights import check_entries, infer_config, read_header
@@ -112,6 +113,32 @@ def check_wheel(path: Path) -> list[str]:
     return []
 
 
+# What a wheel without the solution leaves out: the reference solution, and the mutants (edits of it).
+SOLUTION_PARTS = ("theinference/_data/course/solution/", "theinference/_data/course/mutants/")
+
+
+def strip_solution(wheel: Path, dest_dir: Path) -> Path:
+    """A copy of wheel in dest_dir (same name) without the reference solution and the mutants (RECORD updated).
+
+    A course graded for credit ships the grader to students' graders (Gradescope, CI): the bundled
+    solution would then be one copy away. `stages check` and `theinference demo` need it; `grade` does not.
+    """
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / wheel.name
+    if out.resolve() == wheel.resolve():
+        raise AutograderError(f"{wheel}: the wheel without the solution would overwrite it; choose another directory")
+    with zipfile.ZipFile(wheel) as src, atomic_file(out, binary=True) as f, zipfile.ZipFile(f, "w") as dst:
+        for info in src.infolist():
+            if info.filename.startswith(SOLUTION_PARTS):
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode().splitlines(keepends=True)
+                data = "".join(line for line in lines if not line.startswith(SOLUTION_PARTS)).encode()
+            dst.writestr(info, data, compress_type=info.compress_type)
+    return out
+
+
 def obtain_wheel(wheel: Path | None, workdir: Path) -> tuple[Path, list[str]]:
     """The given wheel (checked), else one built from the source tree into workdir."""
     if wheel is not None:
@@ -163,8 +190,7 @@ def _add_text(bundle: zipfile.ZipFile, name: str, text: str, mode: int) -> None:
 def write_gradescope_bundle(out: Path, wheel: Path, weights: Weights, grading: Grading, time_budget: float) -> None:
     """Write autograder.zip: setup.sh, run_autograder, bundle.env, the wheel, stages and weights."""
     stage_names = [f"stages/{i}-{d.resolve().name}" for i, d in enumerate(grading.stages_dirs, 1)]
-    tmp = out.with_name(out.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+    with atomic_file(out, binary=True) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
         for script in ("setup.sh", "run_autograder"):
             _add_text(bundle, script, asset(f"autograder/{script}").read_text(), EXECUTABLE)
         _add_text(bundle, "bundle.env", bundle_env(wheel.name, weights, grading, stage_names, time_budget), READABLE)
@@ -177,7 +203,6 @@ def write_gradescope_bundle(out: Path, wheel: Path, weights: Weights, grading: G
             config = weights.file.parent / "config.json"
             if config.is_file():
                 bundle.write(config, "weights/config.json")
-    tmp.replace(out)
 
 
 def copy_wheel(wheel: Path, dest_dir: Path) -> Path:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference import __version__
@@ -34,6 +34,9 @@ from theinference.model.weights import Model
 from theinference.untrusted import for_terminal
 from theinference.trust import untrusted_course
 from theinference.errors import ConfigError
+from theinference.files import atomic_file
+from theinference.grading.copies import Copy, find_copies
+from theinference.grading.copies import describe as describe_copies
 
 
 class BatchError(ConfigError):
@@ -64,6 +67,7 @@ class SubmissionResult:
     run: RunResult | None  # None when the submission could not be graded at all
     error: str = ""
     seconds: float = 0.0
+    copies: list[Copy] = field(default_factory=list)  # its code is the reference solution's or another's (copies.py)
 
     @property
     def status(self) -> str:
@@ -292,7 +296,7 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
     columns = ["id", "status", "points", "max_points"]
     for stage in stages:
         columns += [f"{stage.id}.status", f"{stage.id}.points"]
-    return columns + ["seconds", *GRADED_WITH_COLUMNS, *SHARD_COLUMNS, "finding", "reason", "error"]
+    return columns + ["seconds", "copy_of", *GRADED_WITH_COLUMNS, *SHARD_COLUMNS, "finding", "reason", "error"]
 
 
 def csv_row(
@@ -306,8 +310,10 @@ def csv_row(
         row += [found.status, f"{found.points:g}"] if found else ["error", "0"]
     shard_cells = shard.cells() if shard else [""] * len(SHARD_COLUMNS)
     reasons = [spreadsheet_text(findings(result)), spreadsheet_text(first_reason(result))]
+    copy_of = spreadsheet_text(describe_copies(result.copies))
     return row + [
         f"{result.seconds:.2f}",
+        copy_of,
         *graded.cells(),
         *shard_cells,
         *reasons,
@@ -315,23 +321,28 @@ def csv_row(
     ]
 
 
+def mark_copies(results: list[SubmissionResult]) -> None:
+    """Flag each submission whose code is the bundled reference solution's or another submission's (copies.py)."""
+    found = find_copies({r.id: Path(r.path) for r in results})
+    for result in results:
+        result.copies = found.get(result.id, [])
+
+
 class CsvWriter:
     """Appends one row per finished submission and flushes it: an interrupted batch keeps its rows."""
 
     def __init__(self, path: Path, stages: list[StageSpec], graded: GradedWith, shard: ShardRecord | None = None):
         self.path, self.stages, self.graded, self.shard = path, stages, graded, shard
-        self.file = path.open("w", newline="", encoding="utf-8")
-        self.writer = csv.writer(self.file)
-        self.writer.writerow(csv_header(stages))
-        self.file.flush()
+        self.rows = [csv_header(stages)]
+        write_csv(path, self.rows)
 
     def add(self, result: SubmissionResult) -> None:
-        self.writer.writerow(csv_row(result, self.stages, self.graded, self.shard))
-        self.file.flush()
+        # Rewritten whole each time (theinference.files): never appended to through a link planted meanwhile.
+        self.rows.append(csv_row(result, self.stages, self.graded, self.shard))
+        write_csv(self.path, self.rows)
 
     def finish(self, results: list[SubmissionResult], mark: str = "") -> None:
         """Rewrite the file sorted by id, now that every row is in; a mark (why the batch stopped) ends it."""
-        self.file.close()
         rows = [csv_header(self.stages), *(csv_row(r, self.stages, self.graded, self.shard) for r in results)]
         write_csv(self.path, rows + ([[f"{INTERRUPTED_MARK} {mark}"]] if mark else []))
 
@@ -347,10 +358,8 @@ def check_output(out: Path) -> None:
 
 
 def write_csv(path: Path, rows: list[list[str]]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
+    with atomic_file(path, newline="", encoding="utf-8") as f:
         csv.writer(f).writerows(rows)
-    tmp.replace(path)
 
 
 BATCH_SCHEMA, BATCH_SCHEMA_VERSION = "theinference.batch", 1

@@ -12,6 +12,7 @@ from theinference.grading.mutants import MutantError, build_mutant, check_manife
 from theinference.grading.results import CheckCell, CheckResult, StageResult, Status
 from theinference.grading.stages import StageSpec
 from theinference.grading.grader import Grader, RunOptions
+from theinference.proc import interrupt
 from theinference.proc.limits import Limits
 
 
@@ -128,9 +129,15 @@ def check_course(
         on_cell = _counter(len(subjects) * len(stages), progress)
         # The first subject (the solution) alone: it fills the oracle cache every other subject reuses.
         result.cells.extend(_grade_subject(*subjects[0][:3], stages, grader, options, subjects[0][3], on_cell))
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        try:
             for cells in pool.map(
                 lambda s: _grade_subject(s[0], s[1], s[2], stages, grader, options, s[3], on_cell), subjects[1:]
             ):
                 result.cells.extend(cells)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (as in `test`): kill every student process, grade no more
+            interrupt.cancel()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     return result

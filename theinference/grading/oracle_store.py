@@ -19,7 +19,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from theinference import __version__
+from theinference.files import write_atomic
 from theinference.model.weights_choice import user_cache_dir
 from theinference.model.weights import Model
 
@@ -193,14 +193,7 @@ class OracleStore:
     def _write(self, path: Path, data: bytes) -> None:
         """Write a file whole or not at all: concurrent readers see the old file, the new one, or none."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, data)
 
     def _entries(self) -> list[tuple[float, int, Path]]:
         """(last use, size, path) of every entry; crashed writers' old temporary files are removed on the way."""
@@ -212,7 +205,7 @@ class OracleStore:
         for entry in scan:
             try:
                 stat = entry.stat()
-                if entry.name.startswith(".tmp-"):
+                if entry.name.startswith(".") and entry.name.endswith(".tmp"):  # theinference.files
                     if time.time() - stat.st_mtime > _STALE_TEMP:
                         os.unlink(entry.path)
                     continue

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from theinference.grading.results import RunResult, Status
+from theinference.files import write_atomic
 from theinference.grading.stages import StageSpec
 from theinference.model.synth import PRESETS
 
@@ -61,7 +62,7 @@ def record_progress(root: Path, run: RunResult, timeout: float | None = None) ->
         }
     try:
         (root / PROGRESS_FILE).parent.mkdir(exist_ok=True)
-        (root / PROGRESS_FILE).write_text(json.dumps({"format_version": 1, "stages": stages}, indent=2) + "\n")
+        write_atomic(root / PROGRESS_FILE, json.dumps({"format_version": 1, "stages": stages}, indent=2) + "\n")
     except OSError:
         return stages, ""  # a read-only course just keeps no progress
     return stages, f"notice: ignored {PROGRESS_FILE} ({problem}) and wrote it anew" if problem else ""

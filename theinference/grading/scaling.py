@@ -28,7 +28,7 @@ from theinference.model.weights import Model, load_model
 from theinference.model.weights_choice import WeightsChoice, ensure_weights, synthetic_path
 from theinference.proc import protocol
 from theinference.proc.calls import Budget, CallSession
-from theinference.proc.runner import AdapterJob, CallOutcome
+from theinference.proc.runner import MONITOR_LOST, AdapterJob, CallOutcome
 
 _NO_CACHE = (
     "the cost of a token grows with its position, as it does when every step recomputes the "
@@ -360,4 +360,7 @@ def _run_case(run: _Run, case: CaseSpec, job: AdapterJob, output_cap) -> tuple[C
             _timed_rounds(session, run, random.SystemRandom(), output_cap)
         whole = session.output()  # what the student's code printed in every call, not only the last
         result.stdout, result.stderr = whole.stdout, whole.stderr
+    if session.monitor_lost:  # known once the worker is gone: whatever its calls showed, none of it counts
+        outcome = CallOutcome(status=protocol.ERROR, message=MONITOR_LOST)
+        result.status, result.message, result.scaling, result.diagnosis = Status.ERROR, MONITOR_LOST, None, None
     return result, outcome

@@ -95,6 +95,7 @@ def open_session(
     extra_stage_dirs: list[Path],
     progress: Callable[[int, int], None] | None = None,
     untrusted: bool = False,
+    allow_root: bool = False,
 ) -> Session:
     """Load course, stages and weights (making the default synthetic weights if they are the choice).
 
@@ -102,12 +103,12 @@ def open_session(
     student processes run under the strongest isolation available (theinference.proc.sandbox).
     """
     course, notices = untrusted_course(locate_course(course_dir)) if untrusted else (locate_course(course_dir), [])
-    launcher = default_launcher(untrusted=untrusted)
+    launcher = default_launcher(untrusted=untrusted, allow_root=allow_root)
     launcher.warm()  # a zygote imports numpy while stages and weights load
     try:
         stage_root = None if untrusted else course.root
         stages = load_stages(stage_dirs(stage_root, [*course.stages_dirs, *extra_stage_dirs]))
-        choice, model, made = obtain_weights(weights, course.weights, progress)
+        choice, model, made = obtain_weights(weights, course.weights, progress, untrusted)
     except BaseException:
         launcher.close()
         raise

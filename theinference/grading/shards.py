@@ -6,6 +6,7 @@ from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
+from theinference.files import write_atomic
 from theinference.grading.batch import (
     BATCH_SCHEMA,
     GRADED_WITH_COLUMNS,
@@ -199,7 +200,5 @@ def merge_shards(parts: list[Path], out: Path | None, replace: bool = False) -> 
     if first.format == "csv":
         write_csv(out, [first.head, *ordered])
     else:
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps({**first.head, "submissions": ordered}, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(out)
+        write_atomic(out, json.dumps({**first.head, "submissions": ordered}, indent=2) + "\n")
     return out, len(merged), sorted(replaced)

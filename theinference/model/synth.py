@@ -1,16 +1,19 @@
 """Deterministic synthetic GPT-2-layout checkpoints (real weights cannot be fetched everywhere)."""
 
+import hashlib
 import json
 import os
+import shutil
 import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
+from safetensors.numpy import save, save_file
 
 from theinference.model.copycircuit import install_copy_circuit
+from theinference.files import write_atomic
 from theinference.model.weights import GPT2Config, expected_shapes
 
 # Bump when the drawing changes: checkpoints made on first use are cached under this version.
@@ -23,6 +26,15 @@ PRESETS = {
     # tiny the LM head is 94% of it, which no cache saves), the context long enough for a recompute's
     # quadratic cost to show, and a cached token cheap (bench/cache_scaling.py measures the margins).
     "proof": GPT2Config(n_vocab=50257, n_ctx=512, n_embd=128, n_head=2, n_layer=16),
+}
+# sha256 of model.safetensors as write_synthetic makes it, by (preset, seed, SYNTH_VERSION), on the machines the
+# project is tested on: the fast path of preset_problem. The bytes rest on float arithmetic (BLAS, numpy's SIMD
+# loops), so another CPU or numpy may make others: a file that differs is then checked against the digest this
+# machine makes (made_digest). tests/test_integrity_levels.py fails if tiny's is stale here.
+PRESET_DIGESTS = {
+    ("tiny", 0, 2): "39bc4bcb657c06b492d9e668ba9f47f0043bf63b3a400378a7cef6f9dd17fa59",
+    ("gpt2", 0, 2): "18bd8834fcca6ff56d0c10ae3d6002a75e07dae86129d88542a0073da842f34c",
+    ("proof", 0, 2): "a2ad54d763578eb3d218e78bc0228e437a70b4867e1ce2825ec21f5bfae874fb",
 }
 
 
@@ -90,13 +102,36 @@ def hf_config(config: GPT2Config, preset: str, seed: int) -> dict:
     }
 
 
-def write_synthetic(
-    out_dir: str | Path, preset: str = "tiny", seed: int = 0, progress: Callable[[int, int], None] | None = None
-) -> Path:
-    """Write model.safetensors + config.json into out_dir; same preset and seed give identical bytes."""
-    config = PRESETS[preset]
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+def preset_problem(path: Path, preset: str, seed: int) -> str | None:
+    """What differs between a made preset's files and what write_synthetic makes for it; None if nothing.
+
+    The model's sha256 is compared with the digest the preset is known to have (PRESET_DIGESTS:
+    made deterministically, so known in advance) and, where it differs, with the digest this machine makes
+    (made_digest: the tensors drawn again in memory, never read from the cache); config.json with the text
+    it is written with.
+    """
+    known = PRESET_DIGESTS.get((preset, seed, SYNTH_VERSION))
+    try:
+        if path.is_symlink() or (path.parent / "config.json").is_symlink():
+            return "it is a symbolic link, not the file the preset made"
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        config = (path.parent / "config.json").read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        return f"cannot be read ({e})"
+    expected = known if digest == known else made_digest(preset, seed)
+    if digest != expected:
+        return f"its sha256 {digest[:16]}… is not the {preset} preset's ({expected[:16]}…): the file was changed"
+    if config != _config_text(PRESETS[preset], preset, seed):
+        return "its config.json is not the one the preset writes: it was changed"
+    return None
+
+
+def _config_text(config: GPT2Config, preset: str, seed: int) -> str:
+    return json.dumps(hf_config(config, preset, seed), indent=2) + "\n"
+
+
+def _tensors(config: GPT2Config, seed: int, progress: Callable[[int, int], None] | None = None) -> dict:
     shapes = expected_shapes(config)
     tensors = {}
     for i, (name, shape) in enumerate(shapes.items()):
@@ -104,18 +139,43 @@ def write_synthetic(
         if progress:
             progress(i + 1, len(shapes))
     install_copy_circuit(tensors, config, seed)
-    # One metadata key only: safetensors writes metadata in hash order, and two keys would make
-    # the bytes differ from run to run. The synthetic marker lives in config.json.
-    metadata = {"format": "pt"}
-    (out_dir / "config.json").write_text(json.dumps(hf_config(config, preset, seed), indent=2) + "\n")
+    return tensors
+
+
+# One metadata key only: safetensors writes metadata in hash order, and two keys would make
+# the bytes differ from run to run. The synthetic marker lives in config.json.
+_METADATA = {"format": "pt"}
+
+
+_MADE: dict[tuple[str, int], str] = {}  # digests this process made or drew, by (preset, seed)
+
+
+def made_digest(preset: str, seed: int) -> str:
+    """sha256 of model.safetensors as write_synthetic makes it on this machine (drawn in memory; once a process)."""
+    if (preset, seed) not in _MADE:
+        _MADE[preset, seed] = hashlib.sha256(save(_tensors(PRESETS[preset], seed), metadata=_METADATA)).hexdigest()
+    return _MADE[preset, seed]
+
+
+def write_synthetic(
+    out_dir: str | Path, preset: str = "tiny", seed: int = 0, progress: Callable[[int, int], None] | None = None
+) -> Path:
+    """Write model.safetensors + config.json into out_dir; same preset and seed give identical bytes."""
+    config = PRESETS[preset]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = _tensors(config, seed, progress)
+    write_atomic(out_dir / "config.json", _config_text(config, preset, seed))
     # Write beside the target, then rename: a reader never sees a half-written checkpoint.
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".model.", suffix=".tmp")
-    os.close(fd)
+    # safetensors writes by name: in a private directory (0700, made fresh) nothing can stand in for that name.
+    private = tempfile.mkdtemp(dir=out_dir, prefix=".model.", suffix=".tmp")
     try:
-        save_file(tensors, tmp, metadata=metadata)
+        tmp = os.path.join(private, "model.safetensors")
+        save_file(tensors, tmp, metadata=_METADATA)
+        with open(tmp, "rb") as f:  # in a directory of ours alone: its digest is the one this machine makes
+            _MADE[preset, seed] = hashlib.file_digest(f, "sha256").hexdigest()
         os.chmod(tmp, 0o644)
         os.replace(tmp, out_dir / "model.safetensors")
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(private, ignore_errors=True)
     return out_dir / "model.safetensors"

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theinference import WEIGHTS_ENV
-from theinference.model.synth import PRESETS, SYNTH_VERSION, write_synthetic
-from theinference.model.weights import Model, load_model
+from theinference.model.synth import PRESETS, SYNTH_VERSION, preset_problem, write_synthetic
+from theinference.model.weights import Model, WeightsError, load_model
 
 HF_REPOS = ("models--openai-community--gpt2", "models--gpt2")
 DEFAULT_SYNTH = ("gpt2", 0)  # preset, seed of the checkpoint made on first use
@@ -100,17 +100,41 @@ def resolve_weights(cli_path: str | None, course_weights: Path | None, environ=o
 
 
 def obtain_weights(
-    cli_path: str | None, course_weights: Path | None, progress: Callable[[int, int], None] | None = None
+    cli_path: str | None,
+    course_weights: Path | None,
+    progress: Callable[[int, int], None] | None = None,
+    untrusted: bool = False,
 ) -> tuple[WeightsChoice, Model, bool]:
-    """Resolve, make if it is the missing default, and load: (choice, model, whether it was made)."""
+    """Resolve, make if it is a missing or altered preset, and load: (choice, model, whether it was made).
+
+    untrusted: a synthetic preset whose file was altered is an error (WeightsError naming it), not remade.
+    """
     choice = resolve_weights(cli_path, course_weights, os.environ)
-    made = ensure_weights(choice, progress)
+    made = ensure_weights(choice, progress, untrusted)
     return choice, load_model(choice.path), made
 
 
-def ensure_weights(choice: WeightsChoice, progress: Callable[[int, int], None] | None = None) -> bool:
-    """Make the default synthetic checkpoint if it is the choice and missing; True if it was made."""
-    if not choice.preset or choice.path.is_file():
+def ensure_weights(
+    choice: WeightsChoice, progress: Callable[[int, int], None] | None = None, untrusted: bool = False
+) -> bool:
+    """Make a synthetic preset if it is the choice and missing, or (trusted runs) altered; True if it was made.
+
+    A preset is made in a cache any process of this user may write, a student's included: it is
+    used only once its bytes are the ones the preset makes (preset_problem), never as found.
+    """
+    if not choice.preset:
         return False
+    if choice.path.is_file() or choice.path.is_symlink():
+        problem = preset_problem(choice.path, choice.preset, DEFAULT_SYNTH[1])
+        if problem is None:
+            return False
+        if untrusted:
+            raise WeightsError(
+                f"{choice.path}: {problem}; untrusted grading does not use it. Remove it (any plain "
+                f"`theinference test --weights {choice.preset}` makes it again), or pass weights by path"
+            )
     write_synthetic(choice.path.parent, preset=choice.preset, seed=DEFAULT_SYNTH[1], progress=progress)
+    problem = preset_problem(choice.path, choice.preset, DEFAULT_SYNTH[1])
+    if problem is not None:  # just made by this very code, and checked against what it makes: a grader bug, exit 3
+        raise RuntimeError(f"{choice.path}: freshly made, yet {problem}")
     return True

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from theinference.proc import accounting, protocol
+from theinference.proc import accounting, protocol, strays
 from theinference.proc.runner import (
     AdapterJob,
     CallOutcome,
@@ -26,6 +26,7 @@ from theinference.proc.runner import (
     _offsets,
     _outcome_from_done,
     _text,
+    remove_run_dir,
     starved_message,
 )
 
@@ -45,8 +46,8 @@ class CallSession:
     """One worker, started on entry, serving calls one at a time; killed with everything it started on exit."""
 
     def __init__(self, job: AdapterJob, load_budget: Budget):
-        self._dir = tempfile.TemporaryDirectory(prefix="theinference-run-")
-        self.work = Path(self._dir.name)
+        self.work = Path(tempfile.mkdtemp(prefix="theinference-run-"))  # 0700; chowned to the submission's uid as root
+        self.monitor_lost = False  # the worker killed its monitor: none of the session's calls count
         self.child: _Child | None = _Child(job, 0, self.work, interactive=True)
         self.meter: accounting.Cgroup | accounting.ProcTree | None = None
         self.failure: CallOutcome | None = None  # once set, the worker is gone and every later call gets it
@@ -64,8 +65,11 @@ class CallSession:
     def close(self) -> None:
         if self.child is not None:
             self.child.finish(graceful=self.failure is None)
+            if getattr(self.child.proc, "monitor_lost", False):
+                strays.kill_strays()
+                self.monitor_lost = True
             self.child = None
-        self._dir.cleanup()
+        remove_run_dir(str(self.work))  # never raises: a leftover is reported by the grader
 
     def output(self) -> CallOutcome:
         """Everything the worker wrote to stdout and stderr so far (capped), on an outcome-shaped record."""

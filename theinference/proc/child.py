@@ -205,10 +205,16 @@ def _apply_limits(limits: protocol.Limits) -> None:
             resource.setrlimit(which, (cap, cap))
 
 
+MAX_PROCESSES = 256  # processes (threads included) a submission's uid may have at once
+
+
 def _drop_privileges() -> None:
     """As root, become the unprivileged user the launcher names, before any student code runs."""
     run_as = os.environ.pop("THEINFERENCE_RUN_AS", None)
     if run_as:
+        # The uid is this submission's alone (launch.SubprocessLauncher._uid_for), so a cap on its processes is a cap
+        # on the submission's tree: the fallback where no cgroup sets pids.max (root is exempt, hence after setuid).
+        resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
         os.setgroups([])
         os.setgid(int(run_as))
         os.setuid(int(run_as))

@@ -23,10 +23,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from theinference.proc import protocol
+from theinference.proc import protocol, strays
 from theinference.proc.interrupt import kill_group
 from theinference.proc.node import HARNESS, worker_for_job
-from theinference.proc.sandbox import Isolation, Sandbox, basic_isolation, reachable_by_others, strongest_isolation
+from theinference.proc.sandbox import (
+    Isolation,
+    Sandbox,
+    basic_isolation,
+    reachable_by_others,
+    strongest_isolation,
+    submission_uids,
+)
 
 from theinference.trust import allowed_env
 from theinference.errors import ConfigError
@@ -90,6 +97,7 @@ class ZygoteProcess:
         self.conn = conn
         self.buffer = b""
         self.returncode: int | None = None
+        self.monitor_lost = False  # the monitor died without a status: nothing of this run counts
         started = self._read(time.monotonic() + 30)
         self.pid, self.monitor_pid = started["pid"], started.get("monitor", started["pid"])
 
@@ -109,10 +117,15 @@ class ZygoteProcess:
         if self.returncode is None:
             deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
             try:
-                self.returncode = self._read(deadline)["status"]
-            except ConnectionResetError:  # student code killed its monitor: its process group goes the same way
+                status = self._read(deadline)["status"]
+                if type(status) is not int:
+                    raise ValueError(status)
+                self.returncode = status
+            except (ConnectionResetError, ValueError, KeyError, TypeError):
+                # Student code killed its monitor (or forged its words): its group dies, the orphans it left
+                # came back to the grader (theinference.proc.strays), and the run is an error.
                 kill_group(self.pid)
-                self.returncode = -signal.SIGKILL
+                self.returncode, self.monitor_lost = -signal.SIGKILL, True
             self.conn.close()
         return self.returncode
 
@@ -133,6 +146,7 @@ class MonitoredProcess(ZygoteProcess):
     def wait(self, timeout: float | None = None) -> int:
         code = super().wait(timeout)
         self.monitor.wait()
+        strays.forget(self.monitor.pid)
         return code
 
 
@@ -146,6 +160,8 @@ class SubprocessLauncher:
     def __init__(self, isolation: Isolation | None = None):
         self.isolation = isolation or basic_isolation()
         self._sandbox = Sandbox(self.isolation) if self.isolation.bwrap else None
+        self._uids: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def _command(self, args: list[str], cwd: str, env: dict) -> list[str]:
         node = worker_for_job(args[0])  # the TypeScript edition's adapters run on Node (theinference.proc.node)
@@ -155,7 +171,6 @@ class SubprocessLauncher:
             # -P: the course directory (which the child puts on sys.path itself) cannot shadow the grader's modules.
             return [*self.isolation.unshare, sys.executable, "-P", "-m", "theinference.proc.child", *args]
         run_dir = os.path.dirname(args[0])
-        self._sandbox.prepare(run_dir)
         if node is not None:
             inner = [*node.prefix, self._sandbox.node_harness, *args]
             return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"], node.readable)
@@ -170,10 +185,20 @@ class SubprocessLauncher:
             env["TMPDIR"] = os.path.dirname(args[0])  # the one writable place
         if self.isolation.run_as is None:
             return env
+        uid = self._uid_for(cwd)
         if self._sandbox is None:
             _check_readable(cwd, env["THEINFERENCE_WEIGHTS"])
-            os.chown(os.path.dirname(args[0]), self.isolation.run_as, self.isolation.run_as)
-        return {**env, "THEINFERENCE_RUN_AS": str(self.isolation.run_as)}
+        os.chown(os.path.dirname(args[0]), uid, uid)  # its run directory (0700) is its own, and nobody else's
+        return {**env, "THEINFERENCE_RUN_AS": str(uid)}
+
+    def _uid_for(self, course_root: str) -> int:
+        """The uid a submission's processes run as: nobody for the first, then an unused one below it for each other
+        (a batch): one submission cannot signal another's processes or write into its run directory."""
+        with self._lock:
+            if course_root not in self._uids:
+                taken = set(self._uids.values())
+                self._uids[course_root] = next(u for u in submission_uids() if u not in taken)
+            return self._uids[course_root]
 
     def start(
         self,
@@ -190,7 +215,8 @@ class SubprocessLauncher:
         env = self._student_env(args, cwd, env, proto_fd, calls_fd)
         joins = [arg for path in cgroup for arg in ("--cgroup", path)]
         ours, theirs = socket.socketpair()
-        with theirs:
+        strays.adopt_orphans()
+        with theirs, strays.starting():
             # -P: the monitor is grader code and must not import anything from the course directory.
             monitor = subprocess.Popen(
                 [
@@ -211,6 +237,7 @@ class SubprocessLauncher:
                 pass_fds=(proto_fd, theirs.fileno(), *([calls_fd] if calls_fd is not None else [])),
                 start_new_session=True,
             )
+            strays.register(monitor.pid)
         return MonitoredProcess(ours, monitor)
 
     def warm(self) -> None:
@@ -261,19 +288,24 @@ class ZygoteLauncher:
     def _spawn(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
         path = os.path.join(self._dir, "zygote.sock")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "theinference.proc.zygote", path],
-            env={**allowed_env(os.environ), **self._env},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
+        strays.adopt_orphans()
+        with strays.starting():
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "theinference.proc.zygote", path],
+                env={**allowed_env(os.environ), **self._env, "THEINFERENCE_GRADER_PID": str(os.getpid())},
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+            )
+            strays.register(self._proc.pid)
         self._ready = False
         atexit.register(self.close)
 
     def _ensure_started(self) -> str:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
+                if self._proc is not None:
+                    strays.forget(self._proc.pid)
                 self._spawn()
             assert self._proc is not None and self._dir is not None
             if not self._ready:
@@ -319,6 +351,8 @@ class ZygoteLauncher:
                     self._proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     self._proc.kill()
+                    self._proc.wait()
+                strays.forget(self._proc.pid)
                 self._proc = None
             if self._dir:
                 shutil.rmtree(self._dir, ignore_errors=True)
@@ -330,13 +364,13 @@ def blas_env(threads: int) -> dict:
     return {name: str(threads) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
-def default_launcher(env: dict | None = None, untrusted: bool = False) -> Launcher:
+def default_launcher(env: dict | None = None, untrusted: bool = False, allow_root: bool = False) -> Launcher:
     """For untrusted submissions, a fresh interpreter under the strongest isolation available;
     otherwise the zygote where fork is safe and cheap (Linux), else a fresh interpreter per run.
 
     THEINFERENCE_LAUNCHER=subprocess (or zygote) overrides the choice for trusted runs only.
     """
     if untrusted:
-        return SubprocessLauncher(strongest_isolation())
+        return SubprocessLauncher(strongest_isolation(allow_root))
     choice = os.environ.get("THEINFERENCE_LAUNCHER") or ("zygote" if sys.platform == "linux" else "subprocess")
     return ZygoteLauncher(env) if choice == "zygote" else SubprocessLauncher()

@@ -9,6 +9,11 @@ status. The grader accepts results and writes output only after that report.
 Run as `python -P -m theinference.proc.reaper STATUS_FD [--cgroup FILE]... -- COMMAND...` (the fresh-interpreter
 and sandbox launchers): forks COMMAND in a new session, writes {"pid": P} and then
 {"status": S} (a Popen-style returncode) to the socket STATUS_FD, one JSON object a line.
+
+The monitor dies with the grader, and takes the student's tree with it: its parent's death
+sends it SIGTERM (PR_SET_PDEATHSIG, checked right after it is set, since the parent may be gone
+already), and the grader's end of STATUS_FD closing (end-of-file) means the same. Either way it
+kills every descendant before it exits.
 """
 
 import ctypes
@@ -18,10 +23,12 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 from theinference.proc import protocol
 from theinference.proc.accounting import join
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -31,6 +38,37 @@ def become_subreaper() -> bool:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
+    """Receive signum when the parent (pid `parent`, read before) dies; False if it is already gone or unsupported."""
+    if sys.platform != "linux":
+        return True
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    return os.getppid() == parent  # it died before the prctl: no signal will come
+
+
+def _kill_all_and_exit(*_) -> None:
+    kill_descendants()
+    os._exit(1)
+
+
+def guard(conn: socket.socket, parent: int) -> None:
+    """Kill every descendant and exit when the grader goes: parent death (SIGTERM) or end-of-file on conn."""
+    signal.signal(signal.SIGTERM, _kill_all_and_exit)
+    if not die_with_parent(parent, signal.SIGTERM):
+        _kill_all_and_exit()
+
+    def watch() -> None:
+        try:
+            while conn.recv(4096):
+                pass
+        except OSError:
+            pass
+        _kill_all_and_exit()
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _children(parent: int) -> list[int]:
@@ -94,7 +132,9 @@ def monitor(status_fd: int, command: list[str], cgroup: Sequence[str] = ()) -> N
     cgroup: the run's cgroup.procs files, joined before the fork so the kernel counts the whole tree.
     """
     conn = socket.socket(fileno=status_fd)
+    parent = os.getppid()
     become_subreaper()
+    guard(conn, parent)
     join(cgroup)
     protocol_fd = os.environ.get(protocol.PROTOCOL_FD_ENV)
     pid = os.fork()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference.proc import accounting, interrupt, protocol
+from theinference.proc import accounting, interrupt, protocol, strays
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
 from theinference.trust import allowed_env
@@ -522,6 +522,8 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
         child.finish(graceful=False)
         raise
     returncode = child.finish(graceful=not kill_now)
+    if getattr(child.proc, "monitor_lost", False):
+        return _monitor_lost(job, start, outcomes)
     if state.current >= len(job.calls) and failure is None:
         return state.current
     if failure is None:
@@ -532,6 +534,20 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
     for index in range(state.current, last):
         outcomes[index] = failure
     return last
+
+
+MONITOR_LOST = "the adapter's process killed its monitor (the process that confines it): nothing of this run counts"
+
+
+def _monitor_lost(job: AdapterJob, start: int, outcomes: dict[int, CallOutcome]) -> int:
+    """The student's process killed its monitor: kill what it left, and no case of this run counts."""
+    strays.kill_strays()
+    lost = CallOutcome(status=protocol.ERROR, message=MONITOR_LOST)
+    for index in range(start, len(job.calls)):
+        outcomes[index] = lost
+        if job.consume is not None:  # replaces what an earlier case of this run may have passed with
+            job.consume(index, lost)
+    return len(job.calls)
 
 
 def _spent_message(job: AdapterJob) -> str:
@@ -551,6 +567,18 @@ def _stage_budget(job: AdapterJob) -> float:
     return (BACKSTOP * job.timeout + BACKSTOP_SLACK) * (len(job.calls) + 1)
 
 
+LEFTOVERS: list[str] = []  # run directories that could not be removed, for the grader to report
+
+
+def remove_run_dir(path: str) -> None:
+    """Remove a run's directory; never raises: what cannot be removed is recorded in LEFTOVERS."""
+    for _ in range(3):  # a process still writing into it (another submission's, at a weak level) may race us
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+    LEFTOVERS.append(path)
+
+
 def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     """Call the adapter once per entry of job.calls, each in a child process; never raises for student faults.
 
@@ -559,7 +587,8 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     """
     outcomes: dict[int, CallOutcome] = {}
     stage_deadline = min(time.monotonic() + _stage_budget(job), job.deadline or math.inf)
-    with tempfile.TemporaryDirectory(prefix="theinference-run-") as work:
+    work = tempfile.mkdtemp(prefix="theinference-run-")  # 0700; chowned to the submission's own uid as root
+    try:
         start = 0
         while start < len(job.calls) and time.monotonic() < stage_deadline:
             try:
@@ -580,5 +609,7 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
                 )
                 outcomes.update((i, skipped) for i in range(start, len(job.calls)))
                 start = len(job.calls)
+    finally:
+        remove_run_dir(work)
     spent = CallOutcome(status=protocol.TIMEOUT, message=_spent_message(job))
     return [outcomes.get(i, spent) for i in range(len(job.calls))]

@@ -14,7 +14,9 @@ Levels, strongest first (the report header names the one in use):
   descendant, whatever session it moved to, before results are accepted (Linux).
 - `process-group`: elsewhere (macOS): only the student's process group is killed.
 
-Run as root, the `sandbox` and `namespaces` levels also run the student as nobody. Untrusted modes (`grade`, CI) use the
+Run as root, the `sandbox` and `namespaces` levels also run the student as nobody. Untrusted grading
+never runs student code as root: where no level can drop to nobody, it refuses (RootRefused, exit 2)
+unless the instructor sets THEINFERENCE_ALLOW_ROOT=1, which every report then names. Untrusted modes (`grade`, CI) use the
 strongest level available; `test` on a student's own machine keeps the fast zygote launcher.
 """
 
@@ -24,10 +26,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from theinference.errors import ConfigError
+
 NOBODY = 65534  # the uid and gid of `nobody` on Debian, Ubuntu, Fedora, Alpine
+# The instructor's explicit consent to untrusted grading as root where nothing can drop to nobody.
+ALLOW_ROOT_ENV = "THEINFERENCE_ALLOW_ROOT"
 _PACKAGE = Path(__file__).resolve().parents[1]
 # The stub package the student sees: weights_path() and the student-side runner; they import only the standard library and each other at module level
 # (tests/test_architecture.py checks it), so nothing else need be copied.
@@ -35,6 +42,10 @@ STUB_FILES = ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/protocol
 NODE_HARNESS = "proc/harness.mjs"  # the TypeScript edition's worker (theinference.proc.node), copied beside them
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+
+
+class RootRefused(ConfigError):
+    """Untrusted grading would run student code as root: refused unless the instructor insists (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,28 @@ class Isolation:
     summary: str
     bwrap: str | None = None  # the bubblewrap executable, for the sandbox level
     unshare: tuple[str, ...] = ()  # the command prefix, for the namespaces level
-    run_as: int | None = None  # uid (and gid) of student processes, when the grader is root
+    # uid (and gid) of student processes, when the grader is root; each other submission of a batch gets its own
+    # unused uid below it (submission_uids)
+    run_as: int | None = None
+
+    @property
+    def separates_submissions(self) -> bool:
+        """Whether two submissions run at once cannot reach each other: a sandbox each (own PID namespace, own
+        writable directory) or a uid each. Otherwise they share a user that may signal the other's processes
+        and write into its run directory."""
+        return self.bwrap is not None or self.run_as is not None
+
+
+def submission_uids() -> Iterator[int]:
+    """Uids for student processes when the grader is root: nobody, then unused uids just below it (no passwd entry)."""
+    import pwd  # Unix only; only root reaches here
+
+    yield NOBODY
+    for uid in range(NOBODY - 1, NOBODY - 1000, -1):
+        try:
+            pwd.getpwuid(uid)
+        except KeyError:
+            yield uid
 
 
 def _is_root() -> bool:
@@ -116,8 +148,11 @@ def basic_isolation() -> Isolation:
     )
 
 
-def strongest_isolation() -> Isolation:
-    """The strongest isolation available on this machine (for untrusted submissions)."""
+def strongest_isolation(allow_root: bool = False) -> Isolation:
+    """The strongest isolation available on this machine (for untrusted submissions).
+
+    Never student code as root: RootRefused where only that is left, unless allow_root (--allow-root) or
+    THEINFERENCE_ALLOW_ROOT=1 says otherwise."""
     bwrap = _working_bwrap()
     if bwrap:
         as_nobody = f" as user nobody ({NOBODY})" if _is_root() else ""
@@ -130,8 +165,22 @@ def strongest_isolation() -> Isolation:
         )
     basic, unshare = basic_isolation(), _working_unshare()
     run_as = NOBODY if _is_root() and reachable_by_others(Path(sys.executable)) else None
+    if _is_root() and run_as is None:
+        if not allow_root and os.environ.get(ALLOW_ROOT_ENV) != "1":
+            raise RootRefused(
+                f"refusing to run student code as root: bubblewrap is unavailable and this Python "
+                f"({Path(sys.executable).resolve()}) is not readable by user nobody, whom student code would run as. "
+                "Install bubblewrap (apt-get install bubblewrap), or grade with a Python that nobody can read "
+                f"(e.g. /usr/bin/python3 and a virtualenv outside /root). --allow-root (or {ALLOW_ROOT_ENV}=1) runs it "
+                "as root anyway: "
+                "it can then write anything on this machine, the grader and its results included."
+            )
     who = (
-        f" as user nobody ({NOBODY})" if run_as else " as root (Python is not readable by nobody)" if _is_root() else ""
+        f" as user nobody ({NOBODY})"
+        if run_as
+        else " AS ROOT (allowed by --allow-root: it can change anything on this machine, grades included)"
+        if _is_root()
+        else ""
     )
     if unshare:
         return Isolation(
@@ -147,7 +196,7 @@ def strongest_isolation() -> Isolation:
             f"no sandbox (bubblewrap unavailable): student code runs{who}; every process it starts is killed",
             run_as=run_as,
         )
-    root = "; as root, since Python is not readable by nobody" if _is_root() else ""
+    root = "; AS ROOT (allowed by --allow-root), since Python is not readable by nobody" if _is_root() else ""
     return Isolation(basic.level, f"{basic.summary} (bubblewrap unavailable{root})")
 
 
@@ -226,11 +275,6 @@ class Sandbox:
                 args += ["--ro-bind", "/dev/null", path]
         args += ["--bind", run_dir, run_dir, "--chdir", course_root, "--remount-ro", "/", "--", *argv]
         return args
-
-    def prepare(self, run_dir: str) -> None:
-        """Let the student's user write the run's output directory."""
-        if self.isolation.run_as is not None:
-            os.chown(run_dir, self.isolation.run_as, self.isolation.run_as)
 
     def close(self) -> None:
         shutil.rmtree(self.stub_root, ignore_errors=True)

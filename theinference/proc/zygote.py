@@ -27,9 +27,10 @@ import safetensors.numpy  # noqa: F401
 import theinference.proc.child
 from theinference.proc import protocol
 from theinference.proc.accounting import join
-from theinference.proc.reaper import become_subreaper, kill_descendants
+from theinference.proc.reaper import become_subreaper, die_with_parent, guard, kill_descendants
 
 _MAX_REQUEST = 1 << 20
+_GRADER_PID_ENV = "THEINFERENCE_GRADER_PID"  # the zygote's parent, as the grader saw itself before the fork
 
 
 def _worker(request: dict, fds: list[int]) -> None:
@@ -65,14 +66,17 @@ def _worker(request: dict, fds: list[int]) -> None:
     os._exit(code)
 
 
-def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
-    """In the monitor: fork the worker, report its pid, wait for it, kill what it left, report its exit status."""
+def _monitor(conn: socket.socket, request: dict, fds: list[int], zygote: int) -> None:
+    """In the monitor: fork the worker, report its pid, wait for it, kill what it left, report its exit status.
+
+    If the zygote or the grader dies meanwhile (guard), the monitor kills the worker's whole tree first."""
     become_subreaper()
     join(request.get("cgroup", []))  # before the fork: everything the worker starts is counted from its birth
     pid = os.fork()
     if pid == 0:
         conn.close()
         _worker(request, fds)
+    guard(conn, zygote)  # after the fork: the worker runs on in Python, and must not inherit a thread's state
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid, "monitor": os.getpid()}).encode() + b"\n")
@@ -94,12 +98,16 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def serve(path: str) -> None:
     """Accept runs on the Unix socket at path until the grader closes our stdin (or dies)."""
+    # The grader's death kills the zygote, whose death makes every monitor kill its worker's tree.
+    if not die_with_parent(int(os.environ.get(_GRADER_PID_ENV, os.getppid()))):
+        return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped automatically
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(16)
     sys.stdout.write("ready\n")
     sys.stdout.flush()
+    zygote = os.getpid()
     while True:
         readable, _, _ = select.select([server, sys.stdin], [], [])
         if sys.stdin in readable and not os.read(sys.stdin.fileno(), 4096):
@@ -111,7 +119,7 @@ def serve(path: str) -> None:
         if os.fork() == 0:
             server.close()
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _monitor(conn, request, fds)
+            _monitor(conn, request, fds, zygote)
         for fd in fds:
             os.close(fd)
         conn.close()

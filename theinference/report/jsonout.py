@@ -168,6 +168,7 @@ def batch_document(
                 "error": first_errors(r),
                 "seconds": r.seconds,
                 **record,
+                "copy_of": [{"of": c.of, "files": list(c.files)} for c in r.copies],
                 "results": run_document(r.run, __version__) if r.run else None,
             }
         )

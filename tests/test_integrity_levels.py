@@ -1,0 +1,701 @@
+"""Attacks that broke outside the sandbox (issue: integrity at the weaker levels), through the real CLI.
+
+Each test runs the attack at the level where it broke (a PATH without bubblewrap or unshare, a
+grader run as root with a Python user nobody cannot read, plain `test`), shows it fails to gain
+credit or damage anything, and, where the protection can be switched off, that it worked without.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import write_adapters
+from test_runner import SOLUTION_IMPORTS
+from theinference.proc.sandbox import ALLOW_ROOT_ENV, reachable_by_others
+
+STAGE = "prove-one-layer"
+needs_linux = pytest.mark.skipif(sys.platform != "linux", reason="the subreaper monitor is Linux-only")
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+PYTHON_PRIVATE = not reachable_by_others(Path(sys.executable))
+
+
+def _grader(*args, env: dict, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "theinference", *map(str, args)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **kwargs,
+    )
+
+
+def _run(*args, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "theinference", *map(str, args)], env=env, capture_output=True, timeout=timeout
+    )
+    return done
+
+
+def _live(pid: str) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def _left_behind(marker: str, course: Path | None = None, grader_pid: int | None = None) -> list[int]:
+    """Live processes with marker in their command line, working in course, or started for grader_pid (a zygote)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        if int(entry) == os.getpid() or not _live(entry):
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            cwd = os.readlink(f"/proc/{entry}/cwd") if course else ""
+            environ = Path(f"/proc/{entry}/environ").read_bytes() if grader_pid else b""
+        except OSError:
+            continue
+        if (
+            marker.encode() in cmdline
+            or (course and cwd == str(course.resolve()))
+            or (grader_pid and f"THEINFERENCE_GRADER_PID={grader_pid}".encode() in environ.split(b"\0"))
+        ):
+            found.append(int(entry))
+    return found
+
+
+def _wait_for(predicate, seconds: float = 120.0) -> bool:
+    """Poll until predicate() holds; False if it never did (a generous bound, never a timing assertion)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:  # only what this test started (found by its own unique marker)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# --- 1. Silent root fallback ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the grader is not run as root here")
+@pytest.mark.skipif(not PYTHON_PRIVATE, reason="this Python is readable by user nobody: nothing would run as root")
+def test_untrusted_grading_refuses_to_run_student_code_as_root(tmp_path, tiny_path):
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    target = private / "owned.txt"
+    write_adapters(
+        tmp_path / "c",
+        SOLUTION_IMPORTS + f"def run_layer_equiv(seq_ids):\n    open({str(target)!r}, 'w').write('owned')\n"
+        "    return _solve(seq_ids)\n",
+    )
+    (tmp_path / "empty-bin").mkdir()
+    env = {**os.environ, "PATH": str(tmp_path / "empty-bin"), "CI": "true"}  # no bwrap, no unshare
+    env.pop(ALLOW_ROOT_ENV, None)
+    args = ("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
+    refused = _run(*args, env=env)
+    assert refused.returncode == 2, refused.stderr.decode()
+    message = " ".join(refused.stderr.decode().split())
+    assert "refusing to run student code as root" in message and "apt-get install bubblewrap" in message
+    assert not target.exists()
+    # The same submission, with the instructor's explicit consent: it writes where only root may, and the report says.
+    consented = _run(*args, "--allow-root", env=env)
+    assert target.read_text() == "owned"
+    assert "AS ROOT" in json.loads(consented.stdout)["isolation"]["summary"]
+
+
+# --- 2. Subreaper escape: the student kills its monitor and leaves a daemon -----------------------------------------
+
+FORGER = (
+    SOLUTION_IMPORTS
+    + """\
+import os, signal, subprocess, sys, time
+
+# Waits for the grader's results file, then replaces it with a forged pass.
+FORGE = '''
+import os, sys, time
+path = sys.argv[1]
+for _ in range(600):
+    time.sleep(0.05)
+    if os.path.exists(path):
+        time.sleep(0.3)
+        open(path, "w").write('{"status": "pass", "forged": true}')
+        break
+'''
+
+_done = []
+
+def run_layer_equiv(seq_ids):
+    if not _done:  # once: afterwards its parent is no longer the monitor
+        subprocess.Popen([sys.executable, "-c", FORGE, RESULTS, MARKER], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.kill(os.getppid(), signal.SIGKILL)  # the monitor, which would have killed the daemon
+        _done.append(1)
+    return _solve(seq_ids)
+"""
+)
+# The grader without its last lines of defence: it adopts no orphans, kills no strays, and makes no cgroup (whose
+# removal kills whatever is left in it: as root, every run has one).
+UNPROTECTED = (
+    "import sys, theinference.proc.strays as s; s.adopt_orphans = lambda: None; s.kill_strays = lambda: 0; "
+    "import theinference.proc.accounting as a; a.Cgroup.create = classmethod(lambda cls, *args: None); "
+    "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
+)
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.parametrize("launcher", ["zygote", "subprocess"])
+def test_a_student_that_kills_its_monitor_gets_an_error_and_its_daemon_dies(tmp_path, tiny_path, launcher):
+    marker, results = f"forger-{uuid.uuid4()}", tmp_path / "results.json"
+    write_adapters(tmp_path / "c", FORGER.replace("RESULTS, MARKER", f"{str(results)!r}, {marker!r}"))
+    env = {**os.environ, "THEINFERENCE_LAUNCHER": launcher}
+    args = ["test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json"]
+    done = _run(*args, "--output", results, env=env)
+    assert done.returncode == 1, done.stderr.decode()
+    time.sleep(1.5)  # what a surviving forger would need to strike
+    assert _left_behind(marker) == []
+    doc = json.loads(results.read_text())
+    assert "forged" not in doc and doc["stages"][0]["status"] == "error"
+    assert "killed its monitor" in doc["stages"][0]["cases"][0]["message"]
+    # Without the grader adopting and killing what the dead monitor left, the daemon forges the results.
+    results.unlink()  # the forger strikes once the grader has written them
+    unprotected = subprocess.run(
+        [sys.executable, "-c", UNPROTECTED, *map(str, args), "--output", results],
+        env=env,
+        capture_output=True,
+        timeout=300,
+    )
+    assert unprotected.returncode == 1, unprotected.stderr.decode()
+    try:
+        assert _wait_for(lambda: "forged" in results.read_text(), 60)
+    finally:
+        _kill(_left_behind(marker))
+
+
+# --- 6. A SIGKILLed grader leaves nothing running -------------------------------------------------------------------
+
+SLEEPER = """\
+import subprocess, sys, time
+
+def run_layer_equiv(seq_ids):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", MARKER], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.parametrize("mode", ["zygote", "subprocess", "untrusted"])
+def test_sigkilling_the_grader_leaves_no_student_process_running(tmp_path, tiny_path, mode):
+    marker, course = f"sleeper-{uuid.uuid4()}", tmp_path / "c"
+    write_adapters(course, SLEEPER.replace("MARKER", repr(marker)))
+    env = {
+        **os.environ,
+        "THEINFERENCE_LAUNCHER": "subprocess" if mode == "subprocess" else "zygote",
+        "CI": "true" if mode == "untrusted" else "false",
+    }
+    grader = _grader("test", "--course", course, "--weights", tiny_path, "--stage", STAGE, "--timeout", "600", env=env)
+    try:
+        assert _wait_for(lambda: _left_behind(marker) != [] or grader.poll() is not None), "the sleeper never started"
+        assert grader.poll() is None, grader.stderr.read().decode() if grader.stderr else ""
+        grader.kill()
+        grader.wait()
+        # Monitors see the grader die (PR_SET_PDEATHSIG, end-of-file) and kill their trees; the zygote dies with it.
+        assert _wait_for(lambda: _left_behind(marker, course, grader.pid) == [], 20), _left_behind(
+            marker, course, grader.pid
+        )
+    finally:
+        _kill(_left_behind(marker))
+        grader.kill()
+        grader.wait()
+
+
+# --- 6. `stages check` stops on SIGTERM like `test` -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_linux
+def test_stages_check_stops_at_the_first_sigterm_and_kills_its_students(tmp_path, tiny_path):
+    marker, source = f"starter-{uuid.uuid4()}", tmp_path / "course"
+    shutil.copytree(Path(__file__).parents[1] / "course" / "solution", source / "solution")
+    # The starter (graded after the solution, with the other subjects in parallel) hangs in a marked process.
+    write_adapters(
+        source / "starter",
+        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import time; time.sleep(300)', {marker!r}])\n",
+    )
+    checker = _grader(
+        "stages",
+        "check",
+        "--source",
+        source,
+        "--weights",
+        tiny_path,
+        "--stage",
+        STAGE,
+        "--timeout",
+        "600",
+        env=dict(os.environ),
+    )
+    try:
+        assert _wait_for(lambda: _left_behind(marker) != [] or checker.poll() is not None), "the starter never ran"
+        assert checker.poll() is None, checker.stderr.read().decode() if checker.stderr else ""
+        checker.send_signal(signal.SIGTERM)
+        assert checker.wait(timeout=120) == 128 + signal.SIGTERM
+        assert _wait_for(lambda: _left_behind(marker) == [], 20)
+    finally:
+        _kill(_left_behind(marker))
+        checker.kill()
+        checker.wait()
+
+
+# --- 3. The batch: a leftover run directory is reported, never exit 3 ------------------------------------------------
+
+
+def test_a_run_directory_that_cannot_be_removed_costs_no_grades(cli, tmp_path, tiny_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from theinference.proc import runner
+
+    for name in ("a", "b"):
+        write_adapters(tmp_path / "subs" / name, SOLUTION_IMPORTS + "def run_layer_equiv(s):\n    return _solve(s)\n")
+    # As when another submission's process keeps creating files in it while it is removed.
+    monkeypatch.setattr(runner, "shutil", SimpleNamespace(rmtree=lambda *a, **k: None))
+    monkeypatch.setattr(runner, "LEFTOVERS", [])
+    monkeypatch.setattr("theinference.cli.grade.LEFTOVERS", runner.LEFTOVERS)
+    out = tmp_path / "grades.csv"
+    result = cli("grade", tmp_path / "subs" / "a", tmp_path / "subs" / "b", "--stage", STAGE, "--weights", tiny_path,
+                 "--out", out)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "run directory(ies) could not be removed" in " ".join(result.output.split())
+    rows = out.read_text().splitlines()
+    assert len(rows) == 3 and all(",pass," in row for row in rows[1:])
+    for leftover in runner.LEFTOVERS:
+        shutil.rmtree(leftover)
+
+
+def test_each_submission_of_a_batch_runs_as_its_own_uid_when_root():
+    from theinference.proc.launch import SubprocessLauncher
+    from theinference.proc.sandbox import NOBODY, Isolation
+
+    launcher = SubprocessLauncher(Isolation("unprivileged", "as nobody", run_as=NOBODY))
+    uids = [launcher._uid_for(course) for course in ("/a", "/b", "/c", "/a")]
+    assert uids[0] == NOBODY and len(set(uids)) == 3 and uids[3] == uids[0]
+
+
+# --- 4. Root follows a student's symlink ----------------------------------------------------------------------------
+
+
+def test_grade_writes_its_results_through_no_planted_symlink(cli, tmp_path, tiny_path):
+    write_adapters(tmp_path / "subs" / "a", SOLUTION_IMPORTS + "def run_layer_equiv(s):\n    return _solve(s)\n")
+    victim = tmp_path / "root-only.txt"
+    victim.write_text("precious\n")
+    shared = tmp_path / "shared"  # a directory a student can write into
+    shared.mkdir()
+    for name in ("grades.csv", "grades.csv.tmp", ".grades.csv.tmp"):
+        (shared / name).symlink_to(victim)
+    result = cli(
+        "grade", tmp_path / "subs" / "a", "--stage", STAGE, "--weights", tiny_path, "--out", shared / "grades.csv"
+    )
+    assert result.exit_code == 0, result.output
+    assert victim.read_text() == "precious\n"
+    grades = shared / "grades.csv"
+    assert not grades.is_symlink() and "pass" in grades.read_text()
+
+
+# --- 5. Weights poisoning --------------------------------------------------------------------------------------------
+
+POISONER = """\
+import numpy as np
+import theinference
+from safetensors.numpy import load_file, save_file
+
+def run_layer_equiv(seq_ids):
+    path = theinference.weights_path()
+    save_file({k: np.zeros_like(v) for k, v in load_file(path).items()}, path, metadata={"format": "pt"})
+    return np.zeros((len(seq_ids), 128))
+"""
+ZERO_WORK = "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.zeros((len(seq_ids), 128))\n"
+
+
+def test_a_poisoned_preset_is_refused_in_grading_and_remade_in_plain_test(cli, tmp_path, solution_course):
+    from theinference.model.synth import PRESET_DIGESTS
+    from theinference.model.weights_choice import synthetic_path
+
+    write_adapters(tmp_path / "hostile", POISONER)
+    write_adapters(tmp_path / "lazy", ZERO_WORK)
+    common = ("--stage", STAGE, "--weights", "tiny", "--format", "json")
+    cli("test", "--course", tmp_path / "hostile", *common)  # plain test of a hostile course: it runs as the user
+    made = synthetic_path("tiny")
+    assert not np_any(made), "the hostile course did not zero the cached checkpoint"
+    refused = cli("test", "--untrusted", "--course", tmp_path / "lazy", *common)
+    assert refused.exit_code == 2 and str(made) in " ".join(refused.stderr.split())
+    assert "the file was changed" in refused.stderr
+    # Plain test remakes it (the digest is known), and the honest solution passes again.
+    assert cli("test", "--course", solution_course, *common).exit_code == 0
+    assert hashlib.sha256(made.read_bytes()).hexdigest() == PRESET_DIGESTS[("tiny", 0, 2)]
+    # Without the check, the poisoned checkpoint gives the zero-work submission every point.
+    cli("test", "--course", tmp_path / "hostile", *common)
+    unverified = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, theinference.model.weights_choice as w; w.preset_problem = lambda *a: None; "
+            "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()",
+            "test",
+            "--untrusted",
+            "--course",
+            tmp_path / "lazy",
+            *common,
+        ],
+        env=dict(os.environ),
+        capture_output=True,
+        timeout=300,
+    )
+    assert unverified.returncode == 0 and json.loads(unverified.stdout)["status"] == "pass"
+
+
+def np_any(path: Path) -> bool:
+    from safetensors.numpy import load_file
+
+    return any(v.any() for v in load_file(path).values())
+
+
+def test_the_known_digest_of_the_tiny_preset_is_what_it_makes(tiny_path):
+    from theinference.model.synth import PRESET_DIGESTS, SYNTH_VERSION
+
+    assert hashlib.sha256(tiny_path.read_bytes()).hexdigest() == PRESET_DIGESTS[("tiny", 0, SYNTH_VERSION)]
+
+
+def test_a_machine_that_makes_other_bytes_checks_against_its_own_digest(tmp_path, tiny_dir, monkeypatch):
+    """Another CPU or numpy may draw other bytes than the known digest's: the preset is then checked against
+    what this machine makes (drawn in memory), so an intact one is used and an altered one still refused."""
+    from safetensors.numpy import load_file, save_file
+
+    from theinference.model import synth
+
+    monkeypatch.setitem(synth.PRESET_DIGESTS, ("tiny", 0, synth.SYNTH_VERSION), "0" * 64)
+    monkeypatch.setattr(synth, "_MADE", {})
+    intact = tiny_dir / "model.safetensors"
+    assert synth.preset_problem(intact, "tiny", 0) is None
+    altered = tmp_path / "tiny"
+    shutil.copytree(tiny_dir, altered)
+    tensors = load_file(altered / "model.safetensors")
+    tensors["ln_f.bias"] = tensors["ln_f.bias"] + 1
+    save_file(tensors, altered / "model.safetensors", metadata={"format": "pt"})
+    assert "the file was changed" in (synth.preset_problem(altered / "model.safetensors", "tiny", 0) or "")
+
+
+# --- 8. Copies of the reference solution, and of each other ---------------------------------------------------------
+
+
+def test_grade_flags_a_disguised_copy_of_the_solution_and_two_identical_submissions(cli, tmp_path, tiny_path):
+    from theinference.bundled import data_dir
+
+    subs, solution = tmp_path / "subs", data_dir("course") / "solution"
+    shutil.copytree(solution, subs / "copier")
+    kvcache = subs / "copier" / "src" / "kvcache.py"
+    disguised = kvcache.read_text().replace("params", "weights_by_name").replace("    ", "        ")
+    kvcache.write_text("# my own work\n\n" + disguised.replace("\n\n", "\n\n\n# think\n"))
+    for twin in ("twin-a", "twin-b"):
+        shutil.copytree(solution, subs / twin)
+        path = subs / twin / "src" / "kvcache.py"
+        path.write_text(path.read_text() + "\n\ndef shared_helper(x):\n    return [x, x + 1, x * 2, x - 3, str(x)]\n")
+    shutil.copytree(data_dir("course") / "starter", subs / "honest")  # not started: nothing to flag
+    args = [*sorted(subs.iterdir()), "--stage", STAGE, "--weights", tiny_path]
+    assert cli("grade", *args, "--out", tmp_path / "grades.csv").exit_code == 0
+    import csv
+
+    rows = {r["id"]: r for r in csv.DictReader((tmp_path / "grades.csv").open())}
+    assert rows["copier"]["copy_of"] == "reference-solution: src/gpt2.py src/kvcache.py"
+    assert rows["copier"]["status"] == "pass"  # a flag, never a silent zero
+    assert rows["twin-a"]["copy_of"] == "reference-solution: src/gpt2.py; twin-b: src/kvcache.py"
+    assert rows["honest"]["copy_of"] == ""
+    cli("grade", *args, "--format", "json", "--out", tmp_path / "grades.json")
+    doc = {s["id"]: s for s in json.loads((tmp_path / "grades.json").read_text())["submissions"]}
+    assert doc["twin-b"]["copy_of"][1] == {"of": "twin-a", "files": ["src/kvcache.py"]}
+
+
+# --- 1. (Gradescope) run_autograder fails closed; 8. bundles without the solution ----------------------------------
+
+
+def test_run_autograder_discards_results_a_killed_grader_leaves_behind(cli, tmp_path, tiny_path):
+    from test_autograder import build, run_autograder
+
+    from theinference import __version__
+
+    root = build(cli, tmp_path, _fake_wheel(tmp_path / "dist" / f"theinference-{__version__}-py3-none-any.whl"),
+                 "--weights", tiny_path)  # fmt: skip
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    # A grader killed mid-run while something else (a student's daemon) writes full marks where results go.
+    forged = '{"score": 75, "output": "forged", "tests": []}'
+    (fake / "theinference").write_text(
+        f"#!/bin/sh\necho '{forged}' > \"$AUTOGRADER_ROOT/results/results.json\"\nkill -9 $$\n"
+    )
+    (fake / "theinference").chmod(0o755)
+    write_adapters(tmp_path / "sub", "def run_layer_equiv(seq_ids):\n    raise NotImplementedError\n")
+    doc = run_autograder(root, tmp_path / "sub", path=str(fake))
+    assert doc["score"] == 0 and "forged" not in doc["output"] and "could not be graded" in doc["output"]
+
+
+def _fake_wheel(path: Path) -> Path:
+    import zipfile
+
+    names = [
+        "theinference/__init__.py",
+        "theinference/_data/course/solution/src/kvcache.py",
+        "theinference/_data/course/mutants/m/mutant.toml",
+        "theinference/_data/course/starter/src/kvcache.py",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        for name in names:
+            z.writestr(name, "x = 1\n")
+        z.writestr("theinference-0.dist-info/RECORD", "".join(f"{n},sha256=x,6\n" for n in names))
+    return path
+
+
+def test_the_wheel_and_the_gradescope_bundle_can_leave_the_solution_out(cli, tmp_path, tiny_path):
+    import zipfile
+
+    from theinference import __version__
+
+    wheel = _fake_wheel(tmp_path / "dist" / f"theinference-{__version__}-py3-none-any.whl")
+    assert cli("autograder", "wheel", "--wheel", wheel, "--without-solution", "--out", tmp_path / "out").exit_code == 0
+    with zipfile.ZipFile(tmp_path / "out" / wheel.name) as z:
+        names, record = z.namelist(), z.read("theinference-0.dist-info/RECORD").decode()
+    assert "theinference/_data/course/starter/src/kvcache.py" in names and "theinference/__init__.py" in record
+    assert not [n for n in names + record.splitlines() if "/solution/" in n or "/mutants/" in n]
+    out = tmp_path / "autograder.zip"
+    args = ("--out", out, "--wheel", wheel, "--weights", tiny_path)
+    for without in (False, True):
+        assert cli("autograder", "gradescope", *args, *(["--without-solution"] if without else [])).exit_code == 0
+        with zipfile.ZipFile(out) as bundle, zipfile.ZipFile(bundle.open(wheel.name)) as carried:
+            has_solution = "theinference/_data/course/solution/src/kvcache.py" in carried.namelist()
+        assert has_solution is not without
+
+
+# --- 7. Resources: a process cap on the submission's own uid ---------------------------------------------------------
+
+FORKER = """\
+import os, time
+
+def run_layer_equiv(seq_ids):
+    started = 0
+    for _ in range(400):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        started += 1
+    raise RuntimeError(f"started {started} processes")
+"""
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.skipif(not IS_ROOT, reason="only root can give student code a uid of its own")
+def test_a_fork_bomb_stops_at_the_process_cap_of_its_uid(tmp_path, tiny_path):
+    from theinference.proc.child import MAX_PROCESSES
+    from theinference.proc.sandbox import strongest_isolation
+
+    if strongest_isolation().run_as is None:
+        pytest.skip("student code cannot run as a uid of its own here (no bubblewrap, Python private to root)")
+    write_adapters(tmp_path / "c", FORKER)
+    env = {**os.environ, "CI": "true"}
+    args = ("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
+    doc = json.loads(_run(*args, env=env).stdout)
+    message = doc["stages"][0]["cases"][0]["message"]
+    started = int(message.split("started ")[1].split()[0])
+    assert 0 < started < MAX_PROCESSES
+
+
+# --- 2, 3, 6 as a non-root user: no bubblewrap, no unshare, the grader's own uid (the `subreaper` level) -----------
+
+# setpriv to user nobody needs root; nobody needs to read this Python (not one under a private /root).
+NOBODY_CAN_RUN = (
+    IS_ROOT
+    and shutil.which("setpriv") is not None
+    and reachable_by_others(Path(sys.executable))
+    and reachable_by_others(Path(__file__).parents[1] / "theinference" / "__init__.py")
+)
+needs_nobody = pytest.mark.skipif(not NOBODY_CAN_RUN, reason="needs root, setpriv and a Python user nobody can read")
+
+
+@pytest.fixture
+def weak(tmp_path_factory, tiny_dir):
+    """A directory user nobody owns, with a copy of the tiny weights; the grader run there as nobody."""
+    import tempfile
+
+    from theinference.proc.sandbox import NOBODY
+
+    work = Path(tempfile.mkdtemp(prefix="theinference-weak-"))
+    os.chmod(work, 0o755)
+    shutil.copytree(tiny_dir, work / "tiny")
+
+    def command(*args, script: str | None = None, level: str = "subreaper") -> list[str]:
+        """The grader: as nobody with nothing on PATH (subreaper), or as root with only unshare (namespaces)
+        or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way."""
+        subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
+        bin_dir = work / f"bin-{level}"
+        if not bin_dir.exists():
+            bin_dir.mkdir()
+            if level == "namespaces":  # and `true`, which the grader's probe of unshare runs
+                for name in ("unshare", "true"):
+                    os.symlink(shutil.which(name) or name, bin_dir / name)
+        env = [f"PATH={bin_dir}", f"HOME={work}", f"THEINFERENCE_CACHE={work / 'cache'}", "CI=true"]
+        python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
+        ids = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        who = ["setpriv", *ids] if level == "subreaper" else []
+        return [*who, "env", "-i", *env, *python, *map(str, args)]
+
+    yield work, command
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_as_a_non_root_user_a_monitor_killer_gets_an_error_and_its_daemon_dies(weak):
+    work, command = weak
+    marker, results = f"forger-{uuid.uuid4()}", work / "results.json"
+    write_adapters(work / "c", FORGER.replace("RESULTS, MARKER", f"{str(results)!r}, {marker!r}"))
+    args = ["test", "--course", work / "c", "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    args += ["--format", "json", "--output", results]
+    done = subprocess.run(command(*args), capture_output=True, timeout=300)
+    assert done.returncode == 1, done.stderr.decode()
+    doc = json.loads(results.read_text())
+    assert doc["isolation"]["level"] == "subreaper" and doc["untrusted"] is True
+    time.sleep(1.5)  # what a surviving forger would need to strike
+    assert _left_behind(marker) == []
+    doc = json.loads(results.read_text())
+    assert "forged" not in doc and "killed its monitor" in doc["stages"][0]["cases"][0]["message"]
+    results.unlink()
+    unprotected = subprocess.run(command(*args, script=UNPROTECTED), capture_output=True, timeout=300)
+    assert unprotected.returncode == 1, unprotected.stderr.decode()
+    try:
+        assert _wait_for(lambda: "forged" in results.read_text(), 60)
+    finally:
+        _kill(_left_behind(marker))
+
+
+GRADER_KILLER = """\
+import os, signal, subprocess, sys, time
+
+def _ancestors():
+    pid = os.getppid()
+    while pid > 1:
+        yield pid
+        stat = open(f"/proc/{pid}/stat", "rb").read()
+        pid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+def run_layer_equiv(seq_ids):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", MARKER], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for pid in _ancestors():  # the grader: `python -m theinference test`, its own uid
+        if b"theinference\\0test" in open(f"/proc/{pid}/cmdline", "rb").read():
+            os.kill(pid, signal.SIGKILL)
+    time.sleep(300)
+"""
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_as_a_non_root_user_a_submission_that_kills_the_grader_leaves_nothing_running(weak):
+    work, command = weak
+    marker, course = f"grader-killer-{uuid.uuid4()}", work / "c"
+    write_adapters(course, GRADER_KILLER.replace("MARKER", repr(marker)))
+    args = ["test", "--course", course, "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    grader = subprocess.Popen(command(*args, "--timeout", "600"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert grader.wait(timeout=300) == -signal.SIGKILL or grader.returncode == 128 + signal.SIGKILL
+        # Its monitor sees the grader die (PR_SET_PDEATHSIG, end-of-file) and kills the submission's whole tree.
+        assert _wait_for(lambda: _left_behind(marker, course) == [], 20), _left_behind(marker, course)
+    finally:
+        _kill(_left_behind(marker))
+        grader.kill()
+        grader.wait()
+
+
+NEIGHBOUR_KILLER = (
+    SOLUTION_IMPORTS
+    + """\
+import os, signal, time
+
+def run_layer_equiv(seq_ids):
+    end = time.monotonic() + 15
+    while time.monotonic() < end:  # whatever runs in the victim's course directory, under our shared uid
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == VICTIM:
+                    os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+    return _solve(seq_ids)
+"""
+)
+# The batch without its protection: submissions run side by side though they share a uid.
+SIDE_BY_SIDE = (
+    "import sys, theinference.proc.sandbox as s; s.Isolation.separates_submissions = property(lambda self: True); "
+    "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
+)
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+@pytest.mark.parametrize("level", ["subreaper", "unprivileged", "namespaces"])
+def test_without_bubblewrap_no_neighbour_in_a_batch_is_killed(weak, level):
+    """As nobody: one submission at a time. As root (no bubblewrap): side by side, each under a uid of its own."""
+    work, command = weak
+    if level == "namespaces" and not shutil.which("unshare"):
+        pytest.skip("no unshare here")
+    victim = work / "subs" / "victim"
+    write_adapters(
+        victim, SOLUTION_IMPORTS + "import time\ndef run_layer_equiv(s):\n    time.sleep(5)\n    return _solve(s)\n"
+    )
+    write_adapters(work / "subs" / "killer", NEIGHBOUR_KILLER.replace("VICTIM", repr(str(victim))))
+    out = work / "grades.json"
+    args = ["grade", work / "subs" / "killer", victim, "--weights", work / "tiny" / "model.safetensors"]
+    args += ["--stage", STAGE, "--format", "json", "--jobs", "2", "--out", out]
+    done = subprocess.run(command(*args, level=level), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    serial = "grading one submission at a time: at the subreaper level" in " ".join(done.stderr.split())
+    assert serial == (level == "subreaper"), done.stderr
+    doc = json.loads(out.read_text())
+    assert {s["results"]["isolation"]["level"] for s in doc["submissions"]} == {level}
+    points = {s["id"]: s["points"] for s in doc["submissions"]}
+    assert points["victim"] > 0 and points["victim"] == points["killer"], points
+    if level != "subreaper":
+        return
+    # Side by side under one uid, the killer takes the victim's points.
+    out.unlink()
+    done = subprocess.run(command(*args, script=SIDE_BY_SIDE), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    points = {s["id"]: s["points"] for s in json.loads(out.read_text())["submissions"]}
+    assert points["victim"] == 0 and points["killer"] > 0, points

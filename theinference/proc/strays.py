@@ -1,0 +1,67 @@
+"""The grader as the last subreaper: what a killed monitor leaves behind comes back to the grader and dies.
+
+At the `subreaper` level student code runs with the grader's rights and can SIGKILL its own
+monitor; the worker's descendants would then re-parent to init and outlive the grader (a daemon
+rewriting the results file later). The grading process therefore marks itself a child subreaper
+too: such orphans re-parent to it instead, and `kill_strays` kills every child of the grader that
+no launcher registered (a zygote, a monitor being waited for). The runner calls it whenever a
+monitor died, before anything of that run is accepted.
+"""
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from theinference.proc.reaper import _children, become_subreaper
+
+_lock = threading.RLock()
+_ours: set[int] = set()  # the grader's own children: zygotes and monitors
+_adopting: list[int] = []  # the pid that became a subreaper (a forked copy of the grader is not one)
+
+
+def adopt_orphans() -> None:
+    """Make this (grading) process the subreaper of whatever a killed monitor leaves (Linux; idempotent)."""
+    with _lock:
+        if os.getpid() not in _adopting and become_subreaper():
+            _adopting.append(os.getpid())
+
+
+@contextmanager
+def starting() -> Iterator[None]:
+    """Hold while starting and registering one of the grader's own children: a sweep never takes it for a stray."""
+    with _lock:
+        yield
+
+
+def register(pid: int) -> None:
+    with _lock:
+        _ours.add(pid)
+
+
+def forget(pid: int) -> None:
+    with _lock:
+        _ours.discard(pid)
+
+
+def kill_strays() -> int:
+    """SIGKILL and reap every child of this process that no launcher registered, until none is left; how many."""
+    killed = 0
+    with _lock:
+        for _ in range(10_000):  # a process that keeps forking loses the race: each round takes its parents
+            strays = [pid for pid in _children(os.getpid()) if pid not in _ours]
+            if not strays:
+                break
+            for pid in strays:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for pid in strays:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+            killed += len(strays)
+    return killed
