@@ -8,7 +8,9 @@ import typer
 
 from theinference.cli.common import err_console, synth_progress
 from theinference.course import find_course_root, load_course
+from theinference.grading import scaling
 from theinference.grading.export import oracle_arrays
+from theinference.grading.grade import OracleCache
 from theinference.errors import UsageError
 from theinference.grading.session import select_stages
 from theinference.model.weights_choice import obtain_weights
@@ -40,6 +42,8 @@ def oracle_command(
             raise UsageError(f"stage '{stage}' has no case '{wanted}' (cases: {', '.join(names)})")
     cases = [c for c in spec.cases if not case or c.name in case]
     choice, model, _ = obtain_weights(weights, course_obj.weights if course_obj else None, synth_progress())
+    if spec.scaling is not None:  # cache-scaling runs on its own weights (the proof preset): its tokens are those
+        model, _ = scaling.proof_model(spec, model, OracleCache())
     arrays = oracle_arrays(spec, model, cases)
     np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub does not take **arrays
-    err_console().print(f"wrote {out}: {len(cases)} case(s) of {stage} against {choice.path}", soft_wrap=True)
+    err_console().print(f"wrote {out}: {len(cases)} case(s) of {stage} against {model.path}", soft_wrap=True)

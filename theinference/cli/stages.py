@@ -10,7 +10,7 @@ from rich.text import Text
 
 from theinference.grading.check import check_course
 from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, ItemProgress, console_for, synth_progress
-from theinference.course import find_course_root
+from theinference.course import find_course_root, load_course
 from theinference.proc.launch import default_launcher
 from theinference.grading.grade import OracleCache
 from theinference.grading.oracle_store import default_store
@@ -30,6 +30,11 @@ from theinference.grading.grader import Grader
 stages_app = typer.Typer(help="List, show, check and scaffold stages.", no_args_is_help=True)
 
 
+def _course_stage_dirs(root: Path | None, stages_dir: list[Path] | None) -> list[Path]:
+    """The course's own stages_dirs (its theinference.toml), then --stages-dir: as `test` and `oracle` find stages."""
+    return [*(load_course(root).stages_dirs if root else ()), *(stages_dir or [])]
+
+
 @stages_app.command("list")
 def list_stages(
     course: CourseOpt = None,
@@ -37,7 +42,7 @@ def list_stages(
 ) -> None:
     """List every stage in course order: id, title, cases, points, where it is defined."""
     root = course.resolve() if course else find_course_root(Path.cwd())
-    stages = load_stages(stage_dirs(root, stages_dir or []))
+    stages = load_stages(stage_dirs(root, _course_stage_dirs(root, stages_dir)))
     progress = load_progress(root) if root else {}
     upcoming = next_stage(stages, progress) if root else None
     rows = []
@@ -70,7 +75,7 @@ def show(
     """Show a stage's lesson, with its adapter, tolerance and cases."""
     root = course.resolve() if course else find_course_root(Path.cwd())
     try:
-        [stage] = select_stages(load_stages(stage_dirs(root, stages_dir or [])), [stage_id])
+        [stage] = select_stages(load_stages(stage_dirs(root, _course_stage_dirs(root, stages_dir))), [stage_id])
         lesson = stage.lesson.read_text(encoding="utf-8")
     except OSError as e:
         raise StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}") from None
