@@ -60,7 +60,10 @@ def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path, tmp_path
 
 
 @pytest.mark.slow
-def test_no_cache_mutants_pass_every_output_stage_and_fail_only_on_cost(cli, tiny_path, tmp_path):
+def test_no_cache_mutants_pass_every_output_stage_and_fail_only_on_cost(
+    cli, tiny_path, tmp_path, proof_cache, monkeypatch
+):
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
     mutants = [m for m in load_mutants(data_dir("course") / "mutants") if "cache-scaling" in m.expect]
     no_cache = {m.name for m in mutants if m.expect["cache-scaling"] == ("no-cache",)}
     assert {"decode-recomputes", "cache-rebuilt-each-step", "lm-head-every-position"} <= no_cache

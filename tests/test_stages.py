@@ -159,9 +159,12 @@ points = 5
 rtol = 1e-4
 
 [scaling]
+weights = "proof"
 lengths = [8, 64]
 repeats = 2
+prompt_tokens = 4
 max_ratio = 2.0
+max_fraction = 0.35
 
 [[case]]
 name = "a"
@@ -172,6 +175,7 @@ prompt = [464]
 def test_a_scaling_stage_takes_n_new_from_its_lengths(tmp_path):
     stage = load_stage(write_stage(tmp_path, SCALING))
     assert stage.scaling.lengths == (8, 64) and stage.scaling.repeats == 2 and stage.scaling.max_ratio == 2.0
+    assert stage.scaling.max_fraction == 0.35 and stage.scaling.prompt_tokens == 4 and stage.scaling.weights == "proof"
     assert stage.cases[0].inputs == {"prompt": [464], "n_new": 64}
 
 
@@ -179,7 +183,7 @@ def test_a_scaling_stage_takes_n_new_from_its_lengths(tmp_path):
     "text, field, words",
     [
         (
-            SCALING.replace("[scaling]\nlengths = [8, 64]\nrepeats = 2\nmax_ratio = 2.0\n", ""),
+            SCALING[: SCALING.index("[scaling]")] + SCALING[SCALING.index("[[case]]") :],
             "scaling",
             "needs a [scaling] table",
         ),
@@ -190,6 +194,10 @@ def test_a_scaling_stage_takes_n_new_from_its_lengths(tmp_path):
         (SCALING.replace("repeats = 2", "repeats = 0"), "scaling.repeats", "must be >= 1"),
         (SCALING.replace("max_ratio = 2.0", "max_ratio = 1"), "scaling.max_ratio", "must be > 1"),
         (SCALING.replace("max_ratio = 2.0\n", ""), "scaling.max_ratio", "missing required field"),
+        (SCALING.replace("max_fraction = 0.35", "max_fraction = 1.5"), "scaling.max_fraction", "between 0 and 1"),
+        (SCALING.replace("max_fraction = 0.35\n", ""), "scaling.max_fraction", "missing required field"),
+        (SCALING.replace("prompt_tokens = 4", "prompt_tokens = 0"), "scaling.prompt_tokens", "must be >= 1"),
+        (SCALING.replace('weights = "proof"', 'weights = "tiny"'), "scaling.weights", '"proof" or "graded"'),
         (SCALING.replace("prompt = [464]", "prompt = [464]\nn_new = 3"), "case[0].n_new", "unknown field"),
         (
             SCALING.replace("[tie]\nrtol = 1e-4\n", "[tolerance]\natol = 1e-3\nrtol = 1e-2\n"),

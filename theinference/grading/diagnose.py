@@ -31,8 +31,8 @@ _SUMMARIES = {
     "token-mismatch": "step {step} generated {got} where the oracle's greedy choice is {expected} (not a near-tie)",
     "no-pattern": "no recognisable pattern ({n_bad} of {n} rows off)",
 }
-# Every shape a diagnosis can name, the keys a stage file's [hints] may use ("no-cache": scaling.py's).
-SHAPES = (*_SUMMARIES, "no-cache")
+# Every shape a diagnosis can name, the keys a stage file's [hints] may use (the last three: scaling.py's).
+SHAPES = (*_SUMMARIES, "no-cache", "too-slow", "machine-busy")
 
 
 def _rank_correlation(values: np.ndarray) -> float:

@@ -170,11 +170,6 @@ def _case_result(
         seconds=outcome.seconds,
         at=deepest_course_frame(outcome.traceback, ctx.course.root),
     )
-    # A timed generation that outlasts its budget has no cache; a hang while importing, or a case
-    # skipped for the stage's or submission's budget, says nothing about the cache.
-    if outcome.status == protocol.TIMEOUT and stage.scaling is not None and outcome.message.endswith("while running"):
-        scaling.judge_timeout(result, stage)
-        return result
     if outcome.status in _FAILED_OUTCOMES:
         return result
     if outcome.status == protocol.BAD_OUTPUT:
@@ -190,12 +185,6 @@ def _case_result(
         verify_tokens(
             result, outcome.value, ctx.model, stage.tie_rtol, stage.hints, ctx.cache, f"{stage.id}: {case.name}"
         )
-        # A fast wrong answer fails on its tokens; only right tokens are judged on their cost.
-        if stage.scaling is not None and result.status == Status.PASS and not outcome.timing:
-            result.status, result.message = Status.FAIL, "the adapter's process reported no timings"
-        elif stage.scaling is not None and result.status == Status.PASS and outcome.timing:
-            recompute = scaling.recompute_seconds(ctx.cache, ctx.model, case.inputs["prompt"], case.inputs["n_new"])
-            scaling.judge_timing(result, stage, outcome.timing, recompute)
     else:
         _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
     return result
@@ -254,6 +243,10 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     """Grade one stage of the course against the oracle; student faults become results, never exceptions."""
     started = time.perf_counter()
     spec = resolve_oracle(stage.oracle, stage.source)
+    weights_note = ""
+    if stage.scaling is not None:  # the cache proof runs where cost can tell a cache from a recompute
+        proof, weights_note = scaling.proof_model(stage, ctx.model, ctx.cache)
+        ctx = dataclasses.replace(ctx, model=proof)
     stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
@@ -274,7 +267,6 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         timeout=ctx.limits.timeout or ctx.course.timeout or stage.timeout,
         limits=ctx.limits,
         launcher=ctx.launcher,
-        scaling=scaling.job_scaling(stage),
         output_cap=output_cap,
         consume=consume,
         all_cases=ctx.all_cases,
@@ -282,11 +274,16 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         deadline=ctx.deadline,
         deadline_budget=ctx.budget,
     )
-    outcomes = run_adapter(job)
-    cases = [
-        graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
-        for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))
-    ]
+    if stage.scaling is not None:  # the grader drives each timed call itself
+        cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
+        ran = [scaling.grade_case(stage, ctx, i, job, cap, weights_note) for i in range(len(stage.cases))]
+        cases, outcomes = [r for r, _ in ran], [o for _, o in ran]
+    else:
+        outcomes = run_adapter(job)
+        cases = [
+            graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
+            for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))
+        ]
     source, line = adapter_definition(ctx.course, outcomes, stage.adapter_names)
     result = StageResult(
         id=stage.id,

@@ -60,14 +60,30 @@ class Diagnosis:
 
 
 @dataclass(frozen=True)
+class TimedCall:
+    """One timed call of cache-scaling: its length and what the kernel counted for the student's tree."""
+
+    n_new: int
+    cpu_seconds: float  # the whole process tree's CPU during the call, read by the grader
+    wall_seconds: float
+    stopped: bool = False  # stopped at its CPU budget: cpu_seconds is a lower bound of its cost
+
+
+@dataclass(frozen=True)
 class ScalingResult:
-    """cache-scaling: CPU time of the student's generation at each length, timed in their process."""
+    """cache-scaling: the CPU the student's whole process tree used per call, counted by the kernel
+    and read by the grader (never reported by the student's process), against the oracle's costs here."""
 
     lengths: tuple[int, ...]  # n_new values timed, ascending
-    seconds: tuple[float, ...]  # fastest CPU seconds of one call at each length
-    max_ratio: float  # the stage's threshold on ratio
-    blas_threads: int  # BLAS threads in the student's process while timing (the grader asks for 1)
-    oracle_seconds: float | None = None  # estimated CPU seconds of the oracle's full recompute at the longest length
+    seconds: tuple[float, ...]  # cheapest CPU seconds of one call at each length (a lower bound if stopped)
+    max_ratio: float  # (a): the stage's threshold on ratio
+    max_fraction: float  # (b): the stage's threshold on fraction
+    accounting: str  # how the CPU was counted (theinference.proc.accounting: a cgroup, or /proc)
+    oracle_seconds: float | None = None  # the oracle's full recompute of the longest length here (CPU, 1 thread)
+    step_ms: float | None = None  # the oracle's cost of one single-token step here: what a cached token costs
+    calls: tuple[TimedCall, ...] = ()  # every timed call, in order
+    stopped_at: int | None = None  # the length whose call was stopped at its CPU budget, if one was
+    weights_note: str = ""  # why the stage ran on other weights than the graded ones ("" if it did not)
 
     @property
     def ms_per_token(self) -> tuple[float, ...]:
@@ -81,9 +97,16 @@ class ScalingResult:
 
     @property
     def ratio(self) -> float:
-        """Per-token cost at the longest length over that at the shortest."""
+        """(a) Per-token cost at the longest length over that at the shortest."""
         first, last = self.ms_per_token[0], self.ms_per_token[-1]
         return last / first if first > 0 else float("inf")
+
+    @property
+    def fraction(self) -> float | None:
+        """(b) The longest call's CPU over the oracle's full recompute of the same tokens."""
+        if not self.oracle_seconds:
+            return None
+        return self.seconds[-1] / self.oracle_seconds
 
     @property
     def speedup(self) -> float | None:

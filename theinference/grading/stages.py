@@ -33,15 +33,25 @@ A stage file (format_version 1) holds, at the top level:
                   returning the adapter's output with that bug
   [bug_hints]     bug name (one of `bugs`) -> hint text shown when the output matches it
   [scaling]       required with compare = "scaling" (oracle "greedy"), forbidden otherwise:
-                    lengths    list of >= 2 ints >= 1, ascending: the n_new values timed; the
-                               tokens of the longest are checked as the greedy stage checks them.
-                               Scaled down in proportion when a case's prompt plus the longest
-                               does not fit the weights' n_ctx.
-                    repeats    int >= 1: timed calls per length (the fastest counts), after one
-                               untimed warm-up call
+                    lengths    list of >= 2 ints >= 1, ascending: the n_new values timed; every
+                               call's tokens are checked as the greedy stage checks them.
+                               Scaled down in proportion when a prompt plus the longest does
+                               not fit the weights' n_ctx.
+                    repeats    int >= 1: timed calls per length (the cheapest counts), after one
+                               untimed warm-up call on the case's prompt
+                    prompt_tokens  int >= 1: every timed call gets a fresh prompt of this many
+                               random token ids, sent only when the call starts
                     max_ratio  number > 1: the most the CPU time per token at the longest length
                                may be, as a multiple of that at the shortest
-                  Its cases give only `prompt`: n_new comes from `lengths`.
+                    max_fraction  number in (0, 1): the most the longest call's CPU time may be,
+                               as a fraction of what a full recompute of the same tokens costs
+                               the oracle on this machine (the floor that padding cannot fake)
+                    weights    "proof" (the synthetic preset the thresholds were measured on, made
+                               on first use) or "graded" (the weights being graded, unless a
+                               token's cost there is mostly the LM head: then "proof" all the same)
+                  CPU time is the kernel's count for the student's whole process tree, read by the
+                  grader (theinference.proc.accounting). Its cases give only `prompt` (the warm-up
+                  call's): n_new comes from `lengths`.
   [[case]]        name (str, unique in the stage) plus the oracle's inputs: token inputs
                   (seq, prompt, cont) as text or a list of ids, counts (n_new) as ints,
                   single token ids (next_id) as an int or a text of exactly one token
@@ -106,7 +116,10 @@ class CaseSpec:
 class ScalingSpec:
     lengths: tuple[int, ...]  # n_new values timed, ascending
     repeats: int
-    max_ratio: float
+    max_ratio: float  # (a) per-token cost at the longest length over the shortest's, at most
+    prompt_tokens: int = 4  # the length of each timed call's fresh random prompt
+    max_fraction: float = 0.35  # (b) the longest call's CPU over the oracle's full recompute of it, at most
+    weights: str = "proof"  # "proof": the synthetic proof preset; "graded": the graded weights where they separate
 
 
 @dataclass(frozen=True)
@@ -298,11 +311,11 @@ def _scaling(path: Path, data: dict) -> ScalingSpec | None:
         raise _fail(path, "oracle", 'compare = "scaling" times run_greedy-like adapters: the oracle must be "greedy"')
     table = data.get("scaling")
     if table is None:
-        raise _fail(path, "scaling", 'compare = "scaling" needs a [scaling] table (lengths, repeats, max_ratio)')
+        raise _fail(path, "scaling", f'compare = "scaling" needs a [scaling] table ({", ".join(_SCALING_FIELDS)})')
     for key in table:
-        if key not in ("lengths", "repeats", "max_ratio"):
-            raise _fail(path, f"scaling.{key}", "unknown field (known fields: lengths, max_ratio, repeats)")
-    for key, kind in (("lengths", list), ("repeats", int), ("max_ratio", (int, float))):
+        if key not in _SCALING_FIELDS:
+            raise _fail(path, f"scaling.{key}", f"unknown field (known fields: {', '.join(sorted(_SCALING_FIELDS))})")
+    for key, kind in _SCALING_FIELDS.items():
         if key not in table:
             raise _fail(path, f"scaling.{key}", "missing required field")
         _check_type(path, f"scaling.{key}", table[key], kind)
@@ -315,7 +328,30 @@ def _scaling(path: Path, data: dict) -> ScalingSpec | None:
         raise _fail(path, "scaling.repeats", "must be >= 1")
     if table["max_ratio"] <= 1:
         raise _fail(path, "scaling.max_ratio", "must be > 1")
-    return ScalingSpec(lengths=tuple(lengths), repeats=table["repeats"], max_ratio=float(table["max_ratio"]))
+    if table["prompt_tokens"] < 1:
+        raise _fail(path, "scaling.prompt_tokens", "must be >= 1")
+    if not 0 < table["max_fraction"] < 1:
+        raise _fail(path, "scaling.max_fraction", "must be between 0 and 1 (a fraction of a full recompute's cost)")
+    if table["weights"] not in ("proof", "graded"):
+        raise _fail(path, "scaling.weights", f'must be "proof" or "graded", not {table["weights"]!r}')
+    return ScalingSpec(
+        lengths=tuple(lengths),
+        repeats=table["repeats"],
+        max_ratio=float(table["max_ratio"]),
+        prompt_tokens=table["prompt_tokens"],
+        max_fraction=float(table["max_fraction"]),
+        weights=table["weights"],
+    )
+
+
+_SCALING_FIELDS = {
+    "lengths": list,
+    "repeats": int,
+    "prompt_tokens": int,
+    "max_ratio": (int, float),
+    "max_fraction": (int, float),
+    "weights": str,
+}
 
 
 def _parse_cases(path: Path, data: dict, inputs: tuple[str, ...], scaling: ScalingSpec | None) -> tuple[CaseSpec, ...]:

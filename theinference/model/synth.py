@@ -19,6 +19,10 @@ SYNTH_VERSION = 2
 PRESETS = {
     "gpt2": GPT2Config(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
     "tiny": GPT2Config(n_vocab=50257, n_ctx=256, n_embd=128, n_head=2, n_layer=2),
+    # The cache proof's own weights (stages/cache-scaling.toml): the layers are half of a token's work (on
+    # tiny the LM head is 94% of it, which no cache saves), the context long enough for a recompute's
+    # quadratic cost to show, and a cached token cheap (bench/cache_scaling.py measures the margins).
+    "proof": GPT2Config(n_vocab=50257, n_ctx=512, n_embd=128, n_head=2, n_layer=16),
 }
 
 

@@ -19,7 +19,7 @@ is in protocol.PROTOCOL_FD_ENV (loaded | load-error, then start and done per cas
 comes back as case-<i>.npy in the run's directory; stdout and stderr go to files the grader
 slices per case. interrupt.py kills every live process group on Ctrl-C or SIGTERM.
 
-The worker side (child.py, protocol.py, timing.py, this file) is copied into the sandbox's stub
+The worker side (child.py, protocol.py, this file) is copied into the sandbox's stub
 package (sandbox.STUB_FILES), so it imports only the standard library. Nothing in `proc`
 imports grading, reports or the CLI (tests/test_architecture.py).
 """

@@ -22,7 +22,7 @@ if __name__ == "__main__":
     # and the one this file's own import below must find.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from theinference.proc import protocol, timing  # noqa: E402 - after the path is set, for the sandbox's copy
+from theinference.proc import protocol  # noqa: E402 - after the path is set, for the sandbox's copy
 
 _GRADER_DIR = str(Path(__file__).resolve().parents[1])
 
@@ -114,7 +114,7 @@ def _to_array(value):
     return array, None
 
 
-def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict | None = None) -> None:
+def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
     import numpy as np
 
     def done(**message):
@@ -122,12 +122,8 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict 
 
     _send(proto, event=protocol.START, case=index, output=_output_offsets())
     started = time.perf_counter()
-    timings = None
     try:
-        if scaling:  # cache-scaling: args are (prompt, n_new); time the adapter at each length
-            value, timings = timing.measure(func, args[0], scaling["lengths"], scaling["repeats"])
-        else:
-            value = func(*args)
+        value = func(*args)
     except NotImplementedError as e:
         done(status=protocol.NOT_STARTED, message=f"NotImplementedError: {e}" if str(e) else "NotImplementedError")
         return
@@ -156,7 +152,7 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto, scaling: dict 
         out.unlink(missing_ok=True)
         done(status=protocol.ERROR, message=_save_problem(e, array), seconds=seconds)
         return
-    done(status=protocol.OK, file=str(out), seconds=seconds, **({"timing": timings} if timings else {}))
+    done(status=protocol.OK, file=str(out), seconds=seconds)
 
 
 def _save_problem(error: OSError, array) -> str:
@@ -232,8 +228,35 @@ def main() -> None:
         return
     code = getattr(func, "__code__", None)  # where the function the module exports was written (for annotations)
     _send(proto, event=protocol.LOADED, **({"defined_at": [code.co_filename, code.co_firstlineno]} if code else {}))
+    if job["interactive"]:
+        _serve_calls(func, Path(job["out_dir"]), proto)
+        return
     for index in range(job["start"], len(job["calls"])):
-        _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto, job["scaling"])
+        _run_case(func, index, job["calls"][index], Path(job["out_dir"]), proto)
+
+
+def _one_blas_thread() -> None:
+    """Hold BLAS to one thread, as the grader's oracle timing does (a forked worker's numpy was loaded earlier).
+
+    Only the cost of the student's own code is compared: extra BLAS threads would add CPU time, never hide it.
+    """
+    try:
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+        threadpool_limits(limits=1)
+    except Exception:  # noqa: BLE001 - without threadpoolctl the environment's thread counts apply
+        pass
+
+
+def _serve_calls(func, out_dir: Path, proto) -> None:
+    """Interactive jobs (cache-scaling): each call's arguments arrive only when the grader starts it."""
+    _one_blas_thread()
+    fd = int(os.environ.pop(protocol.CALLS_FD_ENV))
+    os.set_inheritable(fd, False)
+    with os.fdopen(fd, "r") as calls:
+        for line in calls:
+            request = json.loads(line)
+            _run_case(func, request["case"], request["args"], out_dir, proto)
 
 
 if __name__ == "__main__":

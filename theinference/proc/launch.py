@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +35,7 @@ class StudentProcess(Protocol):
     """A started student process, as the runner sees it."""
 
     pid: int
+    monitor_pid: int  # the subreaper the student's processes hang from (theinference.proc.reaper)
     returncode: int | None
 
     def wait(self, timeout: float | None = None) -> int: ...
@@ -44,8 +46,23 @@ class Launcher(Protocol):
 
     isolation: Isolation
 
-    def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> StudentProcess:
-        """Start `theinference.proc.child ARGS` in cwd with env, its output to stdout/stderr, events to proto_fd."""
+    def start(
+        self,
+        args: list[str],
+        cwd: str,
+        env: dict,
+        stdout,
+        stderr,
+        proto_fd: int,
+        *,
+        calls_fd: int | None = None,
+        cgroup: Sequence[str] = (),
+    ) -> StudentProcess:
+        """Start `theinference.proc.child ARGS` in cwd with env, its output to stdout/stderr, events to proto_fd.
+
+        calls_fd: an interactive job's call requests (protocol.CALLS_FD_ENV). cgroup: the cgroup.procs files
+        the monitor joins before it starts the worker (theinference.proc.accounting).
+        """
         ...
 
     def hide(self, path: Path) -> None:
@@ -72,7 +89,8 @@ class ZygoteProcess:
         self.conn = conn
         self.buffer = b""
         self.returncode: int | None = None
-        self.pid = self._read(time.monotonic() + 30)["pid"]
+        started = self._read(time.monotonic() + 30)
+        self.pid, self.monitor_pid = started["pid"], started.get("monitor", started["pid"])
 
     def _read(self, deadline: float) -> dict:
         while b"\n" not in self.buffer:
@@ -105,6 +123,7 @@ class MonitoredProcess(ZygoteProcess):
         self.monitor = monitor
         try:
             super().__init__(conn)
+            self.monitor_pid = monitor.pid
         except BaseException:
             monitor.kill()
             monitor.wait()
@@ -136,8 +155,10 @@ class SubprocessLauncher:
         inner = [sys.executable, "-P", "-B", self._sandbox.child_script, *args]
         return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"])
 
-    def _student_env(self, args: list[str], cwd: str, env: dict, proto_fd: int) -> dict:
+    def _student_env(self, args: list[str], cwd: str, env: dict, proto_fd: int, calls_fd: int | None) -> dict:
         env = {**env, protocol.PROTOCOL_FD_ENV: str(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
+        if calls_fd is not None:
+            env[protocol.CALLS_FD_ENV] = str(calls_fd)
         if self._sandbox is not None:
             env["TMPDIR"] = os.path.dirname(args[0])  # the one writable place
         if self.isolation.run_as is None:
@@ -147,8 +168,20 @@ class SubprocessLauncher:
             os.chown(os.path.dirname(args[0]), self.isolation.run_as, self.isolation.run_as)
         return {**env, "THEINFERENCE_RUN_AS": str(self.isolation.run_as)}
 
-    def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> MonitoredProcess:
-        env = self._student_env(args, cwd, env, proto_fd)
+    def start(
+        self,
+        args: list[str],
+        cwd: str,
+        env: dict,
+        stdout,
+        stderr,
+        proto_fd: int,
+        *,
+        calls_fd: int | None = None,
+        cgroup: Sequence[str] = (),
+    ) -> MonitoredProcess:
+        env = self._student_env(args, cwd, env, proto_fd, calls_fd)
+        joins = [arg for path in cgroup for arg in ("--cgroup", path)]
         ours, theirs = socket.socketpair()
         with theirs:
             # -P: the monitor is grader code and must not import anything from the course directory.
@@ -159,6 +192,7 @@ class SubprocessLauncher:
                     "-m",
                     "theinference.proc.reaper",
                     str(theirs.fileno()),
+                    *joins,
                     "--",
                     *self._command(args, cwd, env),
                 ],
@@ -167,7 +201,7 @@ class SubprocessLauncher:
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
-                pass_fds=(proto_fd, theirs.fileno()),
+                pass_fds=(proto_fd, theirs.fileno(), *([calls_fd] if calls_fd is not None else [])),
                 start_new_session=True,
             )
         return MonitoredProcess(ours, monitor)
@@ -243,12 +277,24 @@ class ZygoteLauncher:
     def hide(self, path: Path) -> None:
         """Nothing to hide from: zygote workers are not sandboxed."""
 
-    def start(self, args: list[str], cwd: str, env: dict, stdout, stderr, proto_fd: int) -> ZygoteProcess:
+    def start(
+        self,
+        args: list[str],
+        cwd: str,
+        env: dict,
+        stdout,
+        stderr,
+        proto_fd: int,
+        *,
+        calls_fd: int | None = None,
+        cgroup: Sequence[str] = (),
+    ) -> ZygoteProcess:
         path = self._ensure_started()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
-        request = json.dumps({"args": args, "cwd": cwd, "env": env}).encode() + b"\n"
-        socket.send_fds(conn, [request], [stdout.fileno(), stderr.fileno(), proto_fd])
+        request = json.dumps({"args": args, "cwd": cwd, "env": env, "cgroup": list(cgroup)}).encode() + b"\n"
+        fds = [stdout.fileno(), stderr.fileno(), proto_fd, *([calls_fd] if calls_fd is not None else [])]
+        socket.send_fds(conn, [request], fds)
         return ZygoteProcess(conn)
 
     def close(self) -> None:

@@ -5,8 +5,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from theinference.proc import protocol
+from theinference.proc.accounting import TreeLimits
 
 DEFAULT_MEMORY_MB = 6144  # address space per student process: room for 124M weights, copies and BLAS
+MAX_PIDS = 512  # processes and threads of one run together, where a cgroup can count them
 
 
 @dataclass(frozen=True)
@@ -19,3 +21,7 @@ class Limits:
     def for_worker(self, file_bytes: int) -> protocol.Limits:
         """The caps the worker applies with setrlimit before any student code runs."""
         return protocol.Limits(memory_bytes=self.memory_mb * 2**20 if self.memory_mb else None, file_bytes=file_bytes)
+
+    def tree(self) -> TreeLimits:
+        """The caps over the run's whole process tree (its cgroup): processes, and memory in use together."""
+        return TreeLimits(max_pids=MAX_PIDS, memory_bytes=self.memory_mb * 2**20 if self.memory_mb else None)

@@ -11,6 +11,8 @@ Standard library only: the sandbox copies this file into the stub package studen
 from typing import Any, TypedDict
 
 PROTOCOL_FD_ENV = "THEINFERENCE_PROTOCOL_FD"
+# Interactive jobs: the fd the worker reads call requests from, one JSON object a line ({"case", "args"}).
+CALLS_FD_ENV = "THEINFERENCE_CALLS_FD"
 
 LOADED, LOAD_ERROR, START, DONE = "loaded", "load-error", "start", "done"
 EVENTS = (LOADED, LOAD_ERROR, START, DONE)
@@ -37,5 +39,8 @@ class Job(TypedDict):
     calls: list[list[Any]]
     start: int  # the first call this process makes (a fresh process resumes after a crash or timeout)
     out_dir: str
-    scaling: dict | None  # cache-scaling: {"lengths", "repeats"} to time each call at (timing.py)
+    # Interactive (cache-scaling): `calls` is empty; each call's arguments arrive on the fd in CALLS_FD_ENV
+    # only when the grader starts it, and the worker exits at the end of that stream. The grader times
+    # each call itself, from outside the worker (theinference.proc.accounting).
+    interactive: bool
     limits: Limits

@@ -6,12 +6,13 @@ orphans are re-parented to it instead of to init; once the student's process has
 kills them all, whatever session or group they moved to, and only then reports the exit
 status. The grader accepts results and writes output only after that report.
 
-Run as `python -P -m theinference.proc.reaper STATUS_FD -- COMMAND...` (the fresh-interpreter
+Run as `python -P -m theinference.proc.reaper STATUS_FD [--cgroup FILE]... -- COMMAND...` (the fresh-interpreter
 and sandbox launchers): forks COMMAND in a new session, writes {"pid": P} and then
 {"status": S} (a Popen-style returncode) to the socket STATUS_FD, one JSON object a line.
 """
 
 import ctypes
+from collections.abc import Sequence
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ import socket
 import sys
 
 from theinference.proc import protocol
+from theinference.proc.accounting import join
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -86,10 +88,14 @@ def _send(conn: socket.socket, **message) -> None:
         pass  # the grader is gone; the descendants are killed all the same
 
 
-def monitor(status_fd: int, command: list[str]) -> None:
-    """Run command in its own session under this subreaper; report its pid and, once all is dead, its status."""
+def monitor(status_fd: int, command: list[str], cgroup: Sequence[str] = ()) -> None:
+    """Run command in its own session under this subreaper; report its pid and, once all is dead, its status.
+
+    cgroup: the run's cgroup.procs files, joined before the fork so the kernel counts the whole tree.
+    """
     conn = socket.socket(fileno=status_fd)
     become_subreaper()
+    join(cgroup)
     protocol_fd = os.environ.get(protocol.PROTOCOL_FD_ENV)
     pid = os.fork()
     if pid == 0:
@@ -107,5 +113,17 @@ def monitor(status_fd: int, command: list[str]) -> None:
     _send(conn, status=os.waitstatus_to_exitcode(status))
 
 
+def _arguments(argv: list[str]) -> tuple[int, list[str], list[str]]:
+    """STATUS_FD [--cgroup FILE]... -- COMMAND... -> (status fd, cgroup.procs files, command)."""
+    split = argv.index("--")
+    options = argv[2:split]
+    return (
+        int(argv[1]),
+        [options[i + 1] for i in range(0, len(options), 2) if options[i] == "--cgroup"],
+        argv[split + 1 :],
+    )
+
+
 if __name__ == "__main__":
-    monitor(int(sys.argv[1]), sys.argv[3:])
+    fd, groups, command = _arguments(sys.argv)
+    monitor(fd, command, groups)

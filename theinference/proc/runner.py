@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference.proc import interrupt, protocol
+from theinference.proc import accounting, interrupt, protocol
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
 from theinference.trust import allowed_env
@@ -47,7 +47,6 @@ class AdapterJob:
     timeout: float  # seconds per call (and for importing the adapters): limits.timeout, else the stage's
     limits: Limits = field(default_factory=Limits)
     launcher: Launcher = field(default_factory=SubprocessLauncher)
-    scaling: dict | None = None  # cache-scaling: {"lengths", "repeats"} to time each call at (theinference.proc.timing)
     # The bytes call i's returned array may hold (larger: "too-large", not read); asked only once it returned.
     output_cap: Callable[[int], int] | None = None
     # Called with (index, outcome) as each case's array arrives; the array is dropped afterwards, so a
@@ -69,7 +68,8 @@ class CallOutcome:
     seconds: float = 0.0
     stdout: str = ""
     stderr: str = ""
-    timing: dict | None = None  # cache-scaling: {"seconds": per length, "blas": pools while timing}
+    cpu_seconds: float | None = None  # interactive calls: the kernel's count for the whole process tree
+    limit: str | None = None  # interactive calls cut short: "cpu" (its CPU budget) or "wall" (the backstop)
     defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
 
 
@@ -130,7 +130,7 @@ def _exit_message(returncode: int) -> str:
 class _Child:
     """One child process and the pipe it reports on."""
 
-    def __init__(self, job: AdapterJob, start: int, work: Path):
+    def __init__(self, job: AdapterJob, start: int, work: Path, interactive: bool = False):
         job_file = work / f"job-{start}.json"
         with os.fdopen(_create(job_file)[0], "w") as f:
             f.write(
@@ -139,10 +139,10 @@ class _Child:
                         course_root=str(job.course_root),
                         adapters=str(job.adapters),
                         names=list(job.names),
-                        calls=[list(c) for c in job.calls],
+                        calls=[] if interactive else [list(c) for c in job.calls],
                         start=start,
                         out_dir=str(work),
-                        scaling=job.scaling,
+                        interactive=interactive,
                         limits=job.limits.for_worker(FILE_CAP),
                     )
                 )
@@ -150,13 +150,34 @@ class _Child:
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.limits.untrusted else dict(os.environ)
         env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
+        if interactive:  # timed: one BLAS thread, as the oracle's cost is measured (theinference.grading.scaling)
+            env.update({name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
         (out_fd, self.stdout_id), (err_fd, self.stderr_id) = _create(self.stdout_path), _create(self.stderr_path)
+        calls_read: int | None = None
+        self.calls: int | None = None
+        if interactive:
+            calls_read, self.calls = os.pipe()
+        self.cgroup = accounting.Cgroup.create(job.limits.tree())
         try:
             with os.fdopen(out_fd, "wb") as out, os.fdopen(err_fd, "wb") as err:
-                self.proc = job.launcher.start([str(job_file)], str(job.course_root), env, out, err, write_fd)
+                self.proc = job.launcher.start(
+                    [str(job_file)],
+                    str(job.course_root),
+                    env,
+                    out,
+                    err,
+                    write_fd,
+                    calls_fd=calls_read,
+                    cgroup=self.cgroup.procs_files if self.cgroup else (),
+                )
+        except BaseException:
+            self._release()
+            raise
         finally:
             os.close(write_fd)
+            if calls_read is not None:
+                os.close(calls_read)
         self.pipe = os.fdopen(read_fd, "rb")
         self.buffer = b""
         try:
@@ -199,7 +220,31 @@ class _Child:
         returncode = self.proc.returncode
         _kill_group(self.proc)  # also reaps grandchildren the student left running
         interrupt.untrack(self.proc.pid)
+        self._release()
         return returncode if returncode is not None else -signal.SIGKILL
+
+    def _release(self) -> None:
+        """Close the calls pipe; kill what is left in the run's cgroup and remove it."""
+        if self.calls is not None:
+            try:
+                os.close(self.calls)
+            except OSError:
+                pass
+            self.calls = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
+
+    def meter(self) -> "accounting.Cgroup | accounting.ProcTree":
+        """What counts this process tree's CPU from outside it: its cgroup, else /proc under its monitor."""
+        if self.cgroup is not None:
+            return self.cgroup
+        return accounting.ProcTree(self.proc.monitor_pid)
+
+    def send_call(self, index: int, args: list) -> None:
+        """Interactive jobs: hand the worker one call's arguments (it is waiting for them)."""
+        assert self.calls is not None, "only interactive children read calls"
+        os.write(self.calls, json.dumps({"case": index, "args": args}).encode() + b"\n")
 
     def attach_output(self, outcome: CallOutcome, start: list[int], end: list[int] | None) -> None:
         """Give the outcome the student's stdout/stderr written between two offset pairs (None: to the end)."""
@@ -272,7 +317,7 @@ def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | 
         expected.unlink(missing_ok=True)
 
 
-def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None, scaling: dict | None) -> CallOutcome:
+def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None) -> CallOutcome:
     status, seconds = message.get("status"), message.get("seconds", 0.0)
     if status not in protocol.DONE_STATUSES:
         raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
@@ -283,7 +328,6 @@ def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None, s
         message=_text(message, "message"),
         traceback=_text(message, "traceback"),
         seconds=float(seconds),
-        timing=_timing(message, index, scaling),
     )
     if status == protocol.OK:
         value = _load_output(message.get("file"), index, work, cap)
@@ -308,30 +352,6 @@ def _defined_at(message: dict) -> tuple[str, int] | None:
     ):
         raise ProtocolError("'defined_at' of the 'loaded' message is not a file and a line")
     return value[0], value[1]
-
-
-def _timing(message: dict, index: int, scaling: dict | None) -> dict | None:
-    """The cache-scaling timings a done message may carry: CPU seconds per length and the BLAS pools seen."""
-    timing = message.get("timing")
-    if timing is None:
-        return None
-    if scaling is None:
-        raise ProtocolError(f"case {index} reports timings the stage did not ask for")
-    seconds = timing.get("seconds") if isinstance(timing, dict) else None
-    blas = timing.get("blas") if isinstance(timing, dict) else None
-    if not (
-        isinstance(seconds, list)
-        and len(seconds) == len(scaling["lengths"])
-        and all(type(s) in (int, float) and math.isfinite(s) and s >= 0 for s in seconds)
-    ):
-        raise ProtocolError(f"'timing' of case {index} does not hold a list of durations")
-    if not (
-        isinstance(blas, list)
-        and len(blas) <= 64
-        and all(isinstance(b, dict) and type(b.get("threads")) is int for b in blas)
-    ):
-        raise ProtocolError(f"'timing' of case {index} does not hold a list of BLAS pools")
-    return timing
 
 
 def _is_case(message: dict, index: int) -> bool:
@@ -378,7 +398,7 @@ def _handle(
             message.get("status") == protocol.OK
         )  # the cap asks the oracle: only for a case that returned an array
         cap = job.output_cap(state.current) if job.output_cap and returned else None
-        outcome = _outcome_from_done(message, state.current, work, cap, job.scaling)
+        outcome = _outcome_from_done(message, state.current, work, cap)
         child.attach_output(outcome, state.case_output, _offsets(message))
         outcome.defined_at = state.defined_at
         outcomes[state.current] = outcome
@@ -391,29 +411,100 @@ def _handle(
     return None
 
 
+_POLL = 0.1  # seconds between looks at a step's clock while the student's code runs
+BACKSTOP = 4.0  # a step's wall-clock backstop: this many times its timeout, plus BACKSTOP_SLACK seconds
+BACKSTOP_SLACK = 10.0
+
+
+class _Starved(Exception):
+    """A step met its wall-clock backstop: the machine gave the student's processes too little CPU."""
+
+
+class StepClock:
+    """A step's time as the student is charged for it: wall-clock time less the time the student's processes
+    spent runnable but waiting for a CPU (the kernel's run-queue delay, theinference.proc.accounting), so a
+    busy machine does not eat the budget while sleeping or blocking does. A wall-clock backstop of BACKSTOP
+    times the timeout still ends a step that a starved machine cannot finish, and says so."""
+
+    def __init__(self, child: "_Child", timeout: float):
+        self.timeout = timeout
+        try:
+            self.tree: accounting.ProcTree | None = accounting.ProcTree(child.proc.monitor_pid)
+        except (accounting.MonitorGone, AttributeError):
+            self.tree = None  # no /proc (or no monitor): plain wall-clock time
+        self.restart()
+
+    def _waiting(self) -> float:
+        if self.tree is None:
+            return 0.0
+        try:
+            self.last_waiting = self.tree.waiting_seconds()
+        except (accounting.MonitorGone, OSError):
+            pass
+        return self.last_waiting
+
+    def restart(self) -> None:
+        self.last_waiting = 0.0
+        self.wall, self.waited = time.monotonic(), self._waiting()
+        self.backstop = self.wall + BACKSTOP * self.timeout + BACKSTOP_SLACK
+
+    def charged(self) -> float:
+        return time.monotonic() - self.wall - (self._waiting() - self.waited)
+
+    def cpu(self) -> float:
+        """CPU seconds the tree has used (for the backstop's message)."""
+        try:
+            return self.tree.cpu_seconds() if self.tree is not None else 0.0
+        except (accounting.MonitorGone, OSError):
+            return 0.0
+
+
+def starved_message(clock: StepClock) -> str:
+    return (
+        f"the machine was too busy: after {time.monotonic() - clock.wall:.0f} s of wall-clock time the adapter's "
+        f"processes had had {clock.cpu():.2g} s of CPU in all; re-run when it is quieter (not a verdict on the code)"
+    )
+
+
+def _next_message(child: _Child, clock: StepClock, stage_deadline: float) -> dict | None:
+    """The child's next message; TimeoutError once the step's charged time passes its timeout (or the stage's
+    budget runs out), _Starved at the wall-clock backstop."""
+    while True:
+        try:
+            return child.next_message(min(time.monotonic() + _POLL, stage_deadline, clock.backstop))
+        except TimeoutError:
+            now = time.monotonic()
+            if now >= stage_deadline or clock.charged() >= clock.timeout:
+                raise
+            if now >= clock.backstop:
+                raise _Starved from None
+
+
 def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome], stage_deadline: float) -> int:
     """Run one child from case `start`; fill outcomes; return the next case still to run.
 
-    Deadlines are the grader's: the import and each case get job.timeout from when the grader saw the
-    previous step end, and nothing the child sends moves the stage's deadline.
+    Deadlines are the grader's: the import and each case get job.timeout (charged as StepClock says) from
+    when the grader saw the previous step end, and nothing the child sends moves the stage's deadline.
     """
     child = _Child(job, start, work)
     state, failure, kill_now = _Progress(current=start), None, False
+    clock = StepClock(child, job.timeout)
     try:
-        deadline = min(time.monotonic() + job.timeout, stage_deadline)
         while state.current < len(job.calls) and failure is None:
-            message = child.next_message(deadline)
+            message = _next_message(child, clock, stage_deadline)
             if message is None:
                 break
             step = (state.loaded, state.current)
             failure = _handle(message, state, child, job, work, outcomes)
             if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
-                deadline = min(time.monotonic() + job.timeout, stage_deadline)
+                clock.restart()
     except TimeoutError:
         failure, kill_now = (
             CallOutcome(status=protocol.TIMEOUT, message=_timeout_message(job, state.loaded, stage_deadline)),
             True,
         )
+    except _Starved:
+        failure, kill_now = CallOutcome(status=protocol.TIMEOUT, message=starved_message(clock), limit="wall"), True
     except ProtocolError as e:
         failure, kill_now = (
             CallOutcome(status=protocol.ERROR, message=f"the adapter's process broke the result protocol: {e}"),
@@ -448,8 +539,8 @@ def _timeout_message(job: AdapterJob, loaded: bool, stage_deadline: float) -> st
 
 
 def _stage_budget(job: AdapterJob) -> float:
-    """Seconds the whole stage may take: a call's timeout per case, and one more for importing."""
-    return job.timeout * (len(job.calls) + 1)
+    """Wall-clock seconds the whole stage may take: a call's backstop per case, and one more for importing."""
+    return (BACKSTOP * job.timeout + BACKSTOP_SLACK) * (len(job.calls) + 1)
 
 
 def run_adapter(job: AdapterJob) -> list[CallOutcome]:

@@ -29,10 +29,9 @@ from pathlib import Path
 
 NOBODY = 65534  # the uid and gid of `nobody` on Debian, Ubuntu, Fedora, Alpine
 _PACKAGE = Path(__file__).resolve().parents[1]
-# The stub package the student sees: weights_path(), the student-side runner and its timing helper
-# (cache-scaling); they import only the standard library and each other at module level
+# The stub package the student sees: weights_path() and the student-side runner; they import only the standard library and each other at module level
 # (tests/test_architecture.py checks it), so nothing else need be copied.
-STUB_FILES = ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py", "proc/timing.py")
+STUB_FILES = ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 

@@ -26,6 +26,7 @@ import safetensors.numpy  # noqa: F401
 
 import theinference.proc.child
 from theinference.proc import protocol
+from theinference.proc.accounting import join
 from theinference.proc.reaper import become_subreaper, kill_descendants
 
 _MAX_REQUEST = 1 << 20
@@ -34,13 +35,15 @@ _MAX_REQUEST = 1 << 20
 def _worker(request: dict, fds: list[int]) -> None:
     """In the forked worker: become the student's process and run the child protocol."""
     os.setsid()  # its own process group, so a timeout kills it and everything it started
-    stdout_fd, stderr_fd, proto_fd = fds
+    stdout_fd, stderr_fd, proto_fd, *calls = fds
     devnull = os.open(os.devnull, os.O_RDONLY)
     for src, dst in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):
         os.dup2(src, dst)
     os.environ.clear()
     os.environ.update(request["env"])
     os.environ[protocol.PROTOCOL_FD_ENV] = str(proto_fd)
+    if calls:
+        os.environ[protocol.CALLS_FD_ENV] = str(calls[0])
     os.chdir(request["cwd"])
     sys.dont_write_bytecode = True
     sys.argv = ["theinference.proc.child", *request["args"]]
@@ -65,13 +68,14 @@ def _worker(request: dict, fds: list[int]) -> None:
 def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
     """In the monitor: fork the worker, report its pid, wait for it, kill what it left, report its exit status."""
     become_subreaper()
+    join(request.get("cgroup", []))  # before the fork: everything the worker starts is counted from its birth
     pid = os.fork()
     if pid == 0:
         conn.close()
         _worker(request, fds)
     for fd in fds:
         os.close(fd)
-    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+    conn.sendall(json.dumps({"pid": pid, "monitor": os.getpid()}).encode() + b"\n")
     _, status = os.waitpid(pid, 0)
     kill_descendants()
     conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
@@ -79,7 +83,7 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int]) -> None:
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
-    message, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
+    message, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 4)
     while not message.endswith(b"\n"):
         chunk = conn.recv(_MAX_REQUEST)
         if not chunk:

@@ -39,9 +39,18 @@ def scaling_document(scaling: ScalingResult | None) -> dict | None:
         "marginal_ms_per_token": scaling.marginal_ms,
         "ratio": scaling.ratio,
         "max_ratio": scaling.max_ratio,
-        "blas_threads": scaling.blas_threads,
+        "fraction_of_recompute": scaling.fraction,
+        "max_fraction": scaling.max_fraction,
+        "accounting": scaling.accounting,
         "oracle_cpu_seconds": scaling.oracle_seconds,
+        "oracle_step_ms": scaling.step_ms,
         "speedup": scaling.speedup,
+        "stopped_at": scaling.stopped_at,
+        "weights_note": scaling.weights_note,
+        "calls": [
+            {"n_new": c.n_new, "cpu_seconds": c.cpu_seconds, "wall_seconds": c.wall_seconds, "stopped": c.stopped}
+            for c in scaling.calls
+        ],
     }
 
 

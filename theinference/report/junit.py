@@ -12,7 +12,9 @@ def _scaling_properties(scaling) -> list[ET.Element]:
         ("cpu_ms_per_token", " ".join(f"{n}:{ms:.4g}" for n, ms in zip(scaling.lengths, scaling.ms_per_token))),
         ("ratio", f"{scaling.ratio:.4g}"),
         ("max_ratio", f"{scaling.max_ratio:g}"),
-        ("blas_threads", str(scaling.blas_threads)),
+        ("fraction_of_recompute", "" if scaling.fraction is None else f"{scaling.fraction:.4g}"),
+        ("max_fraction", f"{scaling.max_fraction:g}"),
+        ("accounting", scaling.accounting),
     ]
     if scaling.speedup is not None:
         values.append(("speedup", f"{scaling.speedup:.4g}"))

@@ -267,28 +267,38 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
     for n, per, marginal in zip(t.lengths, t.ms_per_token, t.marginal_ms):
-        table.add_row(str(n), f"{per:.2f}", "" if marginal is None else f"{marginal:.2f}")
+        if n == t.stopped_at:  # a lower bound: the call was stopped before it finished
+            table.add_row(str(n), f"> {per:.2f} (stopped)", "")
+        else:
+            table.add_row(str(n), f"{per:.2f}", "" if marginal is None else f"{marginal:.2f}")
     return table
 
 
 def scaling_lines(case: CaseResult) -> list[Text]:
-    """How the timing was taken, the ratio, and (on a pass) the speed-up over the oracle's recompute."""
+    """How the cost was counted, both tests' figures, and (on a pass) the speed-up over a recompute."""
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
-    threads = "one BLAS thread" if t.blas_threads == 1 else f"{t.blas_threads} BLAS threads (could not limit to one)"
+    fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
     lines = [
         Text(
-            f"  timed in your process: CPU time, {threads}, fastest of repeated calls · "
-            f"per-token cost ×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
-            f"(at most ×{t.max_ratio:g} passes)",
+            f"  counted by the grader ({t.accounting}): CPU of your whole process tree in {len(t.calls)} timed "
+            "calls, each on a fresh random prompt (the cheapest call of each length counts)",
             style="dim",
-        )
+        ),
+        Text(
+            f"  (a) per-token cost ×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
+            f"(at most ×{t.max_ratio:g} passes) · (b) {t.lengths[-1]} tokens cost {fraction} of the oracle's "
+            f"full recompute here (at most {t.max_fraction:.0%} passes)",
+            style="dim",
+        ),
     ]
+    if t.weights_note:
+        lines.insert(0, Text(f"  {t.weights_note}", style="dim"))
     if case.status == Status.PASS and t.speedup is not None:
         lines.append(
             Text(
-                f"  your cache: {t.lengths[-1]} tokens in {t.seconds[-1]:.2f} s; "
-                f"recompute (estimated): {t.oracle_seconds:.2f} s; {t.speedup:.1f}× faster",
+                f"  your cache: {t.lengths[-1]} tokens in {t.seconds[-1]:.2f} s of CPU; "
+                f"a full recompute: {t.oracle_seconds:.2f} s; {t.speedup:.1f}× faster",
                 style="green",
             )
         )

@@ -12,14 +12,15 @@ def run_summary(run: RunResult) -> str:
 
 
 def scaling_summary(case: CaseResult) -> str:
-    """cache-scaling's numbers in one line: ms per token at each length, the ratio, the speed-up."""
+    """cache-scaling's numbers in one line: how counted, ms per token at each length, both tests' figures."""
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
     per = ", ".join(f"{n} tokens {ms:.3g} ms/token" for n, ms in zip(t.lengths, t.ms_per_token))
-    faster = f"; {t.speedup:.1f}× faster than the oracle's recompute (estimated)" if t.speedup is not None else ""
+    fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
+    note = f" ({t.weights_note})" if t.weights_note else ""
     return (
-        f"CPU time per token ({t.blas_threads} BLAS thread(s)): {per}; ratio {t.ratio:.2f} "
-        f"(at most {t.max_ratio:g}){faster}"
+        f"CPU time per token, counted by the grader ({t.accounting}){note}: {per}; (a) ratio {t.ratio:.2f} "
+        f"(at most {t.max_ratio:g}); (b) {fraction} of the oracle's full recompute (at most {t.max_fraction:.0%})"
     )
 
 

@@ -1,0 +1,209 @@
+"""The cache proof against a student who wants to pass it (bench/scaling_subjects.py holds the submissions).
+
+Six tricks beat the old design, which timed the calls inside the student's process on a prompt it had
+seen: a patched clock, a replaced timing function, work done in a forked child, a memo of repeated
+prompts, a prefix generated ahead on the warm-up call, and a forged result message. Each runs here
+through the real CLI, prints evidence that its mechanism ran in the student's process, and must fail:
+the grader now sends every timed call a fresh random prompt and reads the CPU of the whole process
+tree itself. Tests at the weaker levels run the grader as a non-root user without bwrap or unshare on
+PATH (the /proc accounting); the batches carry the reference cache as a control that must pass.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import write_adapters, write_quick_scaling_stage
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from scaling_subjects import FORGERY, FORK_OFFLOAD, PADDING, SOLUTION_CACHE, TRICKS  # noqa: E402
+
+from theinference.proc.sandbox import NOBODY, reachable_by_others, strongest_isolation  # noqa: E402
+
+EVIDENCE = {
+    "clock": "clock patched: process_time() = 0.0",
+    "timing-module": "timing patched:",
+    "fork-offload": "fork offload: parent CPU",
+    "memo": "memo hits: 0",
+    "warmup-prefix": "prefix served: 0",
+    "forgery": "forgery: done message for call 0 sent",
+}
+
+
+@pytest.fixture
+def proof_env(proof_cache, monkeypatch):
+    """The user cache that holds the proof preset, so each test does not make it again."""
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
+    return proof_cache
+
+
+@pytest.fixture
+def quick(tmp_path):
+    return write_quick_scaling_stage(tmp_path / "quick-stages")
+
+
+def _grade_one(cli, course, tiny_path, stages, *extra) -> dict:
+    result = cli(
+        "test", "--course", course, "--weights", tiny_path, "--stages-dir", stages, "--stage", "quick-scaling",
+        "--format", "json", *extra,
+    )  # fmt: skip
+    assert result.exit_code == 1, result.stdout[-2000:]
+    return json.loads(result.stdout)
+
+
+def _assert_failed_with_evidence(doc: dict, trick: str, evidence: bool = True) -> dict:
+    stage = doc["stages"][0]
+    case = stage["cases"][0]
+    assert stage["status"] != "pass" and stage["points"] == 0, case
+    if evidence:
+        assert EVIDENCE[trick] in case.get("stdout", ""), case.get("stdout")
+    return case
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+def test_each_trick_fails_in_plain_test(cli, tmp_path, tiny_path, quick, proof_env, trick):
+    course = tmp_path / trick
+    write_adapters(course, TRICKS[trick])
+    case = _assert_failed_with_evidence(_grade_one(cli, course, tiny_path, quick), trick)
+    if trick == "fork-offload":  # the parent's own clock saw almost none of the work
+        parent, wall = map(float, re.findall(r"parent CPU ([\d.]+) s in ([\d.]+) s", case["stdout"])[0])
+        assert parent < 0.5 * wall
+    if case["status"] == "fail":  # stopped or judged on cost: the figures come from the grader's count
+        scaling = case["scaling"]
+        assert scaling["accounting"].startswith(("cgroup", "process tree"))
+        assert "(b) fails" in case["message"] or scaling["ratio"] > scaling["max_ratio"]
+
+
+_REPEAT = """
+import sys, time
+sys.path.insert(0, ".")
+import importlib.util
+spec = importlib.util.spec_from_file_location("adapters", "tests/adapters.py")
+adapters = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(adapters)
+first = adapters.run_greedy([464, 3290], 6)
+again = adapters.run_greedy([464, 3290], 4)
+print("same:", again == first[:4])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trick", ["memo", "warmup-prefix", "clock"])
+def test_the_tricks_work_where_inputs_repeat_or_the_clock_is_the_students(tmp_path, tiny_path, trick):
+    """Against the old design: a repeated prompt is served without work, and the clock is the student's."""
+    course = tmp_path / trick
+    write_adapters(course, TRICKS[trick])
+    if trick == "memo":  # the same (prompt, n) twice: the old timed repeats
+        script = _REPEAT.replace(
+            "again = adapters.run_greedy([464, 3290], 4)", "again = adapters.run_greedy([464, 3290], 6)[:4]"
+        )
+    else:
+        script = _REPEAT
+    env = {**os.environ, "THEINFERENCE_WEIGHTS": str(tiny_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=course, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert "same: True" in done.stdout
+    expected = {"memo": "memo hits: 1", "warmup-prefix": "prefix served: 1", "clock": "process_time() = 0.0"}[trick]
+    assert expected in done.stdout
+
+
+@pytest.mark.slow
+def test_padding_short_calls_fails_on_the_floor_in_numbers(cli, tmp_path, tiny_path, quick, proof_env):
+    course = tmp_path / "padding"
+    write_adapters(course, PADDING)
+    case = _grade_one(cli, course, tiny_path, quick)["stages"][0]["cases"][0]
+    assert "padded:" in case["stdout"]
+    assert case["status"] == "fail" and "(b) fails" in case["message"]
+    assert re.search(
+        r"passed \d+% of a full recompute of those tokens by the oracle here \([\d.]+ s\)", case["message"]
+    )
+    assert case["scaling"]["fraction_of_recompute"] > case["scaling"]["max_fraction"]
+
+
+def _batch(tmp: Path) -> list[Path]:
+    subs = []
+    for name, source in [("solution-control", SOLUTION_CACHE), *sorted(TRICKS.items())]:
+        write_adapters(tmp / name, source)
+        subs.append(tmp / name)
+    return subs
+
+
+def _check_batch(doc: dict, level: str, accounting: str) -> None:
+    by_id = {s["id"]: s for s in doc["submissions"]}
+    control = by_id["solution-control"]
+    assert control["points"] == 10, json.dumps(control["results"]["stages"][0]["cases"][0])[:3000]
+    case = control["results"]["stages"][0]["cases"][0]
+    assert case["scaling"]["accounting"].startswith(accounting)
+    assert control["results"]["isolation"]["level"] == level
+    for trick in TRICKS:
+        assert by_id[trick]["points"] == 0, (trick, by_id[trick]["results"]["stages"][0]["cases"][0]["message"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(strongest_isolation().level != "sandbox", reason="bubblewrap does not run here")
+def test_every_trick_fails_in_a_sandboxed_grade_batch(cli, tmp_path, tiny_path, quick, proof_env):
+    subs = _batch(tmp_path / "subs")
+    out = tmp_path / "grades.json"
+    result = cli(
+        "grade", *subs, "--weights", tiny_path, "--stages-dir", quick, "--stage", "quick-scaling",
+        "--format", "json", "--out", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stdout + result.stderr
+    _check_batch(json.loads(out.read_text()), "sandbox", "cgroup" if os.geteuid() == 0 else "")
+
+
+def _weakest_level_command(venv_bin: Path, args: list[str], cache: Path) -> list[str]:
+    env = [f"PATH={venv_bin}", f"THEINFERENCE_CACHE={cache}", f"HOME={cache}", "NO_COLOR=1", "COLUMNS=120"]
+    ids = [f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    return ["setpriv", *ids, "env", "-i", *env, str(venv_bin / "theinference"), *args]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to run as nobody")
+def test_every_trick_fails_at_the_weakest_level_as_a_non_root_user(tiny_path, proof_cache):
+    """No bwrap, no unshare, not root: the subreaper level, CPU counted from /proc (no cgroup can be made)."""
+    venv_bin = Path(sys.executable).parent
+    if not (reachable_by_others(Path(sys.executable)) and reachable_by_others(venv_bin / "theinference")):
+        pytest.skip("this Python is not readable by nobody")
+    work = Path(tempfile.mkdtemp(prefix="theinference-weak-"))
+    try:
+        os.chmod(work, 0o755)
+        subs = _batch(work / "subs")
+        stages = write_quick_scaling_stage(work / "stages")
+        cache, weights = work / "cache", work / "tiny"
+        shutil.copytree(proof_cache, cache)
+        shutil.copytree(tiny_path.parent, weights)
+        subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
+        out = work / "grades.json"
+        args = ["grade", *map(str, subs), "--weights", str(weights), "--stages-dir", str(stages)]
+        args += ["--stage", "quick-scaling", "--format", "json", "--out", str(out)]
+        done = subprocess.run(
+            _weakest_level_command(venv_bin, args, cache), capture_output=True, text=True, timeout=1800
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        _check_batch(json.loads(out.read_text()), "subreaper", "process tree")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trick,source", [("fork-offload", FORK_OFFLOAD), ("forgery", FORGERY)])
+def test_ci_true_test_fails_the_tricks_that_leave_the_process(
+    cli, tmp_path, tiny_path, quick, proof_env, monkeypatch, trick, source
+):
+    monkeypatch.setenv("CI", "true")
+    course = tmp_path / trick
+    write_adapters(course, source)
+    doc = _grade_one(cli, course, tiny_path, quick)
+    assert doc["untrusted"] is True
+    _assert_failed_with_evidence(doc, trick)

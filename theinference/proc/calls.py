@@ -1,0 +1,218 @@
+"""Interactive runs: the grader hands the worker each call's arguments when it starts it, and counts
+each call's CPU from outside the worker's process tree (cache-scaling).
+
+One worker serves every call (weights loaded once). A call's cost is the difference of two readings of
+the kernel's count for the whole tree (theinference.proc.accounting), taken by the grader just before it
+sends the arguments and just after the result arrives; the worker measures and reports nothing. A call
+that passes its CPU budget is stopped there (its cost is then known to be over it); a call that waits
+past its timeout (time not spent waiting for a CPU: runner.StepClock) times out; the wall-clock backstop
+ends a call that a starved machine cannot finish, and says so.
+"""
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from theinference.proc import accounting, protocol
+from theinference.proc.runner import (
+    AdapterJob,
+    CallOutcome,
+    ProtocolError,
+    StepClock,
+    _Child,
+    _defined_at,
+    _exit_message,
+    _offsets,
+    _outcome_from_done,
+    _text,
+    starved_message,
+)
+
+_POLL = 0.05  # seconds between readings of the tree's CPU while a call runs
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one call may use: CPU seconds of the whole tree, and time as runner.StepClock charges it
+    (wall-clock time less waiting for a CPU); its wall-clock backstop is runner.BACKSTOP times that."""
+
+    cpu: float
+    timeout: float
+
+
+class CallSession:
+    """One worker, started on entry, serving calls one at a time; killed with everything it started on exit."""
+
+    def __init__(self, job: AdapterJob, load_budget: Budget):
+        self._dir = tempfile.TemporaryDirectory(prefix="theinference-run-")
+        self.work = Path(self._dir.name)
+        self.child: _Child | None = _Child(job, 0, self.work, interactive=True)
+        self.meter: accounting.Cgroup | accounting.ProcTree | None = None
+        self.failure: CallOutcome | None = None  # once set, the worker is gone and every later call gets it
+        self.defined_at: tuple[str, int] | None = None
+        self.accounting = ""
+        self._stopped = False
+        self._load(load_budget)
+
+    def __enter__(self) -> "CallSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.finish(graceful=self.failure is None)
+            self.child = None
+        self._dir.cleanup()
+
+    def output(self) -> CallOutcome:
+        """Everything the worker wrote to stdout and stderr so far (capped), on an outcome-shaped record."""
+        whole = CallOutcome(status=protocol.OK)
+        if self.child is not None:
+            self.child.attach_output(whole, [0, 0], None)
+        return whole
+
+    def _load(self, budget: Budget) -> None:
+        """Wait for the worker to import the adapters (or fail to); find what counts its CPU."""
+        assert self.child is not None
+        try:
+            self.meter = self.child.meter()
+            self.accounting = self.meter.name
+        except accounting.MonitorGone:
+            self._fail(CallOutcome(status=protocol.CRASH, message="the adapter's process ended before it started"))
+            return
+        clock = StepClock(self.child, budget.timeout)
+        while self.failure is None:
+            try:
+                message = self.child.next_message(min(clock.backstop, time.monotonic() + _POLL))
+            except TimeoutError:
+                if clock.charged() >= budget.timeout or time.monotonic() >= clock.backstop:
+                    why = f"timed out after {budget.timeout:g} s while importing the adapters"
+                    self._fail(CallOutcome(status=protocol.TIMEOUT, message=why, limit="time"))
+                continue
+            except ProtocolError as e:
+                self._fail(_broken(e))
+                continue
+            if message is not None and message["event"] == protocol.LOADED:
+                self.defined_at = _defined_at(message)
+                return
+            self._fail(self._load_failure(message))
+
+    def _load_failure(self, message: dict | None) -> CallOutcome:
+        if message is None:
+            return CallOutcome(status=protocol.CRASH, message=_exit_message(self._returncode()))
+        if message["event"] == protocol.LOAD_ERROR:
+            return CallOutcome(
+                status=protocol.ERROR, message=_text(message, "message"), traceback=_text(message, "traceback")
+            )
+        return _broken(ProtocolError(f"an unexpected {message['event']!r} message before 'loaded'"))
+
+    def _returncode(self) -> int:
+        assert self.child is not None
+        try:
+            return self.child.proc.wait(timeout=2)
+        except Exception:  # noqa: BLE001 - still running or unknown: reported as killed
+            return -9
+
+    def _fail(self, outcome: CallOutcome) -> None:
+        self.failure = outcome
+        if self.child is not None:
+            self.child.attach_output(outcome, [0, 0], None)
+
+    def call(self, index: int, args: list, output_cap: int, budget: Budget) -> CallOutcome:
+        """Run one call; its outcome carries the CPU the whole tree used for it (cpu_seconds)."""
+        if self.failure is not None:
+            return self.failure
+        assert self.meter is not None and self.child is not None, "a loaded session has a worker and a meter"
+        try:
+            before = self.meter.cpu_seconds()
+            self.child.send_call(index, args)
+        except (accounting.MonitorGone, OSError) as e:
+            failure = _gone(e)
+            self._fail(failure)
+            return failure
+        self._stopped = False
+        outcome = self._await(index, output_cap, budget, before)
+        if self._stopped:  # killed, crashed or out of protocol: no later call can run
+            self.child.finish(graceful=False)
+            self.failure = CallOutcome(
+                status=outcome.status, message="not run: the adapter's process was stopped in an earlier call"
+            )
+        return outcome
+
+    def _await(self, index: int, cap: int, budget: Budget, before: float) -> CallOutcome:
+        assert self.meter is not None and self.child is not None
+        clock, output, begun = StepClock(self.child, budget.timeout), [0, 0], False
+        while True:
+            try:
+                used = self.meter.cpu_seconds() - before
+                over = _over_budget(clock, budget, used)
+                if over is not None:
+                    return self._ended(over, output)
+                try:
+                    message = self.child.next_message(min(clock.backstop, time.monotonic() + _POLL))
+                except TimeoutError:
+                    continue
+                if message is None:
+                    crashed = CallOutcome(status=protocol.CRASH, message=_exit_message(self._returncode()))
+                    return self._ended(crashed, output)
+                if message["event"] == protocol.START and _is_call(message, index) and not begun:
+                    begun, output = True, _offsets(message)
+                    continue
+                if message["event"] == protocol.DONE and _is_call(message, index) and begun:
+                    return self._done(message, index, cap, before, clock, output)
+                raise ProtocolError(f"an unexpected {str(message['event'])[:40]!r} message (call {index} was due)")
+            except ProtocolError as e:
+                return self._ended(_broken(e), output)
+            except accounting.MonitorGone as e:
+                return self._ended(_gone(e), output)
+
+    def _done(
+        self, message: dict, index: int, cap: int, before: float, clock: StepClock, output: list[int]
+    ) -> CallOutcome:
+        """The call's outcome from its 'done' message, with the tree's CPU read now."""
+        assert self.meter is not None and self.child is not None
+        used = self.meter.cpu_seconds() - before
+        outcome = _outcome_from_done(message, index, self.work, cap if message.get("status") == protocol.OK else None)
+        outcome.cpu_seconds = used
+        outcome.seconds = time.monotonic() - clock.wall
+        outcome.defined_at = self.defined_at
+        self.child.attach_output(outcome, output, _offsets(message))
+        return outcome
+
+    def _ended(self, outcome: CallOutcome, output: list[int]) -> CallOutcome:
+        """A call that ended without a result: the worker is stopped (by the caller) and its output attached."""
+        self._stopped = True
+        if self.child is not None:
+            self.child.attach_output(outcome, output, None)
+        return outcome
+
+
+def _is_call(message: dict, index: int) -> bool:
+    return type(message.get("case")) is int and message["case"] == index
+
+
+def _over_budget(clock: StepClock, budget: Budget, used: float) -> CallOutcome | None:
+    """The outcome of a call that has passed its CPU budget, its timeout or its wall-clock backstop; else None."""
+    if used > budget.cpu:
+        message = f"stopped after {used:.3g} s of CPU, its budget"
+        return CallOutcome(status=protocol.TIMEOUT, message=message, cpu_seconds=used, limit="cpu")
+    if time.monotonic() > clock.backstop:
+        return CallOutcome(status=protocol.TIMEOUT, message=starved_message(clock), cpu_seconds=used, limit="wall")
+    if clock.charged() > budget.timeout:  # time that was not spent waiting for a CPU: the code waited
+        message = f"timed out after {budget.timeout:g} s while running, having used {used:.2g} s of CPU"
+        return CallOutcome(status=protocol.TIMEOUT, message=message, cpu_seconds=used, limit="time")
+    return None
+
+
+def _broken(error: ProtocolError) -> CallOutcome:
+    return CallOutcome(status=protocol.ERROR, message=f"the adapter's process broke the result protocol: {error}")
+
+
+def _gone(error: Exception) -> CallOutcome:
+    return CallOutcome(
+        status=protocol.CRASH,
+        message=f"the adapter's process tree can no longer be measured ({error}): its monitor or its pipe is gone",
+    )
