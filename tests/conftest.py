@@ -2,7 +2,10 @@
 
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -50,14 +53,44 @@ def tiny_model(tiny_path):
 
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path, monkeypatch):
-    """No test reads or writes the real user's caches, and output is plain at a fixed width."""
+    """No test reads or writes the real user's home, caches or config, nor depends on the directory pytest
+    was started in; output is plain at a fixed width. Subprocesses inherit all of it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for var, name in (("XDG_CACHE_HOME", "cache"), ("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state")):
+        monkeypatch.setenv(var, str(home / name))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
     monkeypatch.setenv("THEINFERENCE_CACHE", str(tmp_path / "user-cache"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("THEINFERENCE_WEIGHTS", raising=False)
     monkeypatch.delenv("CI", raising=False)  # CI=true makes `test` untrusted; tests that need it set it
     monkeypatch.setenv("COLUMNS", "120")
     monkeypatch.setenv("NO_COLOR", "1")
+
+
+def _bundled_files() -> dict[str, tuple[int, int]]:
+    """Every file of the bundled course and stages (installed or in this checkout): path -> (size, mtime)."""
+    found = {}
+    for name in ("course", "stages"):
+        for path in sorted(data_dir(name).rglob("*")):
+            if path.is_file() or path.is_symlink():
+                stat = path.lstat()
+                found[str(path)] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bundled_course_untouched():
+    """Tests grade copies: after the whole run the bundled course and stages are as they were (no progress,
+    no bytecode, no output left in them)."""
+    before = _bundled_files()
+    yield
+    after = _bundled_files()
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    assert not changed, f"the test run wrote into the bundled course or stages: {changed[:10]}"
 
 
 @pytest.fixture
@@ -106,3 +139,29 @@ def write_quick_scaling_stage(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "quick-scaling.toml").write_text(text)
     return directory
+
+
+# A fresh interpreter importing numpy on an idle 2-core machine takes about this long (numpy 2, Python 3.11).
+IDLE_START_SECONDS = 0.25
+
+
+_measured: list[tuple[float, float]] = []  # (when, factor): one measurement serves the next few seconds' tests
+
+
+def slowdown() -> float:
+    """How many times slower than an idle machine this one starts a student's process right now (at least 1).
+
+    A test whose deadline must cover student processes starting (a fresh interpreter importing numpy: 0.25 s
+    idle, seconds on a busy machine) scales that deadline by this factor, measured when it needs it (or in
+    the last 10 s), instead of hoping the machine is idle. It only ever lengthens a deadline."""
+    if _measured and time.monotonic() - _measured[-1][0] < 10:
+        return _measured[-1][1]
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import numpy"], check=True, capture_output=True)
+    _measured.append((time.monotonic(), max(1.0, (time.perf_counter() - started) / IDLE_START_SECONDS)))
+    return _measured[-1][1]
+
+
+def scaled(seconds: float) -> float:
+    """seconds scaled by the machine's slowdown now, to a tenth of a second (as a --timeout or budget)."""
+    return round(seconds * slowdown(), 1)

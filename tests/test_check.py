@@ -31,8 +31,17 @@ def _table_rows(out: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path):
-    result = cli("stages", "check", "--weights", tiny_path, *(arg for s in OUTPUT_STAGES for arg in ("--stage", s)))
+def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path, tmp_path):
+    source = shutil.copytree(data_dir("course"), tmp_path / "course", ignore=shutil.ignore_patterns("BUNDLED"))
+    result = cli(
+        "stages",
+        "check",
+        "--source",
+        source,
+        "--weights",
+        tiny_path,
+        *(a for s in OUTPUT_STAGES for a in ("--stage", s)),
+    )
     assert result.exit_code == 0, result.stdout
     out = result.stdout
     assert "stages check passed" in out and "0 mismatches, 0 problems" in out

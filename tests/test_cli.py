@@ -241,6 +241,8 @@ def test_a_course_that_cannot_keep_progress_still_names_the_next_stage(cli, solu
     stages = [s.id for s in load_stages([data_dir("stages")])]
     result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
     assert result.exit_code == 0 and f"next stage: {stages[1]} (" in result.stdout
+    notice = " ".join(result.stderr.split())
+    assert f"progress not kept: cannot write {solution_course / '.theinference' / 'progress.json'} (" in notice
 
 
 def test_version_command_and_option_print_the_same_line(cli):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_adapters
+from conftest import scaled, write_adapters
 
 # Starts a descendant in its own session (out of reach of a process-group kill), then hangs.
 SPAWN_AND_HANG = """\
@@ -87,7 +87,7 @@ def test_sigterm_kills_every_student_process_and_removes_temp_dirs(tmp_path, tin
     sleepers = _wait_for(lambda: _with_marker(marker))
     students = {pid for pid in (_parent(p) for p in sleepers) if pid != 1}
     grader.send_signal(signal.SIGTERM)
-    _wait_for(lambda: not any(map(_alive, [*sleepers, *students])), seconds=2)
+    _wait_for(lambda: not any(map(_alive, [*sleepers, *students])), seconds=scaled(2))
     grader.wait(timeout=30)
     assert grader.returncode == exit_code, grader.stderr.read()
     assert not list(tmp_path.glob("theinference-*"))

@@ -4,11 +4,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import write_adapters
+from conftest import scaled, write_adapters
 from test_runner import quick_stage_dir
 from theinference.grading.stages import load_stages, stage_dirs
 
@@ -137,6 +138,8 @@ def test_output_over_the_file_cap_is_the_students_without_grader_frames(
 def test_after_a_timeout_the_stage_s_other_cases_are_skipped(cli, tmp_path, tiny_path):
     course = tmp_path / "course"
     write_adapters(course, HANG)
+    # The timeout covers the student's process starting too: scaled, so the case is running when it ends.
+    timeout = scaled(0.5)
     args = [
         "test",
         "--course",
@@ -146,24 +149,24 @@ def test_after_a_timeout_the_stage_s_other_cases_are_skipped(cli, tmp_path, tiny
         "--stage",
         "prove-one-layer",
         "--timeout",
-        "0.5",
+        timeout,
         "--format",
         "json",
     ]
     cases = json.loads(cli(*args).stdout)["stages"][0]["cases"]
     assert [c["status"] for c in cases] == ["timeout"] * len(cases)
-    assert cases[0]["message"] == "timed out after 0.5 s while running"
+    assert cases[0]["message"] == f"timed out after {timeout:g} s while running"
     assert {c["message"] for c in cases[1:]} == {
         f"skipped after a timeout in case {cases[0]['name']} (--all-cases runs every case)"
     }
     every = json.loads(cli(*args, "--all-cases").stdout)["stages"][0]["cases"]
-    assert every[0]["message"] == "timed out after 0.5 s while running"
+    assert every[0]["message"] == f"timed out after {timeout:g} s while running"
     # Every case is run, none skipped; on a loaded machine the restarts' imports may use up the stage's budget
     # (timeout × (cases + 1)) before the last case, which then says so instead.
     assert all(c["status"] == "timeout" and "skipped" not in c["message"] for c in every)
     assert {c["message"] for c in every} <= {
-        "timed out after 0.5 s while running",
-        f"timed out: the stage's time budget of {0.5 * (len(every) + 1):g} s ran out",
+        f"timed out after {timeout:g} s while running",
+        f"timed out: the stage's time budget of {timeout * (len(every) + 1):g} s ran out",
     }
 
 
@@ -178,13 +181,16 @@ def test_a_batch_with_a_hung_submission_costs_one_timeout_per_stage(cli, tmp_pat
         "import time\n" + "".join(f"def {name}(*args):\n    time.sleep(600)\n" for name in sorted(adapters)),
     )
     out = tmp_path / "grades.json"
+    # Each stage's first timeout must find the adapter imported and running (a hang while importing is every
+    # case's): the timeout covers a fresh sandboxed interpreter's start, scaled by the machine's load.
+    timeout = scaled(0.5)
     result = cli(
         "grade",
         *sorted(root.iterdir()),
         "--weights",
         tiny_path,
         "--timeout",
-        "0.5",
+        timeout,
         "--jobs",
         "2",
         "--format",
@@ -197,29 +203,40 @@ def test_a_batch_with_a_hung_submission_costs_one_timeout_per_stage(cli, tmp_pat
     for stage in hung["stages"]:
         messages = [c["message"] for c in stage["cases"]]
         ran = [m for m in messages if not m.startswith("skipped after a timeout")]
-        assert len(ran) == 1 and ran[0].startswith("timed out after 0.5 s"), (stage["id"], messages)
+        assert len(ran) == 1 and ran[0].startswith(f"timed out after {timeout:g} s while running"), (
+            stage["id"],
+            messages,
+        )
+
+
+FIRST_CASE_ONLY = """\
+import time
+calls = 0
+
+def run_layer_equiv(seq_ids):
+    global calls
+    calls += 1
+    if calls > 1:  # every case after the first outlasts any budget
+        time.sleep(600)
+    return [[0.0]]
+"""
 
 
 @pytest.mark.slow
 def test_the_submission_budget_ends_a_slow_submission(cli, tmp_path, tiny_path):
-    course = tmp_path / "submissions" / "slow"
-    write_adapters(course, "import time\ndef run_layer_equiv(seq_ids):\n    time.sleep(0.7)\n    return [[0.0]]\n")
+    # The budget must outlast the first case, which includes the submission's start (a fresh sandboxed
+    # interpreter: 0.5 s idle, seconds on a busy machine): it is twice what grading a quick submission takes
+    # on this machine now, then the first case finishes, the second hangs, and the budget ends it.
+    quick = tmp_path / "submissions" / "quick"
+    write_adapters(quick, "def run_layer_equiv(seq_ids):\n    return [[0.0]]\n")
+    args = ["--weights", tiny_path, "--stage", "prove-one-layer", "--format", "json"]
+    started = time.monotonic()
+    assert cli("grade", quick, *args, "--out", tmp_path / "quick.json").exit_code == 0
+    budget = max(1.5, round(2 * (time.monotonic() - started), 1))
+    slow = tmp_path / "submissions" / "slow"
+    write_adapters(slow, FIRST_CASE_ONLY)
     out = tmp_path / "grades.json"
-    cli(
-        "grade",
-        course,
-        "--weights",
-        tiny_path,
-        "--stage",
-        "prove-one-layer",
-        "--submission-timeout",
-        "1.5",
-        "--format",
-        "json",
-        "--out",
-        out,
-    )
+    cli("grade", slow, *args, "--submission-timeout", budget, "--out", out)
     cases = json.loads(out.read_text())["submissions"][0]["results"]["stages"][0]["cases"]
-    assert [c["status"] for c in cases[:1]] == ["fail"]
-    assert cases[-1]["status"] == "timeout"
-    assert cases[-1]["message"] == "timed out: the submission's time budget of 1.5 s ran out"
+    assert len(cases) > 1 and [c["status"] for c in cases] == ["fail"] + ["timeout"] * (len(cases) - 1)
+    assert cases[-1]["message"] == f"timed out: the submission's time budget of {budget:g} s ran out"

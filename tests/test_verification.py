@@ -37,7 +37,7 @@ def _recomputed_verdicts(model, prompt: list[int], tokens: list[int]) -> list[st
 @pytest.mark.slow
 @pytest.mark.parametrize("subject", SUBJECTS)
 def test_teacher_forced_verdicts_equal_recompute(subject, tiny_model, tmp_path):
-    course = COURSE / "solution"
+    course = shutil.copytree(COURSE / "solution", tmp_path / "solution")
     if subject != "solution":
         mutant = next(m for m in load_mutants(COURSE / "mutants") if m.name == subject)
         course = build_mutant(mutant, course, tmp_path / subject)

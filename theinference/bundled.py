@@ -4,6 +4,10 @@ from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
 
+# The file that marks the bundled course directory, in a source checkout and in the wheel alike.
+BUNDLED_MARK = "BUNDLED"
+MARK_TEXT = "This directory is the course that ships with theinference"
+
 
 def data_dir(name: str) -> Path:
     """Return the bundled `stages` or `course` directory."""
@@ -15,3 +19,16 @@ def data_dir(name: str) -> Path:
 def asset(name: str) -> Path:
     """Return a file from theinference/assets."""
     return _PACKAGE / "assets" / name
+
+
+def bundled_course_dir(path: Path) -> Path | None:
+    """The bundled course directory that path lies in (the installed one, or a source checkout's), or None."""
+    path = path.resolve()
+    return next((p for p in (path, *path.parents) if _is_mark(p / BUNDLED_MARK)), None)
+
+
+def _is_mark(path: Path) -> bool:
+    try:
+        return path.is_file() and path.read_text().startswith(MARK_TEXT)
+    except (OSError, UnicodeDecodeError):
+        return False

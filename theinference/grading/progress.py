@@ -4,12 +4,17 @@
 {"status", "at"} plus, since weights and timeouts are recorded, "weights" (a short name of the weights
 graded against: a synthetic preset such as "tiny", "gpt2" for the 124M shape, else the shape) and
 "timeout" (the seconds given with --timeout, or null). Older entries without them still read.
+
+The course bundled with theinference (its solution, starter and mutants, in a source checkout or in the
+installed package) keeps no progress at all: nothing is read from or written into it, and each run says so.
+A course that cannot be written keeps none either, and says why.
 """
 
 import json
 import time
 from pathlib import Path
 
+from theinference.bundled import bundled_course_dir
 from theinference.grading.results import RunResult, Status
 from theinference.files import write_atomic
 from theinference.grading.stages import StageSpec
@@ -20,6 +25,8 @@ PROGRESS_FILE = Path(".theinference") / "progress.json"
 
 def read_progress(root: Path) -> tuple[dict[str, dict], str]:
     """(stage id -> {"status", "at"}, why the file was ignored or ""); no file is no progress, not a problem."""
+    if bundled_course_dir(root) is not None:
+        return {}, ""  # whatever an older version left there is not this user's progress
     try:
         data = json.loads((root / PROGRESS_FILE).read_text())
     except FileNotFoundError:
@@ -60,11 +67,16 @@ def record_progress(root: Path, run: RunResult, timeout: float | None = None) ->
             "weights": weights_name(run),
             "timeout": timeout,
         }
+    if bundled_course_dir(root) is not None:
+        return stages, (
+            f"progress not kept: {root} belongs to the course bundled with theinference, which grading never "
+            "writes into (`theinference init DIR` makes a course of your own, which keeps its progress)"
+        )
     try:
         (root / PROGRESS_FILE).parent.mkdir(exist_ok=True)
         write_atomic(root / PROGRESS_FILE, json.dumps({"format_version": 1, "stages": stages}, indent=2) + "\n")
-    except OSError:
-        return stages, ""  # a read-only course just keeps no progress
+    except OSError as e:
+        return stages, f"progress not kept: cannot write {root / PROGRESS_FILE} ({e.strerror or e})"
     return stages, f"notice: ignored {PROGRESS_FILE} ({problem}) and wrote it anew" if problem else ""
 
 
