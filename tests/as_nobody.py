@@ -51,10 +51,11 @@ def available() -> str:
     return ""
 
 
-def command(argv: list[str], env: dict[str, str]) -> list[str]:
-    """argv (argv[0] a program in this venv's bin) as user nobody with exactly env, this Python made reachable."""
-    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "env", "-i"]
-    as_nobody += [f"{k}={v}" for k, v in env.items()] + argv
+def command(argv: list[str], env: dict[str, str], as_nobody_too: bool = True) -> list[str]:
+    """argv with exactly env, as user nobody (as_nobody_too, else as root: student code then runs as nobody), this
+    Python made reachable for nobody."""
+    who = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if as_nobody_too else []
+    as_nobody = [*who, "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
     openings = _openings()
     if not openings:
         return as_nobody

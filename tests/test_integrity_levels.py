@@ -565,9 +565,7 @@ def weak(tmp_path_factory, tiny_dir):
                     os.symlink(shutil.which(name) or name, bin_dir / name)
         env = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
-        if level == "subreaper":
-            return as_nobody.command([*python, *map(str, args)], env)
-        return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *python, *map(str, args)]
+        return as_nobody.command([*python, *map(str, args)], env, as_nobody_too=level == "subreaper")
 
     yield work, command
     shutil.rmtree(work, ignore_errors=True)

@@ -179,7 +179,7 @@ def _single_step_messages(cli, course: Path, tiny_path: Path) -> list[str]:
     result = cli(
         "test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path, "--format", "json"
     )
-    return [c["message"] for c in json.loads(result.output)["stages"][0]["cases"]]
+    return [c["message"] for c in json.loads(result.stdout)["stages"][0]["cases"]]
 
 
 def test_wrong_shapes_and_non_numbers_read_as_in_python(cli, tmp_path, tiny_path):
@@ -216,7 +216,7 @@ def test_exit_late_throws_and_not_implemented_are_each_cases_outcome(cli, tmp_pa
     result = cli(
         "test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path, "--format", "json"
     )
-    cases = json.loads(result.output)["stages"][0]["cases"]
+    cases = json.loads(result.stdout)["stages"][0]["cases"]
     assert [(c["status"], c["message"]) for c in cases[:3]] == [
         ("error", "the adapter called process.exit(3)"),
         ("error", "Error: late (thrown outside the adapter's own calls)"),
