@@ -18,8 +18,8 @@ from theinference.proc.limits import Limits
 
 def observed(result: StageResult) -> str:
     """What a stage showed: 'pass', the failing stage's diagnosis shape, 'wrong-shape', or its status."""
-    if result.status == Status.FAIL and result.diagnosis is not None:
-        return result.diagnosis.shape
+    if result.status == Status.FAIL and result.diagnosis is not None and result.diagnosis.shape:
+        return result.diagnosis.shape  # (a finding without a shape, e.g. a greedy loop's, reads on)
     if result.status == Status.FAIL and any(c.detail == "wrong-shape" for c in result.cases):
         return "wrong-shape"
     return result.status
