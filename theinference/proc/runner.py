@@ -435,7 +435,7 @@ class StepClock:
     times the timeout still ends a step that a starved machine cannot finish, and says so."""
 
     def __init__(self, child: "_Child", timeout: float):
-        self.timeout = timeout
+        self.timeout, self.before = timeout, 0.0  # before: the charged time of this child's earlier steps
         try:
             self.tree: accounting.ProcTree | None = accounting.ProcTree(child.proc.monitor_pid)
         except (accounting.MonitorGone, AttributeError):
@@ -452,12 +452,18 @@ class StepClock:
         return self.last_waiting
 
     def restart(self) -> None:
+        if hasattr(self, "wall"):
+            self.before += self.charged()
         self.last_waiting = 0.0
         self.wall, self.waited = time.monotonic(), self._waiting()
         self.backstop = self.wall + BACKSTOP * self.timeout + BACKSTOP_SLACK
 
     def charged(self) -> float:
         return time.monotonic() - self.wall - (self._waiting() - self.waited)
+
+    def total(self) -> float:
+        """The charged time of every step of this child so far."""
+        return self.before + self.charged()
 
     def cpu(self) -> float:
         """CPU seconds the tree has used (for the backstop's message)."""
@@ -467,6 +473,17 @@ class StepClock:
             return 0.0
 
 
+@dataclass
+class _StageBudget:
+    """The stage's budget, charged as its steps are (StepClock), so restarts after crashes cannot stretch it."""
+
+    limit: float
+    spent: float = 0.0  # charged time of the children that have ended
+
+    def over(self, clock: StepClock | None = None) -> bool:
+        return self.spent + (clock.total() if clock is not None else 0.0) >= self.limit
+
+
 def starved_message(clock: StepClock) -> str:
     return (
         f"the machine was too busy: after {time.monotonic() - clock.wall:.0f} s of wall-clock time the adapter's "
@@ -474,21 +491,24 @@ def starved_message(clock: StepClock) -> str:
     )
 
 
-def _next_message(child: _Child, clock: StepClock, stage_deadline: float) -> dict | None:
+def _next_message(child: _Child, clock: StepClock, stage: tuple[float, _StageBudget]) -> dict | None:
     """The child's next message; TimeoutError once the step's charged time passes its timeout (or the stage's
-    budget runs out), _Starved at the wall-clock backstop."""
+    budget runs out, charged or at its wall-clock deadline), _Starved at the step's wall-clock backstop."""
+    stage_deadline, budget = stage
     while True:
         try:
             return child.next_message(min(time.monotonic() + _POLL, stage_deadline, clock.backstop))
         except TimeoutError:
             now = time.monotonic()
-            if now >= stage_deadline or clock.charged() >= clock.timeout:
+            if now >= stage_deadline or clock.charged() >= clock.timeout or budget.over(clock):
                 raise
             if now >= clock.backstop:
                 raise _Starved from None
 
 
-def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome], stage_deadline: float) -> int:
+def _run_child(
+    job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome], stage: tuple[float, _StageBudget]
+) -> int:
     """Run one child from case `start`; fill outcomes; return the next case still to run.
 
     Deadlines are the grader's: the import and each case get job.timeout (charged as StepClock says) from
@@ -499,7 +519,7 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
     clock = StepClock(child, job.timeout)
     try:
         while state.current < len(job.calls) and failure is None:
-            message = _next_message(child, clock, stage_deadline)
+            message = _next_message(child, clock, stage)
             if message is None:
                 break
             step = (state.loaded, state.current)
@@ -508,7 +528,7 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
                 clock.restart()
     except TimeoutError:
         failure, kill_now = (
-            CallOutcome(status=protocol.TIMEOUT, message=_timeout_message(job, state.loaded, stage_deadline)),
+            CallOutcome(status=protocol.TIMEOUT, message=_timeout_message(job, state.loaded, stage, clock)),
             True,
         )
     except _Starved:
@@ -522,6 +542,7 @@ def _run_child(job: AdapterJob, start: int, work: Path, outcomes: dict[int, Call
         child.finish(graceful=False)
         raise
     returncode = child.finish(graceful=not kill_now)
+    stage[1].spent += clock.total()
     if getattr(child.proc, "monitor_lost", False):
         return _monitor_lost(job, start, outcomes)
     if state.current >= len(job.calls) and failure is None:
@@ -556,14 +577,19 @@ def _spent_message(job: AdapterJob) -> str:
     return f"timed out: the stage's time budget of {_stage_budget(job):g} s ran out"
 
 
-def _timeout_message(job: AdapterJob, loaded: bool, stage_deadline: float) -> str:
-    if time.monotonic() >= stage_deadline:
+def _timeout_message(job: AdapterJob, loaded: bool, stage: tuple[float, _StageBudget], clock: StepClock) -> str:
+    if time.monotonic() >= stage[0] or stage[1].over(clock):
         return _spent_message(job)
     return f"timed out after {job.timeout:g} s while {'running' if loaded else 'importing the adapters'}"
 
 
 def _stage_budget(job: AdapterJob) -> float:
-    """Wall-clock seconds the whole stage may take: a call's backstop per case, and one more for importing."""
+    """Seconds the whole stage may be charged (as StepClock charges a step): a timeout per case, one more for importing."""
+    return job.timeout * (len(job.calls) + 1)
+
+
+def _stage_backstop(job: AdapterJob) -> float:
+    """Wall-clock seconds the whole stage may take however busy the machine: a step's backstop per step."""
     return (BACKSTOP * job.timeout + BACKSTOP_SLACK) * (len(job.calls) + 1)
 
 
@@ -586,17 +612,18 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     submission costs about one timeout per stage, not one per case.
     """
     outcomes: dict[int, CallOutcome] = {}
-    stage_deadline = min(time.monotonic() + _stage_budget(job), job.deadline or math.inf)
+    stage_deadline = min(time.monotonic() + _stage_backstop(job), job.deadline or math.inf)
+    budget = _StageBudget(_stage_budget(job))
     work = tempfile.mkdtemp(prefix="theinference-run-")  # 0700; chowned to the submission's own uid as root
     try:
         start = 0
-        while start < len(job.calls) and time.monotonic() < stage_deadline:
+        while start < len(job.calls) and time.monotonic() < stage_deadline and not budget.over():
             try:
-                start = _run_child(job, start, Path(work), outcomes, stage_deadline)
+                start = _run_child(job, start, Path(work), outcomes, (stage_deadline, budget))
             except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
                 interrupt.kill_running()
                 raise
-            over = time.monotonic() >= stage_deadline  # then the rest are reported as over budget instead
+            over = time.monotonic() >= stage_deadline or budget.over()  # the rest are reported as over budget
             if (
                 not (job.all_cases or over)
                 and start < len(job.calls)
