@@ -12,8 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import typer
 
+from theinference import __version__
 from theinference.bundled import data_dir
+from theinference.cli import early
+from theinference.cli.app import app
 from theinference.cli.live import RunProgress
 from theinference.grading import fingerprint
 from theinference.grading.mutants import build_mutant, load_mutants
@@ -82,6 +86,54 @@ def test_the_header_appears_before_the_adapter_returns(tmp_path, tiny_path):
         if proc.poll() is None:
             proc.kill()
     assert "✔ forward" in rest and "1 of 1 stage(s) passed" in rest
+    assert rest.startswith("weights: ")  # the rest of the header follows the early first line, which is not repeated
+    assert (
+        "grading" not in rest.splitlines()[0]
+        and sum(line.startswith("theinference ") for line in rest.splitlines()) == 0
+    )
+
+
+def test_the_first_line_is_printed_before_the_grader_is_imported(tmp_path):
+    # What makes the first line quick on a busy machine: it needs neither numpy nor the grader.
+    course = tmp_path / "course"
+    write_adapters(course, "def run_forward(seq_ids):\n    return None\n")
+    probe = (
+        "import sys; from theinference.cli import early; early.announce(['test', '--stage', 'forward']); "
+        "print(sorted(m for m in ('numpy', 'theinference.grading', 'theinference.cli.app') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=course, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [f"theinference {__version__} grading {course.resolve()}", "[]"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["test", "--format", "json"],
+        ["test", "--format=junit"],
+        ["test", "--output", "report.txt"],
+        ["test", "--watch"],
+        ["test", "--help"],
+        ["test", "--stage"],  # a value option without its value: click says so, not this
+        ["test", "--no-such-option"],
+        ["stages", "list"],
+        ["test", "--course", "no-such-dir"],
+    ],
+)
+def test_the_early_line_stays_silent_unless_test_streams_its_report(tmp_path, monkeypatch, capsys, argv):
+    write_adapters(tmp_path, "def run_forward(seq_ids):\n    return None\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(early, "shown", None)
+    early.announce(argv)
+    assert capsys.readouterr().out == "" and early.shown is None
+
+
+def test_the_early_line_knows_every_option_of_test():
+    # A value option it did not know would make it read the option's value as an option (or the reverse).
+    command = typer.main.get_command(app).commands["test"]  # type: ignore[attr-defined]
+    options = [o for p in command.params for o in p.opts if o.startswith("--")]
+    takes_value = {o for p in command.params for o in p.opts if o.startswith("--") and not p.is_flag}
+    assert takes_value == early.VALUE_OPTIONS
+    assert set(options) - takes_value - {"--watch", "--poll"} == early.FLAG_OPTIONS
 
 
 @pytest.mark.slow

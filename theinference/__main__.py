@@ -1,3 +1,3 @@
-from theinference.cli.app import main
+from theinference.cli.entry import main
 
 main()

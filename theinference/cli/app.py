@@ -10,7 +10,8 @@ import typer
 from theinference import __version__
 from theinference.cli import help as cli_help
 from theinference.cli.autograder import autograder_app
-from theinference.cli.common import EXIT_CONFIG, EXIT_INTERNAL, ConfigErrorsExit, err_console
+from theinference.cli.common import EXIT_CONFIG, EXIT_INTERNAL, ConfigErrorsExit
+from theinference.cli.consoles import err_console
 from theinference.cli.course import demo_command, init_command
 from theinference.cli.grade import GradeCommand, grade_command
 from theinference.cli.oracle import oracle_command

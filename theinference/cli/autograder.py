@@ -20,7 +20,7 @@ from theinference.grading.autograder import (
     repo_path,
     write_gradescope_bundle,
 )
-from theinference.cli.common import err_console
+from theinference.cli.consoles import err_console
 from theinference.cli.common import write_atomic
 from theinference.cli.weights import Preset
 from theinference.grading.randomcases import resolve_seed

@@ -1,6 +1,5 @@
 """Pieces the CLI's command modules share: exit codes, consoles, error reporting, progress."""
 
-import os
 import sys
 import threading
 import time
@@ -9,10 +8,10 @@ from pathlib import Path
 
 import typer
 from typer.core import TyperGroup
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from theinference.cli.consoles import err_console, in_ci
 from theinference.grading.randomcases import resolve_seed
 from theinference.errors import ConfigError, UsageError
 from theinference import files
@@ -20,27 +19,6 @@ from theinference.grading.session import RunOptions
 from theinference.proc.limits import Limits
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INTERNAL = 0, 1, 2, 3
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("true", "1", "yes")
-
-
-def console_for(stream) -> Console:
-    """A console on stream; plain (no colour) when not a terminal, in CI or with NO_COLOR."""
-    plain = in_ci() or not stream.isatty()
-    return Console(
-        file=stream,
-        no_color=plain or None,
-        highlight=False,
-        soft_wrap=False,
-        force_terminal=False if plain else None,
-        width=None if stream.isatty() else 160,
-    )
-
-
-def err_console() -> Console:
-    return console_for(sys.stderr)
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from theinference import __version__
-from theinference.cli.common import EXIT_FAIL, console_for, synth_progress
+from theinference.cli.common import EXIT_FAIL, synth_progress
+from theinference.cli.consoles import console_for
 from theinference.grading.mutants import build_mutant, load_mutants
 from theinference.report.terminal import render_run
 from theinference.bundled import data_dir

@@ -32,7 +32,8 @@ from theinference.grading.batch import (
     shard_record,
     submissions,
 )
-from theinference.cli.common import err_console, in_ci, run_options, synth_progress, write_atomic
+from theinference.cli.common import run_options, synth_progress, write_atomic
+from theinference.cli.consoles import err_console, in_ci
 from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.untrusted import for_terminal

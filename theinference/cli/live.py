@@ -12,6 +12,7 @@ import time
 from rich.console import Console
 from rich.markup import escape
 
+from theinference.cli import early
 from theinference.cli.common import OracleProgress
 from theinference.grading.results import RunResult, StageResult
 from theinference.grading.stages import StageSpec
@@ -130,7 +131,7 @@ class StreamedReport:
 
     def header(self, run: RunResult) -> None:
         self.progress.pause()
-        render_header(self.console, run, self.version)
+        render_header(self.console, run, self.version, headline_shown=early.shown == run.course)
         self.console.file.flush()
 
     def stage(self, stage: StageResult) -> None:

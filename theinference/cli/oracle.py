@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
-from theinference.cli.common import err_console, synth_progress
+from theinference.cli.common import synth_progress
+from theinference.cli.consoles import err_console
 from theinference.course import find_course_root, load_course
 from theinference.grading import scaling
 from theinference.grading.export import oracle_arrays

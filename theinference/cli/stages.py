@@ -9,7 +9,8 @@ from rich.markdown import Markdown
 from rich.text import Text
 
 from theinference.grading.check import check_course
-from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, ItemProgress, console_for, synth_progress
+from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, ItemProgress, synth_progress
+from theinference.cli.consoles import console_for
 from theinference.course import find_course_root, load_course
 from theinference.proc.launch import default_launcher
 from theinference.grading.grade import OracleCache

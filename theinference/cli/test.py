@@ -15,13 +15,11 @@ from theinference import __version__
 from theinference.cli.common import (
     EXIT_FAIL,
     OracleProgress,
-    console_for,
-    err_console,
-    in_ci,
     run_options,
     synth_progress,
     write_atomic,
 )
+from theinference.cli.consoles import console_for, err_console, in_ci
 from theinference.cli.options import (
     CourseOpt,
     AllowRootOpt,

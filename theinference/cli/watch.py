@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from theinference import __version__
-from theinference.cli.common import console_for, err_console
+from theinference.cli.consoles import console_for, err_console
 from theinference.report.terminal import render_run
 from theinference.grading.watch import Regrade, Watch
 

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from theinference.cli.common import console_for, err_console, synth_progress
+from theinference.cli.common import synth_progress
+from theinference.cli.consoles import console_for, err_console
 from theinference.course import find_course_root, load_course
 from theinference.model.weights_choice import CHOICE_ORDER, resolve_weights
 from theinference.model.synth import PRESETS, write_synthetic

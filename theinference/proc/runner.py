@@ -440,7 +440,7 @@ class StepClock:
             self.tree: accounting.ProcTree | None = accounting.ProcTree(child.proc.monitor_pid)
         except (accounting.MonitorGone, AttributeError):
             self.tree = None  # no /proc (or no monitor): plain wall-clock time
-        self.restart()
+        self._begin()
 
     def _waiting(self) -> float:
         if self.tree is None:
@@ -451,12 +451,16 @@ class StepClock:
             pass
         return self.last_waiting
 
-    def restart(self) -> None:
-        if hasattr(self, "wall"):
-            self.before += self.charged()
+    def _begin(self) -> None:
+        """Start timing a step from now."""
         self.last_waiting = 0.0
         self.wall, self.waited = time.monotonic(), self._waiting()
         self.backstop = self.wall + BACKSTOP * self.timeout + BACKSTOP_SLACK
+
+    def restart(self) -> None:
+        """The next step: the one that ends now is added to the earlier steps' charged time."""
+        self.before += self.charged()
+        self._begin()
 
     def charged(self) -> float:
         return time.monotonic() - self.wall - (self._waiting() - self.waited)

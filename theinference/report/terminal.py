@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from theinference.model import tokenizer
+from theinference.headline import headline
 from theinference.untrusted import for_terminal
 from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, RowStats, RunResult, StageResult, Status
 
@@ -98,12 +99,12 @@ def _folded(console: Console, label: str, parts: list[str], style: str = "") -> 
         console.print(Text(text, style=style), overflow="fold")
 
 
-def render_header(console: Console, run: RunResult, version: str) -> None:
-    """Who grades what: the course, the weights and why, the isolation, what the course chose itself."""
-    console.print(
-        Text.assemble((f"theinference {version}", "bold"), " grading ", (for_terminal(run.course), "cyan")),
-        overflow="fold",
-    )
+def render_header(console: Console, run: RunResult, version: str, headline_shown: bool = False) -> None:
+    """Who grades what: the course, the weights and why, the isolation, what the course chose itself.
+
+    headline_shown: the first line is already on screen (theinference.cli.early printed it)."""
+    if not headline_shown:
+        console.print(headline(version, run.course), overflow="fold")
     synthetic = [f"synthetic ({run.synthetic})"] if run.synthetic else []
     _folded(console, "weights: ", [for_terminal(run.weights_path), *synthetic])
     config = [f"{k} {v}" for k, v in run.config.items()]
