@@ -11,7 +11,7 @@ from typer.core import TyperGroup
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from theinference.cli.consoles import err_console, in_ci
+from theinference.cli.consoles import err_console, in_ci, is_plain
 from theinference.grading.randomcases import resolve_seed
 from theinference.errors import ConfigError, UsageError
 from theinference import files
@@ -48,7 +48,7 @@ class ItemProgress:
 
     def __init__(self, label: str, unit: str, lines: int | None = None):
         self.label, self.unit, self.lines = label, unit, lines
-        self.plain = in_ci() or not sys.stderr.isatty()
+        self.plain = is_plain(sys.stderr)
         self.bar: Progress | None = None
         self.task: TaskID | None = None
 

@@ -10,9 +10,14 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("true", "1", "yes")
 
 
+def is_plain(stream) -> bool:
+    """Whether output on stream gets plain lines, not colour and redrawn bars: off a terminal, or in CI."""
+    return in_ci() or not stream.isatty()
+
+
 def console_for(stream) -> Console:
     """A console on stream; plain (no colour) when not a terminal, in CI or with NO_COLOR."""
-    plain = in_ci() or not stream.isatty()
+    plain = is_plain(stream)
     return Console(
         file=stream,
         no_color=plain or None,

@@ -33,7 +33,7 @@ from theinference.grading.batch import (
     submissions,
 )
 from theinference.cli.common import run_options, synth_progress, write_atomic
-from theinference.cli.consoles import err_console, in_ci
+from theinference.cli.consoles import err_console, is_plain
 from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.untrusted import for_terminal
@@ -73,7 +73,7 @@ class BatchProgress:
     """`grade`'s progress on stderr: a rich bar on a terminal; else a line per warmed stage and per graded submission."""
 
     def __init__(self, total: int, stages: list):
-        self.plain = in_ci() or not sys.stderr.isatty()
+        self.plain = is_plain(sys.stderr)
         self.stages, self.total, self.done, self.started = stages, total, 0, time.perf_counter()
         self.bar = Progress(
             TextColumn("{task.description}"),
