@@ -26,7 +26,7 @@ import numpy as np
 from theinference.proc import accounting, interrupt, protocol, strays
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
-from theinference.proc.rundir import QuotaExceeded, RunDir
+from theinference.proc.rundir import QUOTA_POLL, QuotaExceeded, RunDir
 from theinference.trust import allowed_env
 
 OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
@@ -205,8 +205,10 @@ class _Child:
             if len(self.buffer) > MESSAGE_CAP:
                 raise ProtocolError(f"a message longer than {MESSAGE_CAP >> 20} MB")
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.pipe], [], [], remaining)[0]:
+            if remaining <= 0:
                 raise TimeoutError
+            if not select.select([self.pipe], [], [], min(remaining, QUOTA_POLL))[0]:
+                continue  # the run's directory is measured again meanwhile
             chunk = os.read(self.pipe.fileno(), 65536)
             if not chunk:
                 return None
