@@ -190,7 +190,7 @@ def strongest_isolation(allow_root: bool = False) -> Isolation:
         return Isolation(
             "sandbox",
             f"bubblewrap sandbox{as_nobody}: own PID namespace, no network, read-only "
-            "filesystem but for the run's output, grader's package hidden",
+            "filesystem but for the run's directory (a tmpfs of its quota), grader's package hidden",
             bwrap=bwrap,
             run_as=NOBODY if _is_root() else None,
         )
