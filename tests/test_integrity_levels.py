@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -810,3 +811,57 @@ def test_without_bubblewrap_a_submission_filling_its_run_directory_is_stopped(we
     raised = subprocess.run(command(*args, level=level, env={"THEINFERENCE_RUN_DIR_MB": "1024"}),
                             capture_output=True, timeout=300)  # fmt: skip
     _unprotected(json.loads(raised.stdout))
+
+
+# --- 1, 2 end to end: the Gradescope bundle and a submission with no adapters that grants itself full marks ----------
+
+ADAPTERLESS_FORGER = '''\
+import os, signal, subprocess, sys
+
+# Waits for the grader's results.json, then replaces it with full marks (Gradescope reads it after run_autograder).
+FORGE = """
+import os, sys, time
+path = sys.argv[1]
+for _ in range(1200):
+    time.sleep(0.05)
+    if os.path.exists(path):
+        time.sleep(0.5)
+        open(path, "w").write('{"score": 75, "output": "forged", "tests": []}')
+        break
+"""
+subprocess.Popen([sys.executable, "-c", FORGE, RESULTS, MARKER], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+os.kill(os.getppid(), signal.SIGKILL)  # its monitor, which would kill the daemon
+'''
+
+
+@pytest.mark.slow
+@needs_linux
+def test_a_gradescope_submission_without_adapters_cannot_grant_itself_full_marks(cli, tmp_path, tiny_path):
+    from test_autograder import build, run_autograder
+
+    from theinference import __version__
+
+    root = build(cli, tmp_path, _fake_wheel(tmp_path / "dist" / f"theinference-{__version__}-py3-none-any.whl"),
+                 "--weights", tiny_path, "--stage", STAGE)  # fmt: skip
+    marker, results = f"gradescope-forger-{uuid.uuid4()}", root / "results" / "results.json"
+    write_adapters(tmp_path / "sub", ADAPTERLESS_FORGER.replace("RESULTS, MARKER", f"{str(results)!r}, {marker!r}"))
+    try:
+        doc = run_autograder(root, tmp_path / "sub")
+        time.sleep(2)  # what a surviving forger would need to strike
+        assert _left_behind(marker) == []
+        assert doc["score"] == 0 and json.loads(results.read_text()) == doc and "forged" not in doc["output"]
+        if not (IS_ROOT and PYTHON_PRIVATE):
+            return  # the grader below would run student code as nobody, who cannot write the results
+        # The grader without its defences (no sandbox, as root by consent, no orphan adoption): full marks, forged.
+        fake = tmp_path / "fake-bin"
+        fake.mkdir()
+        (fake / "theinference").write_text(
+            f"#!/bin/sh\nPATH={Path(sys.executable).parent} {ALLOW_ROOT_ENV}=1 "
+            f'exec {sys.executable} -c {shlex.quote(UNPROTECTED)} "$@"\n'
+        )
+        (fake / "theinference").chmod(0o755)
+        run_autograder(root, tmp_path / "sub", path=str(fake))
+        assert _wait_for(lambda: json.loads(results.read_text())["score"] == 75, 60), results.read_text()
+    finally:
+        _kill(_left_behind(marker))
