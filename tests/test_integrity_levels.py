@@ -583,6 +583,7 @@ def _peak(directory: Path, stop) -> list[int]:
     return peak
 
 
+@pytest.mark.slow
 @needs_linux
 @pytest.mark.parametrize("level", ["sandbox", "zygote", "no-bwrap"])
 def test_a_submission_filling_its_run_directory_is_stopped_at_the_quota(tmp_path, tiny_path, level):
