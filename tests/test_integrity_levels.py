@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -535,6 +536,98 @@ def test_a_fork_bomb_stops_at_the_process_cap_of_its_uid(tmp_path, tiny_path):
     assert 0 < started < MAX_PROCESSES
 
 
+# --- 7. Resources: a disk quota on the run directory (its $TMPDIR) -------------------------------------------------
+
+FILL_MB, QUOTA_MB = 64, 8  # the attack writes 8 times the (instructor's, scaled-down) quota
+DISK_FILLER = f"""\
+import os, tempfile, uuid
+
+def run_layer_equiv(seq_ids):
+    where, chunk, written = tempfile.gettempdir(), os.urandom(1 << 20), 0
+    for _ in range({FILL_MB}):  # 1 MB files: no single file is over the quota, only all of them together
+        with open(os.path.join(where, f"fill-{{uuid.uuid4()}}"), "wb") as f:
+            f.write(chunk)
+        written += 1
+    raise RuntimeError(f"wrote {{written}} MB into {{where}}")
+"""
+
+
+def _quota_stopped(doc: dict) -> None:
+    """Every case ended on the quota, named with its size: never a grader crash or the student's own words."""
+    cases = doc["stages"][0]["cases"]
+    for case in cases:
+        assert case["status"] == "error", case
+        assert f"{QUOTA_MB} MB" in case["message"] and "run directory" in case["message"], case["message"]
+        assert "wrote 64 MB" not in case["message"]
+
+
+def _unprotected(doc: dict) -> None:
+    """With the quota raised above what it writes, the attack writes all of it (it is real)."""
+    message = doc["stages"][0]["cases"][0]["message"]
+    assert message.startswith(f"RuntimeError: wrote {FILL_MB} MB into "), message
+
+
+def _peak(directory: Path, stop) -> list[int]:
+    """Sample the bytes under directory until stop is set; the largest seen (a lower bound of the true peak)."""
+    peak = [0]
+    while not stop.is_set():
+        total = 0
+        for root, _, files in os.walk(directory):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except OSError:
+                    pass
+        peak[0] = max(peak[0], total)
+        time.sleep(0.005)
+    return peak
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.parametrize("level", ["sandbox", "zygote", "no-bwrap"])
+def test_a_submission_filling_its_run_directory_is_stopped_at_the_quota(tmp_path, tiny_path, level):
+    """sandbox: `test --untrusted` under bubblewrap (a tmpfs of the quota's size); zygote: plain `test`; no-bwrap:
+    untrusted with neither bwrap nor unshare on PATH (the grader's measurement of the run directory)."""
+    import tempfile
+    import threading
+
+    from test_runner import quick_stage_dir
+    from theinference.proc.sandbox import strongest_isolation
+
+    if level == "sandbox" and strongest_isolation(allow_root=True).level != "sandbox":
+        pytest.skip("no working bubblewrap sandbox here")
+    write_adapters(tmp_path / "c", DISK_FILLER)
+    # Where the grader makes its run directories (a short path: the zygote's socket goes there too).
+    grader_tmp = Path(tempfile.mkdtemp(prefix="ti-quota-"))
+    env = {**os.environ, "TMPDIR": str(grader_tmp), "THEINFERENCE_RUN_DIR_MB": str(QUOTA_MB)}
+    if level != "zygote":
+        env["CI"] = "true"
+    if level == "no-bwrap":
+        env |= {"PATH": str(Path(sys.executable).parent), ALLOW_ROOT_ENV: "1"}
+    args = ["test", "--course", tmp_path / "c", "--weights", tiny_path, "--stages-dir", quick_stage_dir(tmp_path)]
+    args += ["--stage", "quick-layer", "--format", "json"]
+    peak: list[int] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=lambda: peak.extend(_peak(grader_tmp, stop)))
+    sampler.start()
+    try:
+        done = _run(*args, env=env)
+        stop.set()
+        sampler.join()
+        assert done.returncode == 1, done.stderr.decode()
+        doc = json.loads(done.stdout)
+        assert doc["isolation"]["level"] == ("sandbox" if level == "sandbox" else "subreaper")
+        _quota_stopped(doc)
+        assert list(grader_tmp.iterdir()) == []  # every run directory is gone
+        if level == "sandbox":  # the tmpfs took the writes: the grader's disk saw none of them
+            assert peak[0] < 2**20, peak
+        _unprotected(json.loads(_run(*args, env={**env, "THEINFERENCE_RUN_DIR_MB": "1024"}).stdout))
+    finally:
+        stop.set()
+        shutil.rmtree(grader_tmp, ignore_errors=True)
+
+
 # --- 2, 3, 6 as a non-root user: no bubblewrap, no unshare, the grader's own uid (the `subreaper` level) -----------
 
 # setpriv to user nobody needs root; this Python is made reachable for nobody where it is not (tests/as_nobody.py).
@@ -553,9 +646,9 @@ def weak(tmp_path_factory, tiny_dir):
     os.chmod(work, 0o755)
     shutil.copytree(tiny_dir, work / "tiny")
 
-    def command(*args, script: str | None = None, level: str = "subreaper") -> list[str]:
+    def command(*args, script: str | None = None, level: str = "subreaper", env: dict | None = None) -> list[str]:
         """The grader: as nobody with nothing on PATH (subreaper), or as root with only unshare (namespaces)
-        or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way."""
+        or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way; and `env`."""
         subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
         bin_dir = work / f"bin-{level}"
         if not bin_dir.exists():
@@ -563,9 +656,11 @@ def weak(tmp_path_factory, tiny_dir):
             if level == "namespaces":  # and `true`, which the grader's probe of unshare runs
                 for name in ("unshare", "true"):
                     os.symlink(shutil.which(name) or name, bin_dir / name)
-        env = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
+        base = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
-        return as_nobody.command([*python, *map(str, args)], env, as_nobody_too=level == "subreaper")
+        return as_nobody.command(
+            [*python, *map(str, args)], {**base, **(env or {})}, as_nobody_too=level == "subreaper"
+        )
 
     yield work, command
     shutil.rmtree(work, ignore_errors=True)
@@ -694,3 +789,80 @@ def test_without_bubblewrap_no_neighbour_in_a_batch_is_killed(weak, level):
     assert done.returncode == 0, done.stderr
     points = {s["id"]: s["points"] for s in json.loads(out.read_text())["submissions"]}
     assert points["victim"] == 0 and points["killer"] > 0, points
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+@pytest.mark.parametrize("level", ["subreaper", "unprivileged", "namespaces"])
+def test_without_bubblewrap_a_submission_filling_its_run_directory_is_stopped(weak, level):
+    """The grader as nobody (subreaper), or as root without bwrap (the student as nobody)."""
+    work, command = weak
+    if level == "namespaces" and not shutil.which("unshare"):
+        pytest.skip("no unshare here")
+    write_adapters(work / "c", DISK_FILLER)
+    args = ["test", "--course", work / "c", "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    args += ["--format", "json"]
+    done = subprocess.run(command(*args, level=level, env={"THEINFERENCE_RUN_DIR_MB": str(QUOTA_MB)}),
+                          capture_output=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1, done.stderr.decode()
+    doc = json.loads(done.stdout)
+    assert doc["isolation"]["level"] == level
+    _quota_stopped(doc)
+    raised = subprocess.run(command(*args, level=level, env={"THEINFERENCE_RUN_DIR_MB": "1024"}),
+                            capture_output=True, timeout=300)  # fmt: skip
+    _unprotected(json.loads(raised.stdout))
+
+
+# --- 1, 2 end to end: the Gradescope bundle and a submission with no adapters that grants itself full marks ----------
+
+ADAPTERLESS_FORGER = '''\
+import os, signal, subprocess, sys
+
+# Waits for the grader's results.json, then replaces it with full marks (Gradescope reads it after run_autograder).
+FORGE = """
+import os, sys, time
+path = sys.argv[1]
+for _ in range(1200):
+    time.sleep(0.05)
+    if os.path.exists(path):
+        time.sleep(0.5)
+        open(path, "w").write('{"score": 75, "output": "forged", "tests": []}')
+        break
+"""
+subprocess.Popen([sys.executable, "-c", FORGE, RESULTS, MARKER], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+os.kill(os.getppid(), signal.SIGKILL)  # its monitor, which would kill the daemon
+'''
+
+
+@pytest.mark.slow
+@needs_linux
+def test_a_gradescope_submission_without_adapters_cannot_grant_itself_full_marks(cli, tmp_path, tiny_path):
+    from test_autograder import build, run_autograder
+
+    from theinference import __version__
+
+    root = build(cli, tmp_path, _fake_wheel(tmp_path / "dist" / f"theinference-{__version__}-py3-none-any.whl"),
+                 "--weights", tiny_path, "--stage", STAGE)  # fmt: skip
+    marker, results = f"gradescope-forger-{uuid.uuid4()}", root / "results" / "results.json"
+    write_adapters(tmp_path / "sub", ADAPTERLESS_FORGER.replace("RESULTS, MARKER", f"{str(results)!r}, {marker!r}"))
+    try:
+        doc = run_autograder(root, tmp_path / "sub")
+        time.sleep(2)  # what a surviving forger would need to strike
+        assert _left_behind(marker) == []
+        assert doc["score"] == 0 and json.loads(results.read_text()) == doc and "forged" not in doc["output"]
+        if not (IS_ROOT and PYTHON_PRIVATE):
+            return  # the grader below would run student code as nobody, who cannot write the results
+        # The grader without its defences (no sandbox, as root by consent, no orphan adoption): full marks, forged.
+        fake = tmp_path / "fake-bin"
+        fake.mkdir()
+        (fake / "theinference").write_text(
+            f"#!/bin/sh\nPATH={Path(sys.executable).parent} {ALLOW_ROOT_ENV}=1 "
+            f'exec {sys.executable} -c {shlex.quote(UNPROTECTED)} "$@"\n'
+        )
+        (fake / "theinference").chmod(0o755)
+        run_autograder(root, tmp_path / "sub", path=str(fake))
+        assert _wait_for(lambda: json.loads(results.read_text())["score"] == 75, 60), results.read_text()
+    finally:
+        _kill(_left_behind(marker))

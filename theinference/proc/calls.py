@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theinference.proc import accounting, protocol, strays
+from theinference.proc.rundir import QuotaExceeded
 from theinference.proc.runner import (
     AdapterJob,
     CallOutcome,
@@ -99,14 +100,26 @@ class CallSession:
             except ProtocolError as e:
                 self._fail(_broken(e))
                 continue
+            except QuotaExceeded as e:
+                self._fail(CallOutcome(status=protocol.ERROR, message=str(e)))
+                continue
             if message is not None and message["event"] == protocol.LOADED:
                 self.defined_at = _defined_at(message)
                 return
             self._fail(self._load_failure(message))
 
+    def _crashed(self) -> CallOutcome:
+        """The outcome of a worker that ended without a word: the quota's, if its run directory is past it."""
+        assert self.child is not None
+        try:
+            self.child.check_quota(now=True)
+        except QuotaExceeded as e:
+            return CallOutcome(status=protocol.ERROR, message=str(e))
+        return CallOutcome(status=protocol.CRASH, message=_exit_message(self._returncode()))
+
     def _load_failure(self, message: dict | None) -> CallOutcome:
         if message is None:
-            return CallOutcome(status=protocol.CRASH, message=_exit_message(self._returncode()))
+            return self._crashed()
         if message["event"] == protocol.LOAD_ERROR:
             return CallOutcome(
                 status=protocol.ERROR, message=_text(message, "message"), traceback=_text(message, "traceback")
@@ -160,26 +173,29 @@ class CallSession:
                 except TimeoutError:
                     continue
                 if message is None:
-                    crashed = CallOutcome(status=protocol.CRASH, message=_exit_message(self._returncode()))
-                    return self._ended(crashed, output)
+                    return self._ended(self._crashed(), output)
                 if message["event"] == protocol.START and _is_call(message, index) and not begun:
                     begun, output = True, _offsets(message)
                     continue
                 if message["event"] == protocol.DONE and _is_call(message, index) and begun:
+                    self.child.check_quota(now=True)
                     return self._done(message, index, cap, before, clock, output)
                 raise ProtocolError(f"an unexpected {str(message['event'])[:40]!r} message (call {index} was due)")
             except ProtocolError as e:
                 return self._ended(_broken(e), output)
             except accounting.MonitorGone as e:
                 return self._ended(_gone(e), output)
+            except QuotaExceeded as e:
+                return self._ended(CallOutcome(status=protocol.ERROR, message=str(e)), output)
 
     def _done(
         self, message: dict, index: int, cap: int, before: float, clock: StepClock, output: list[int]
     ) -> CallOutcome:
         """The call's outcome from its 'done' message, with the tree's CPU read now."""
-        assert self.meter is not None and self.child is not None
+        assert self.meter is not None and self.child is not None and self.child.run_dir is not None
         used = self.meter.cpu_seconds() - before
-        outcome = _outcome_from_done(message, index, self.work, cap if message.get("status") == protocol.OK else None)
+        checked = cap if message.get("status") == protocol.OK else None
+        outcome = _outcome_from_done(message, index, self.child.run_dir, checked)
         outcome.cpu_seconds = used
         outcome.seconds = time.monotonic() - clock.wall
         outcome.defined_at = self.defined_at

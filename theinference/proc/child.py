@@ -138,7 +138,7 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
         )
         return
     except BaseException as e:  # noqa: BLE001 - the student's exception is the result
-        done(status=protocol.ERROR, message=f"{type(e).__name__}: {e}", traceback=_student_traceback(e))
+        done(status=protocol.ERROR, message=_error_message(e), traceback=_student_traceback(e))
         return
     seconds = time.perf_counter() - started
     array, problem = _to_array(value)
@@ -146,6 +146,10 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
         done(status=protocol.BAD_OUTPUT, message=problem, seconds=seconds)
         return
     out = out_dir / f"case-{index}.npy"
+    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if cap != resource.RLIM_INFINITY and array.nbytes + _NPY_HEADER > cap:  # not even begun: the quota stays free
+        done(status=protocol.ERROR, message=_save_problem(OSError(errno.EFBIG, "too large"), array), seconds=seconds)
+        return
     try:
         np.save(out, array, allow_pickle=False)
     except OSError as e:  # CPython ignores SIGXFSZ: a write over the file cap raises EFBIG here instead
@@ -153,6 +157,21 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
         done(status=protocol.ERROR, message=_save_problem(e, array), seconds=seconds)
         return
     done(status=protocol.OK, file=str(out), seconds=seconds)
+
+
+_NPY_HEADER = 4096  # at least what a .npy header takes
+_FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def _error_message(error: BaseException) -> str:
+    """The student's exception in a line; a write refused for the run directory's quota says so (the grader's own
+    measurement of that directory decides the verdict when it sees it; this is the hint when the student's process
+    ended the case first)."""
+    text = f"{type(error).__name__}: {error}"
+    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if isinstance(error, OSError) and error.errno in _FULL and cap != resource.RLIM_INFINITY:
+        text += f" (the adapter's processes may write at most {_size(cap)} to their run directory, $TMPDIR, in all)"
+    return text
 
 
 def _save_problem(error: OSError, array) -> str:

@@ -26,6 +26,7 @@ from typing import Protocol
 from theinference.proc import protocol, strays
 from theinference.proc.interrupt import kill_group
 from theinference.proc.node import HARNESS, worker_for_job
+from theinference.proc.rundir import TMPFS_SLACK
 from theinference.proc.sandbox import (
     Isolation,
     Sandbox,
@@ -45,6 +46,7 @@ class StudentProcess(Protocol):
     pid: int
     monitor_pid: int  # the subreaper the student's processes hang from (theinference.proc.reaper)
     returncode: int | None
+    tmpfs_size: int | None  # a sandbox's run directory is a tmpfs of this size (pid is bwrap's); else None
 
     def wait(self, timeout: float | None = None) -> int: ...
 
@@ -65,11 +67,13 @@ class Launcher(Protocol):
         *,
         calls_fd: int | None = None,
         cgroup: Sequence[str] = (),
+        quota: int | None = None,
     ) -> StudentProcess:
         """Start `theinference.proc.child ARGS` in cwd with env, its output to stdout/stderr, events to proto_fd.
 
         calls_fd: an interactive job's call requests (protocol.CALLS_FD_ENV). cgroup: the cgroup.procs files
-        the monitor joins before it starts the worker (theinference.proc.accounting).
+        the monitor joins before it starts the worker (theinference.proc.accounting). quota: the bytes the run's
+        directory (the job file's) may hold, which a sandbox makes a tmpfs of (theinference.proc.rundir).
         """
         ...
 
@@ -97,6 +101,7 @@ class ZygoteProcess:
         self.conn = conn
         self.buffer = b""
         self.returncode: int | None = None
+        self.tmpfs_size: int | None = None
         self.monitor_lost = False  # the monitor died without a status: nothing of this run counts
         started = self._read(time.monotonic() + 30)
         self.pid, self.monitor_pid = started["pid"], started.get("monitor", started["pid"])
@@ -133,11 +138,11 @@ class ZygoteProcess:
 class MonitoredProcess(ZygoteProcess):
     """A fresh process under `python -m theinference.proc.reaper`, which is reaped with it."""
 
-    def __init__(self, conn: socket.socket, monitor: subprocess.Popen):
+    def __init__(self, conn: socket.socket, monitor: subprocess.Popen, tmpfs_size: int | None = None):
         self.monitor = monitor
         try:
             super().__init__(conn)
-            self.monitor_pid = monitor.pid
+            self.monitor_pid, self.tmpfs_size = monitor.pid, tmpfs_size
         except BaseException:
             monitor.kill()
             monitor.wait()
@@ -163,26 +168,24 @@ class SubprocessLauncher:
         self._uids: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def _command(self, args: list[str], cwd: str, env: dict) -> list[str]:
+    def _command(self, args: list[str], cwd: str, env: dict, quota: int | None) -> list[str]:
         node = worker_for_job(args[0])  # the TypeScript edition's adapters run on Node (theinference.proc.node)
         if self._sandbox is None:
             if node is not None:
                 return [*self.isolation.unshare, *node.prefix, str(HARNESS), *args]
             # -P: the course directory (which the child puts on sys.path itself) cannot shadow the grader's modules.
             return [*self.isolation.unshare, sys.executable, "-P", "-m", "theinference.proc.child", *args]
-        run_dir = os.path.dirname(args[0])
+        weights = env["THEINFERENCE_WEIGHTS"]
         if node is not None:
             inner = [*node.prefix, self._sandbox.node_harness, *args]
-            return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"], node.readable)
+            return self._sandbox.command(inner, cwd, args[0], weights, node.readable, quota=quota)
         inner = [sys.executable, "-P", "-B", self._sandbox.child_script, *args]
-        return self._sandbox.command(inner, cwd, run_dir, env["THEINFERENCE_WEIGHTS"])
+        return self._sandbox.command(inner, cwd, args[0], weights, quota=quota)
 
     def _student_env(self, args: list[str], cwd: str, env: dict, proto_fd: int, calls_fd: int | None) -> dict:
         env = {**env, protocol.PROTOCOL_FD_ENV: str(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
         if calls_fd is not None:
             env[protocol.CALLS_FD_ENV] = str(calls_fd)
-        if self._sandbox is not None:
-            env["TMPDIR"] = os.path.dirname(args[0])  # the one writable place
         if self.isolation.run_as is None:
             return env
         uid = self._uid_for(cwd)
@@ -211,6 +214,7 @@ class SubprocessLauncher:
         *,
         calls_fd: int | None = None,
         cgroup: Sequence[str] = (),
+        quota: int | None = None,
     ) -> MonitoredProcess:
         env = self._student_env(args, cwd, env, proto_fd, calls_fd)
         joins = [arg for path in cgroup for arg in ("--cgroup", path)]
@@ -227,7 +231,7 @@ class SubprocessLauncher:
                     str(theirs.fileno()),
                     *joins,
                     "--",
-                    *self._command(args, cwd, env),
+                    *self._command(args, cwd, env, quota),
                 ],
                 cwd=cwd,
                 env=env,
@@ -238,7 +242,8 @@ class SubprocessLauncher:
                 start_new_session=True,
             )
             strays.register(monitor.pid)
-        return MonitoredProcess(ours, monitor)
+        tmpfs = quota is not None and self._sandbox is not None and self._sandbox.tmpfs
+        return MonitoredProcess(ours, monitor, quota + TMPFS_SLACK if tmpfs and quota is not None else None)
 
     def warm(self) -> None:
         """Nothing to start ahead: every run starts its own interpreter."""
@@ -328,11 +333,12 @@ class ZygoteLauncher:
         *,
         calls_fd: int | None = None,
         cgroup: Sequence[str] = (),
+        quota: int | None = None,
     ) -> ZygoteProcess:
         if worker_for_job(args[0]) is not None:  # the TypeScript edition: a fresh Node process under its monitor
             self._fresh = self._fresh or SubprocessLauncher()
             return self._fresh.start(
-                args, cwd, {**env, **self._env}, stdout, stderr, proto_fd, calls_fd=calls_fd, cgroup=cgroup
+                args, cwd, {**env, **self._env}, stdout, stderr, proto_fd, calls_fd=calls_fd, cgroup=cgroup, quota=quota
             )
         path = self._ensure_started()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -26,10 +26,11 @@ import numpy as np
 from theinference.proc import accounting, interrupt, protocol, strays
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
+from theinference.proc.rundir import QUOTA_POLL, QuotaExceeded, RunDir
 from theinference.trust import allowed_env
 
 OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
-FILE_CAP = 1 << 30  # bytes any one file the student's process writes may reach (its output included)
+FILE_CAP = 1 << 30  # bytes any one file the student's process writes may reach (its output included; and the quota)
 MESSAGE_CAP = 1 << 20  # bytes of one protocol message
 
 
@@ -152,7 +153,8 @@ class _Child:
             )
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.limits.untrusted else dict(os.environ)
-        env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights)}
+        # Temporary files go to the run's directory, which the quota covers (and, sandboxed, the one writable place).
+        env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights), "TMPDIR": str(work)}
         if interactive:  # timed: one BLAS thread, as the oracle's cost is measured (theinference.grading.scaling)
             env.update({name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
@@ -161,6 +163,8 @@ class _Child:
         self.calls: int | None = None
         if interactive:
             calls_read, self.calls = os.pipe()
+        self.run_dir: RunDir | None = None
+        self.over_quota: str | None = None  # the final measurement's verdict, once finished
         self.cgroup = accounting.Cgroup.create(job.limits.tree())
         try:
             with os.fdopen(out_fd, "wb") as out, os.fdopen(err_fd, "wb") as err:
@@ -173,6 +177,7 @@ class _Child:
                     write_fd,
                     calls_fd=calls_read,
                     cgroup=self.cgroup.procs_files if self.cgroup else (),
+                    quota=job.limits.run_dir_bytes,
                 )
         except BaseException:  # e.g. a setup error (no TypeScript runner): the event pipe's read end goes too
             os.close(read_fd)
@@ -184,6 +189,8 @@ class _Child:
                 os.close(calls_read)
         self.pipe = os.fdopen(read_fd, "rb")
         self.buffer = b""
+        tmpfs = getattr(self.proc, "tmpfs_size", None)
+        self.run_dir = RunDir(work, job.limits.run_dir_bytes, (self.proc.pid, tmpfs) if tmpfs else None)
         try:
             interrupt.track(self.proc.pid)  # so that Ctrl-C or SIGTERM kills it from any thread
         except interrupt.Cancelled:
@@ -191,13 +198,17 @@ class _Child:
             raise
 
     def next_message(self, deadline: float) -> dict | None:
-        """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed."""
+        """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed,
+        QuotaExceeded once the run's directory holds more than its quota."""
         while b"\n" not in self.buffer:
+            self.check_quota()
             if len(self.buffer) > MESSAGE_CAP:
                 raise ProtocolError(f"a message longer than {MESSAGE_CAP >> 20} MB")
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self.pipe], [], [], remaining)[0]:
+            if remaining <= 0:
                 raise TimeoutError
+            if not select.select([self.pipe], [], [], min(remaining, QUOTA_POLL))[0]:
+                continue  # the run's directory is measured again meanwhile
             chunk = os.read(self.pipe.fileno(), 65536)
             if not chunk:
                 return None
@@ -211,8 +222,14 @@ class _Child:
             raise ProtocolError(f"a message that is not one of the protocol's: {line[:80]!r}")
         return message
 
+    def check_quota(self, now: bool = False) -> None:
+        """QuotaExceeded if the run's directory holds more than its quota (measured at most so often, unless now)."""
+        if self.run_dir is not None:
+            self.run_dir.check(now)
+
     def finish(self, graceful: bool = True) -> int:
-        """Kill what is left of the process group; return the child's exit code.
+        """Kill what is left of the process group; return the child's exit code. The run's directory is measured
+        once more (over_quota): what was written since the last look counts too.
 
         graceful: the child has reported everything and should exit by itself; give it a moment.
         """
@@ -224,11 +241,17 @@ class _Child:
         returncode = self.proc.returncode
         _kill_group(self.proc)  # also reaps grandchildren the student left running
         interrupt.untrack(self.proc.pid)
+        try:
+            self.check_quota(now=True)
+        except QuotaExceeded as e:
+            self.over_quota = str(e)
         self._release()
         return returncode if returncode is not None else -signal.SIGKILL
 
     def _release(self) -> None:
-        """Close the calls pipe; kill what is left in the run's cgroup and remove it."""
+        """Close the calls pipe; kill what is left in the run's cgroup and remove it; let go of its run directory."""
+        if self.run_dir is not None:
+            self.run_dir.close()
         if self.calls is not None:
             try:
                 os.close(self.calls)
@@ -288,15 +311,15 @@ def _read_header(f, name: str) -> tuple[tuple, np.dtype]:
     return shape, dtype
 
 
-def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | CallOutcome:
+def _load_output(file, index: int, run_dir: RunDir, cap: int | None) -> np.ndarray | CallOutcome:
     """The array the child saved for case `index` (only that file in the run's directory, a regular .npy
     file), read only if its header says it fits `cap` bytes: otherwise a "too-large" outcome. The file is
     removed once read."""
-    expected = work / f"case-{index}.npy"
+    expected = run_dir.path / f"case-{index}.npy"
     if file != str(expected):
         raise ProtocolError(f"the output file {str(file)[:200]!r} is not {expected.name} in the run's directory")
     try:
-        fd = os.open(expected, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = run_dir.open_output(expected.name)
     except OSError as e:
         raise ProtocolError(f"cannot open {expected.name}: {e.strerror}") from None
     try:
@@ -318,10 +341,10 @@ def _load_output(file, index: int, work: Path, cap: int | None) -> np.ndarray | 
             except (OSError, ValueError, EOFError) as e:
                 raise ProtocolError(f"{expected.name} is not a .npy array ({type(e).__name__}: {e})") from None
     finally:
-        expected.unlink(missing_ok=True)
+        run_dir.remove_output(expected.name)
 
 
-def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None) -> CallOutcome:
+def _outcome_from_done(message: dict, index: int, run_dir: RunDir, cap: int | None) -> CallOutcome:
     status, seconds = message.get("status"), message.get("seconds", 0.0)
     if status not in protocol.DONE_STATUSES:
         raise ProtocolError(f"unknown status {str(status)[:80]!r} for case {index}")
@@ -334,7 +357,7 @@ def _outcome_from_done(message: dict, index: int, work: Path, cap: int | None) -
         seconds=float(seconds),
     )
     if status == protocol.OK:
-        value = _load_output(message.get("file"), index, work, cap)
+        value = _load_output(message.get("file"), index, run_dir, cap)
         if isinstance(value, CallOutcome):
             return dataclasses.replace(value, seconds=float(seconds))
         outcome.value = value
@@ -385,7 +408,7 @@ class _Progress:
 
 
 def _handle(
-    message: dict, state: _Progress, child: "_Child", job: AdapterJob, work: Path, outcomes: dict[int, CallOutcome]
+    message: dict, state: _Progress, child: "_Child", job: AdapterJob, outcomes: dict[int, CallOutcome]
 ) -> CallOutcome | None:
     """Apply one message in the order the protocol allows; return a load failure, raise ProtocolError otherwise."""
     event = message["event"]
@@ -400,11 +423,13 @@ def _handle(
         if job.on_event is not None:
             job.on_event(protocol.START, state.current)
     elif event == protocol.DONE and state.started and _is_case(message, state.current):
+        child.check_quota(now=True)  # a case that ends past the quota (its writes refused, say) is the quota's
+        assert child.run_dir is not None, "a started child has a run directory"
         returned = (
             message.get("status") == protocol.OK
         )  # the cap asks the oracle: only for a case that returned an array
         cap = job.output_cap(state.current) if job.output_cap and returned else None
-        outcome = _outcome_from_done(message, state.current, work, cap)
+        outcome = _outcome_from_done(message, state.current, child.run_dir, cap)
         child.attach_output(outcome, state.case_output, _offsets(message))
         outcome.defined_at = state.defined_at
         outcomes[state.current] = outcome
@@ -527,7 +552,7 @@ def _run_child(
             if message is None:
                 break
             step = (state.loaded, state.current)
-            failure = _handle(message, state, child, job, work, outcomes)
+            failure = _handle(message, state, child, job, outcomes)
             if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
                 clock.restart()
     except TimeoutError:
@@ -542,6 +567,8 @@ def _run_child(
             CallOutcome(status=protocol.ERROR, message=f"the adapter's process broke the result protocol: {e}"),
             True,
         )
+    except QuotaExceeded as e:
+        failure, kill_now = CallOutcome(status=protocol.ERROR, message=str(e)), True
     except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
         child.finish(graceful=False)
         raise
@@ -549,6 +576,13 @@ def _run_child(
     stage[1].spent += clock.total()
     if getattr(child.proc, "monitor_lost", False):
         return _monitor_lost(job, start, outcomes)
+    if failure is None and child.over_quota is not None:  # written past the quota since the last look
+        failure, state.current = (
+            CallOutcome(status=protocol.ERROR, message=child.over_quota),
+            min(state.current, len(job.calls) - 1),
+        )
+        if state.current in outcomes and job.consume is not None:  # replaces what that case may have passed with
+            job.consume(state.current, failure)
     if state.current >= len(job.calls) and failure is None:
         return state.current
     if failure is None:
@@ -618,29 +652,25 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     outcomes: dict[int, CallOutcome] = {}
     stage_deadline = min(time.monotonic() + _stage_backstop(job), job.deadline or math.inf)
     budget = _StageBudget(_stage_budget(job))
-    work = tempfile.mkdtemp(prefix="theinference-run-")  # 0700; chowned to the submission's own uid as root
-    try:
-        start = 0
-        while start < len(job.calls) and time.monotonic() < stage_deadline and not budget.over():
-            try:
-                start = _run_child(job, start, Path(work), outcomes, (stage_deadline, budget))
-            except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
-                interrupt.kill_running()
-                raise
-            over = time.monotonic() >= stage_deadline or budget.over()  # the rest are reported as over budget
-            if (
-                not (job.all_cases or over)
-                and start < len(job.calls)
-                and outcomes[start - 1].status == protocol.TIMEOUT
-            ):
-                name = job.case_names[start - 1] if job.case_names else start - 1
-                skipped = CallOutcome(
-                    status=protocol.TIMEOUT,
-                    message=f"skipped after a timeout in case {name} (--all-cases runs every case)",
-                )
-                outcomes.update((i, skipped) for i in range(start, len(job.calls)))
-                start = len(job.calls)
-    finally:
-        remove_run_dir(work)
+    start = 0
+    while start < len(job.calls) and time.monotonic() < stage_deadline and not budget.over():
+        # A fresh run directory for each process: what one left there counts against no other's quota.
+        work = tempfile.mkdtemp(prefix="theinference-run-")  # 0700; chowned to the submission's own uid as root
+        try:
+            start = _run_child(job, start, Path(work), outcomes, (stage_deadline, budget))
+        except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
+            interrupt.kill_running()
+            raise
+        finally:
+            remove_run_dir(work)
+        over = time.monotonic() >= stage_deadline or budget.over()  # the rest are reported as over budget
+        if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == protocol.TIMEOUT:
+            name = job.case_names[start - 1] if job.case_names else start - 1
+            skipped = CallOutcome(
+                status=protocol.TIMEOUT,
+                message=f"skipped after a timeout in case {name} (--all-cases runs every case)",
+            )
+            outcomes.update((i, skipped) for i in range(start, len(job.calls)))
+            start = len(job.calls)
     spent = CallOutcome(status=protocol.TIMEOUT, message=_spent_message(job))
     return [outcomes.get(i, spent) for i in range(len(job.calls))]

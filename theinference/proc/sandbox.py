@@ -5,7 +5,8 @@ Levels, strongest first (the report header names the one in use):
 - `sandbox`: bubblewrap (`bwrap`). The student's process gets its own PID namespace (every
   descendant dies with it), no network, and a filesystem that is read-only and holds only the
   system directories, Python and its site-packages, the course, the weights and the run's
-  output directory (the only writable place). The grader's package is hidden; a stub
+  directory: a tmpfs the size of the run directory's quota (the only writable place, its job
+  file bound in read-only; theinference.proc.rundir). The grader's package is hidden; a stub
   `theinference` package offers only `weights_path()` and the student-side runner.
 - `namespaces`: no bubblewrap, but `unshare` (util-linux) works: own PID namespace and no
   network; the filesystem, the grader's package included, stays readable.
@@ -26,11 +27,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from theinference.errors import ConfigError
+from theinference.proc.rundir import TMPFS_SLACK, RunDir
 
 NOBODY = 65534  # the uid and gid of `nobody` on Debian, Ubuntu, Fedora, Alpine
 # The instructor's explicit consent to untrusted grading as root where nothing can drop to nobody.
@@ -111,6 +114,34 @@ def _working_bwrap() -> str | None:
 
 
 @functools.cache
+def tmpfs_reachable(bwrap: str) -> bool:
+    """Whether the grader reaches a tmpfs made inside a sandbox through /proc (theinference.proc.rundir): where it
+    cannot (a setuid bwrap), the run's directory on the grader's disk is bound in instead, and measured there."""
+    probe, size = tempfile.mkdtemp(prefix="theinference-probe-"), 1 << 20
+    command = [bwrap, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--die-with-parent", *_NAMESPACES]
+    command += ["--size", str(size), "--tmpfs", probe, "--", "cat"]  # cat: alive until its stdin closes
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        os.rmdir(probe)
+        return False
+    run_dir = RunDir(Path(probe), size, (proc.pid, size))
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            if run_dir.tmpfs() is not None:
+                return True
+            time.sleep(0.01)
+        return False
+    finally:
+        run_dir.close()
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+        os.rmdir(probe)
+
+
+@functools.cache
 def _working_unshare() -> tuple[str, ...]:
     """The unshare command prefix (new PID and network namespaces), if it works here; () if not."""
     unshare = shutil.which("unshare")
@@ -159,7 +190,7 @@ def strongest_isolation(allow_root: bool = False) -> Isolation:
         return Isolation(
             "sandbox",
             f"bubblewrap sandbox{as_nobody}: own PID namespace, no network, read-only "
-            "filesystem but for the run's output, grader's package hidden",
+            "filesystem but for the run's directory (a tmpfs of its quota), grader's package hidden",
             bwrap=bwrap,
             run_as=NOBODY if _is_root() else None,
         )
@@ -242,11 +273,27 @@ class Sandbox:
         self.child_script = str(stub / "proc" / "child.py")
         self.node_harness = str(stub / NODE_HARNESS)
 
-    def command(
-        self, argv: list[str], course_root: str, run_dir: str, weights: str, extra: tuple[str, ...] = ()
-    ) -> list[str]:
-        """argv (run inside the sandbox) wrapped in bwrap, seeing only what the run needs (and `extra`, read-only)."""
+    @property
+    def tmpfs(self) -> bool:
+        """Whether the run's directory is a tmpfs in the sandbox (else the grader's own directory, bound in)."""
         assert self.isolation.bwrap is not None, "a Sandbox is made only where bubblewrap runs"
+        return tmpfs_reachable(self.isolation.bwrap)
+
+    def command(
+        self,
+        argv: list[str],
+        course_root: str,
+        job: str,
+        weights: str,
+        extra: tuple[str, ...] = (),
+        quota: int | None = None,
+    ) -> list[str]:
+        """argv (run inside the sandbox) wrapped in bwrap, seeing only what the run needs (and `extra`, read-only).
+
+        The job file's directory is the run's: with a quota, a tmpfs of that size (and TMPFS_SLACK) at its path,
+        the job file bound in read-only; without, the directory itself."""
+        assert self.isolation.bwrap is not None, "a Sandbox is made only where bubblewrap runs"
+        run_dir = os.path.dirname(job)
         python = _python_dirs()
         # The weights file and its config.json, not their directory: it may be private, or hold more than they need.
         config = Path(weights).parent / "config.json"
@@ -261,6 +308,8 @@ class Sandbox:
             "/proc",
             "--dev",
             "/dev",
+            "--remount-ro",  # its /dev/shm would be a tmpfs of half the RAM, writable without the grader's root
+            "/dev",
         ]
         for parent in _parents([*readable, run_dir]):  # bwrap would make them 0700: the student's user must pass
             args += ["--perms", "0755", "--dir", parent]
@@ -273,7 +322,12 @@ class Sandbox:
         for path in self.hidden:
             if os.path.isfile(path):
                 args += ["--ro-bind", "/dev/null", path]
-        args += ["--bind", run_dir, run_dir, "--chdir", course_root, "--remount-ro", "/", "--", *argv]
+        if quota is not None and self.tmpfs:
+            args += ["--perms", "0777", "--size", str(quota + TMPFS_SLACK), "--tmpfs", run_dir]
+            args += ["--ro-bind", job, job]
+        else:
+            args += ["--bind", run_dir, run_dir]
+        args += ["--chdir", course_root, "--remount-ro", "/", "--", *argv]
         return args
 
     def close(self) -> None:

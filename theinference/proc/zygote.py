@@ -19,6 +19,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 
 # What a student process will import anyway; importing it here is the whole point.
 import numpy  # noqa: F401
@@ -42,6 +43,7 @@ def _worker(request: dict, fds: list[int]) -> None:
         os.dup2(src, dst)
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # found again from this run's TMPDIR (its run directory), not the zygote's
     os.environ[protocol.PROTOCOL_FD_ENV] = str(proto_fd)
     if calls:
         os.environ[protocol.CALLS_FD_ENV] = str(calls[0])
