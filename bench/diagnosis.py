@@ -1,6 +1,6 @@
 """Benchmark: how often diagnosis names a student's own mistake exactly, and what it costs next to the oracle.
 
-    python bench/diagnosis.py [--seeds 0] [--gpt2] [--only NAME...]
+    python bench/diagnosis.py [--seeds 0] [--gpt2] [--only NAME...] [--runs 3]
 
 Mistakes written the way students write them: three whole student implementations of every stage in
 different styles (bench/students/*.py.tmpl: `functional` — pure functions and einsum, a list cache; `classes`
@@ -16,14 +16,16 @@ it should pass (so evidence from the run is there too). For each failing stage t
 
 and its cost is the fingerprinting time over the oracle's time for that stage's cases, both from a cold cache
 (each mistake starts with only the oracle's outputs, which grading computes anyway: no bug output computed for an
-earlier mistake is reused) and both counted as this process's CPU time with BLAS held to one thread (both run in
+earlier mistake is reused), both the fastest of three runs (a busy machine only ever adds time), and both counted as this process's CPU time with BLAS held to one thread (both run in
 the grader's process; with several threads, a busy machine turns many small products into CPU time spent
 spinning, which says nothing about the work), so the ratio is the work's and not the machine's.
 Targets: >= 80% exact, 0 wrong, cost <= 3x.
 """
 
 import argparse
+import copy
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -244,7 +246,21 @@ def oracle_seconds(model, stages) -> tuple[dict[str, float], dict]:
     return seconds, entries
 
 
-def run(weights: Path, label: str, only: list[str]) -> list[tuple[str, float]]:
+def fingerprint_seconds(grader: Grader, stages, graded, oracle_entries: dict, runs: int = 3):
+    """The fastest of a few cold fingerprintings of one graded run (each on a copy: fingerprinting consumes the
+    outputs), as the oracle's time is, and the run fingerprinted."""
+    best, done = float("inf"), graded
+    for _ in range(runs):
+        grader.cache.entries.clear()  # cold: only the oracle's outputs, as on a student's first failing run
+        grader.cache.entries.update(oracle_entries)
+        done = copy.deepcopy(graded)
+        start = time.process_time()
+        grader.fingerprint(stages, done)
+        best = min(best, time.process_time() - start)
+    return best, done
+
+
+def run(weights: Path, label: str, only: list[str], runs: int = 3) -> list[tuple[str, float, str]]:
     model = load_model(weights)
     by_id = {s.id: s for s in load_stages(stage_dirs(None))}
     oracle_s, oracle_entries = oracle_seconds(
@@ -257,12 +273,8 @@ def run(weights: Path, label: str, only: list[str]) -> list[tuple[str, float]]:
             style, subs, stage_ids, expected = MISTAKES[name]
             course = make_course(Path(tmp) / name, style, subs)
             stages = [by_id[i] for i in stage_ids]
-            grader.cache.entries.clear()  # cold: only the oracle's outputs, as on a student's first failing run
-            grader.cache.entries.update(oracle_entries)
             graded = grader.grade(course, stages, RunOptions(fingerprint=False))
-            start = time.process_time()
-            grader.fingerprint(stages, graded)
-            spent = time.process_time() - start
+            spent, graded = fingerprint_seconds(grader, stages, graded, oracle_entries, runs)
             context = [s.id for s in graded.stages[:-1] if s.status != "pass"]
             scored = graded.stages[-1]
             if scored.status != "fail":
@@ -278,7 +290,7 @@ def run(weights: Path, label: str, only: list[str]) -> list[tuple[str, float]]:
                 f"fingerprint {spent:5.2f} s = {ratio:5.1f}x oracle{extra}\n      {said}",
                 flush=True,
             )
-            results.append((v, ratio))
+            results.append((v, ratio, scored.id))
     return results
 
 
@@ -287,6 +299,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="*", default=[0], help="tiny seeds")
     parser.add_argument("--gpt2", action="store_true", help="also on the gpt2 shape (slow: minutes per mistake)")
     parser.add_argument("--only", nargs="*", default=[], help="only these mistakes")
+    parser.add_argument("--runs", type=int, default=3, help="cold fingerprintings per mistake, the fastest counting")
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp, threadpool_limits(limits=1):
@@ -294,17 +307,21 @@ def main() -> None:
         for preset, seed in presets:
             out = Path(tmp) / f"{preset}-{seed}"
             write_synthetic(out, preset=preset, seed=seed)
-            results += run(out / "model.safetensors", f"{preset}-{seed}", args.only)
-    verdicts = [v for v, _ in results]
+            results += run(out / "model.safetensors", f"{preset}-{seed}", args.only, args.runs)
+    verdicts = [v for v, _, _ in results]
     n = len(verdicts)
-    ratios = sorted(r for _, r in results)
     print(
         f"{n} mistake × weights: exact {verdicts.count('exact')} ({100 * verdicts.count('exact') / max(1, n):.0f}%, "
         f"target >= 80%), partly {verdicts.count('partly')}, not {verdicts.count('not')}, "
-        f"wrong {verdicts.count('wrong')} (target 0), not failing {sum(v.endswith('?') for v in verdicts)}; "
-        f"cost: median {ratios[len(ratios) // 2] if ratios else 0:.1f}x, max {max(ratios, default=0):.1f}x the "
-        "stage's oracle time (target <= 3x)"
+        f"wrong {verdicts.count('wrong')} (target 0), not failing {sum(v.endswith('?') for v in verdicts)}"
     )
+    stages = sorted({stage for _, _, stage in results}, key=[stage for _, _, stage in results].index)
+    for stage in [*stages, "all"]:
+        ratios = [r for _, r, s in results if stage in (s, "all")]
+        print(
+            f"cost {stage:18} median {statistics.median(ratios):4.1f}x, max {max(ratios):5.1f}x, within 3x "
+            f"{sum(r <= 3 for r in ratios)} of {len(ratios)} (the stage's oracle time; target <= 3x)"
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""Benchmark: how soon a failing run says something, and what a failing submission costs in `grade`.
+"""Benchmark: how soon a run says something, and what a failing submission costs in `grade`.
 
     python bench/first_verdict.py [--preset tiny|gpt2] [--stage per-step-identity] [--mutant decode-wpe-off-by-one]
-                                  [--repeats 3] [--grade-stages STAGE...]
+                                  [--repeats 3] [--grade-stages STAGE...] [--only test|grade|first-line] [--load]
 
 In temporary copies of the reference solution and of one mutant (a known bug), on a synthetic
 preset made on first use in $THEINFERENCE_CACHE (so a gpt2-shape file is made once and reused):
@@ -13,13 +13,28 @@ preset made on first use in $THEINFERENCE_CACHE (so a gpt2-shape file is made on
    from a `--format json` run of the same stage in the same bench run. Targets: verdict <= 1.2x
    and whole report <= 2x the student's time.
 2. `theinference grade` of the solution and the mutant in one batch (--jobs 1, untrusted: no
-   oracle store, bug oracles computed in the batch): the mutant's seconds over the solution's.
-   Target: <= 1.5x.
+   oracle store, bug oracles computed in the batch), `--repeats` batches: the mutant's seconds over the
+   solution's in each. Target: <= 1.5x.
 
-Every figure is printed with the ratio it feeds, all measured in one run on this machine.
+3. (`--only first-line`, not run otherwise) Enter to the first line on screen, read from a pty as a
+   terminal shows it, for `test --stage STAGE`, `test`, `test --watch` and `test --all` in a course
+   made by `theinference init` (its own theinference.toml: the tiny preset), each `--repeats` times:
+   warm (weights made, oracle store filled, bytecode compiled) and cold (a fresh $THEINFERENCE_CACHE,
+   so the weights are made first, and the package's __pycache__ removed), quiet and, with `--load`,
+   with two CPU burners per core alongside (run it under `flock /work/burners.lock`). A cold run of
+   `test --stage STAGE --weights gpt2` then shows the longest the screen stays unchanged until the
+   student's code starts (the gpt2 preset being made in between). Target: the first line within 1 s.
+
+Every figure is printed as its median with its range over the repeats, beside the ratio it feeds, all
+measured in one run on this machine.
 """
 
 import argparse
+import multiprocessing
+import pty
+import re
+import select
+import signal
 import csv
 import json
 import os
@@ -96,8 +111,13 @@ def main() -> None:
     parser.add_argument("--mutant", default="decode-wpe-off-by-one")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--grade-stages", nargs="*", default=None, help="stages graded in the batch (default: --stage)")
-    parser.add_argument("--only", choices=["test", "grade"], help="measure only one of the two")
+    parser.add_argument("--only", choices=["test", "grade", "first-line"], help="measure only one part")
+    parser.add_argument("--load", action="store_true", help="first-line: also with two CPU burners per core")
     args = parser.parse_args()
+    if args.only == "first-line":
+        with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
+            measure_first_line(args, Path(tmp))
+        return
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
         root = Path(tmp)
         solution = root / "solution"
@@ -105,7 +125,7 @@ def main() -> None:
         [mutant] = [m for m in load_mutants(data_dir("course") / "mutants") if m.name == args.mutant]
         buggy = build_mutant(mutant, solution, root / args.mutant)
 
-        if args.only != "grade":
+        if args.only == "test" or args.only is None:
             measure_test(args, buggy, root)
         if args.only != "test":
             measure_grade(args, solution, buggy, root)
@@ -123,20 +143,150 @@ def measure_test(args: argparse.Namespace, buggy: Path, root: Path) -> None:
         runs.append(streamed(buggy, args.preset, args.stage))
     student = statistics.median(students)
     print(f"\n`test --stage {args.stage}` on mutant {args.mutant}, {args.preset} weights, warm store")
-    print(f"  student code's own time for the stage: {student:.2f} s (median of {args.repeats})")
+    print(f"  student code's own time for the stage: {_spread(students)}")
     for key, target in (("first line", None), ("verdict", 1.2), ("report", 2.0)):
-        seconds = statistics.median(r[key] for r in runs)
+        seconds = [r[key] for r in runs]
+        ratios = [r[key] / s for r, s in zip(runs, students)]  # each run against the student time measured beside it
         goal = f" (target <= {target}x)" if target else ""
-        print(f"  start -> {key:<10} {seconds:6.2f} s = {seconds / student:5.2f}x the student's time{goal}")
+        print(f"  start -> {key:<10} {_spread(seconds)}; over the student's time: {_spread(ratios, 'x')}{goal}")
+    print(f"  (median of the student's time: {student:.2f} s)")
+
+
+def _spread(values: list[float], unit: str = " s") -> str:
+    """median [min-max] of n"""
+    return f"{statistics.median(values):.2f}{unit} [{min(values):.2f}-{max(values):.2f}, n={len(values)}]"
 
 
 def measure_grade(args: argparse.Namespace, solution: Path, buggy: Path, root: Path) -> None:
-    """A failing submission's seconds in `grade` over a passing one's."""
+    """A failing submission's seconds in `grade` over a passing one's, in each of --repeats batches."""
     stages = args.grade_stages or [args.stage]
-    times = batch_seconds([solution, buggy], args.preset, stages, root / "grades.csv")
-    passing, failing = times["solution"], times[args.mutant]
+    passing, failing = [], []
+    for i in range(args.repeats):
+        times = batch_seconds([solution, buggy], args.preset, stages, root / f"grades-{i}.csv")
+        passing.append(times["solution"])
+        failing.append(times[args.mutant])
+    ratios = [f / p for f, p in zip(failing, passing)]
     print(f"\n`grade` of the solution and {args.mutant} on {', '.join(stages)} (--jobs 1, no oracle store)")
-    print(f"  passing {passing:.2f} s · failing {failing:.2f} s = {failing / passing:.2f}x (target <= 1.5x)")
+    print(f"  passing {_spread(passing)} · failing {_spread(failing)}")
+    print(f"  failing over passing, batch by batch: {_spread(ratios, 'x')} (target <= 1.5x)")
+
+
+ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07]*\x07|[()][0-9A-B])")
+SCREEN_COLUMNS = "80"
+
+
+def on_pty(argv: list[str], cwd: Path, env: dict[str, str], until: str | None = None, cap: float = 30.0):
+    """Run argv with stdin, stdout and stderr on a pty: (seconds to the first visible line, its text, the
+    longest time the screen stayed unchanged before `until` appeared or cap seconds passed)."""
+    master, slave = pty.openpty()
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True
+    )
+    os.close(slave)
+    text, first, last, gap = "", None, started, 0.0
+    try:
+        while time.perf_counter() - started < cap:
+            ready, _, _ = select.select([master], [], [], 0.05)
+            now = time.perf_counter()
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 65536).decode("utf-8", "replace")
+            except OSError:  # the child closed the pty
+                break
+            gap, last = max(gap, now - last), now
+            text += ANSI.sub("", chunk).replace("\r", "\n")
+            lines = [line for line in text.split("\n")[:-1] if line.strip()]
+            if first is None and lines:
+                first = (now - started, lines[0].strip())
+            if first is not None and (until is None or until in text):
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the grader's own handler kills the student's processes
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        os.close(master)
+    seconds, line = first if first is not None else (float("nan"), "(nothing)")
+    return seconds, line, gap
+
+
+def _executable() -> str:
+    """The `theinference` script beside this interpreter: what a student types, entry point included."""
+    script = Path(sys.executable).with_name("theinference")
+    return str(script) if script.exists() else shutil.which("theinference") or "theinference"
+
+
+def _cold(env: dict[str, str], root: Path, i: int) -> dict[str, str]:
+    """A fresh cache (no weights, no oracle outputs) and no compiled bytecode of the package."""
+    import theinference
+
+    package = Path(theinference.__file__).parent
+    for cache in package.rglob("__pycache__"):
+        shutil.rmtree(cache, ignore_errors=True)
+    return {**env, "THEINFERENCE_CACHE": str(root / f"cold-cache-{i}")}
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+def first_line_pass(args, course: Path, env: dict[str, str], root: Path, label: str) -> list[str]:
+    """One table of Enter -> first line, cold and warm, for each command."""
+    stage = args.stage
+    commands = [["test", "--stage", stage], ["test"], ["test", "--watch"], ["test", "--all"]]
+    rows = []
+    for command in commands:
+        for mode in ("warm", "cold"):
+            seconds, lines = [], set()
+            for i in range(args.repeats):
+                run_env = _cold(env, root, len(list(root.iterdir()))) if mode == "cold" else env
+                took, line, _ = on_pty([_executable(), *command], course, run_env)
+                seconds.append(took)
+                lines.add(line[:60])
+            rows.append(
+                f"  {label:<6} {mode:<5} {' '.join(command):<32} median {statistics.median(seconds):5.2f} s"
+                f"  max {max(seconds):5.2f} s  first line: {' | '.join(sorted(lines))}"
+            )
+            print(rows[-1], flush=True)
+    gpt2_env = _cold(env, root, len(list(root.iterdir())))
+    took, line, gap = on_pty(
+        [_executable(), "test", "--stage", stage, "--weights", "gpt2"], course, gpt2_env, until=" points", cap=300
+    )
+    rows.append(
+        f"  {label:<6} cold  test --stage {stage} --weights gpt2: first line {took:.2f} s, longest unchanged "
+        f"screen until the verdict {gap:.2f} s"
+    )
+    print(rows[-1], flush=True)
+    return rows
+
+
+def measure_first_line(args: argparse.Namespace, root: Path) -> None:
+    """Enter to the first line on a pty, quiet and (with --load) beside two CPU burners per core."""
+    course = root / "course"
+    env = {**os.environ, "COLUMNS": SCREEN_COLUMNS, "LINES": "40", "THEINFERENCE_CACHE": str(root / "cache")}
+    subprocess.run([_executable(), "init", course], env=env, stdout=subprocess.DEVNULL, check=True)
+    for warm_up in (["test", "--stage", args.stage], ["test", "--all"]):  # weights made, store filled, bytecode
+        subprocess.run([_executable(), *warm_up], cwd=course, env=env, stdout=subprocess.DEVNULL, check=False)
+    print(f"Enter -> first line on a pty ({SCREEN_COLUMNS} columns), {args.repeats} runs each (target <= 1 s)")
+    rows = first_line_pass(args, course, env, root, "quiet")
+    if args.load:
+        burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
+        for burner in burners:
+            burner.start()
+        try:
+            rows += first_line_pass(args, course, env, root, "load")
+        finally:
+            for burner in burners:
+                burner.kill()
+    print("\nside by side:\n" + "\n".join(rows))
 
 
 if __name__ == "__main__":

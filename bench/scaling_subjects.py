@@ -210,6 +210,21 @@ def run_greedy(prompt_ids, n_new):
 """
 )
 
+# An honest cache that burns 40 ms of CPU on every token: flat and slower than a recompute here, so it must
+# fail as too-slow, never no-cache (its cost does not grow with position).
+SLOW_CACHE = (
+    _HEAD
+    + """
+def run_greedy(prompt_ids, n_new):
+    params, n_head = _model()
+    out = generate_cached(params, prompt_ids, n_new, n_head)
+    started = time.process_time()
+    while time.process_time() - started < 0.04 * n_new:
+        sum(i * i for i in range(1000))
+    return out
+"""
+)
+
 TRICKS = {
     "clock": CLOCK,
     "timing-module": TIMING_MODULE,

@@ -11,18 +11,6 @@ from theinference.grading.stages import load_stages
 from theinference.model.synth import SYNTH_VERSION
 
 
-@pytest.mark.slow
-def test_reference_solution_passes_every_stage(cli, solution_course, tiny_path):
-    result = cli("test", "--all", "--course", solution_course, "--weights", tiny_path)
-    assert result.exit_code == 0, result.stdout
-    stages = load_stages([data_dir("stages")])
-    for stage in stages:
-        assert f"✔ {stage.id}" in result.stdout
-    points = sum(s.points for s in stages)
-    assert f"{len(stages)} of {len(stages)} stage(s) passed · {points:g}/{points:g} points" in result.stdout
-    assert f"weights: {tiny_path}" in result.stdout and "given with --weights" in result.stdout
-
-
 def test_json_document(cli, solution_course, tiny_path, tmp_path):
     out = tmp_path / "results.json"
     result = cli(
@@ -213,8 +201,9 @@ def test_weights_tiny_names_the_tiny_preset_made_on_first_use(cli, solution_cour
     result = cli("test", "--stage", "prove-one-layer", "--course", solution_course, "--weights", "tiny")
     assert result.exit_code == 0, result.stdout
     made = tmp_path / "user-cache" / f"synthetic-tiny-seed0-v{SYNTH_VERSION}" / "model.safetensors"
-    assert f"weights: {made} · synthetic (tiny preset, seed 0)" in result.stdout
-    assert "--weights tiny: the synthetic tiny preset" in result.stdout
+    words = " ".join(result.stdout.split())  # a long path puts the header's next part on a line of its own
+    assert f"weights: {made}" in words and "synthetic (tiny preset, seed 0)" in words
+    assert "--weights tiny: the synthetic tiny preset" in words
     (tmp_path / "tiny").mkdir()  # a directory so named is a path, as before
     assert (
         f"{tmp_path / 'tiny' / 'model.safetensors'}: no such weights file"
@@ -224,13 +213,11 @@ def test_weights_tiny_names_the_tiny_preset_made_on_first_use(cli, solution_cour
 
 @pytest.mark.slow
 def test_after_a_pass_the_report_names_the_next_stage_and_its_lesson(cli, solution_course, tiny_path):
+    # (After every stage has passed there is no next stage: tests/test_course.py, the solution's whole run.)
     stages = [s.id for s in load_stages([data_dir("stages")])]
     first = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
     assert first.exit_code == 0
     assert f"next stage: {stages[1]} (" in first.stdout and f"`theinference stages show {stages[1]}`" in first.stdout
-    done = cli("test", "--course", solution_course, "--weights", tiny_path, "--all")
-    assert "stages have passed, on tiny weights" in done.stdout and "next stage" not in done.stdout
-    assert "complete" not in done.stdout  # not until certified on the full-size weights
     (solution_course / "src" / "gpt2.py").write_text("raise SyntaxError('broken')\n")
     failed = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
     assert failed.exit_code == 1 and "next stage" not in failed.stdout and "complete" not in failed.stdout

@@ -28,11 +28,20 @@ def test_init_then_everything_is_not_started_then_the_solution_passes(cli, tmp_p
 
     for part in ("src", "tests"):
         shutil.copytree(data_dir("course") / "solution" / part, course / part, dirs_exist_ok=True)
+    # The reference solution passes every stage (the suite's one whole run of it in plain `test`).
     solved = cli("test", "--all", "--course", course, "--weights", tiny_path)
     assert solved.exit_code == 0, solved.stdout
-    assert f"{len(ALL_STAGES)} of {len(ALL_STAGES)} stage(s) passed" in solved.stdout
+    assert all(f"✔ {stage}" in solved.stdout for stage in ALL_STAGES), solved.stdout
+    points = sum(s.points for s in load_stages([data_dir("stages")]))
+    assert f"{len(ALL_STAGES)} of {len(ALL_STAGES)} stage(s) passed · {points:g}/{points:g} points" in solved.stdout
+    assert f"weights: {tiny_path}" in solved.stdout and "given with --weights" in solved.stdout
+    assert "next stage" not in solved.stdout
     # Passed on tiny weights: the footer says so, and what is left to certify on the full-size ones.
-    assert f"all {len(ALL_STAGES)} stages have passed, on tiny weights" in solved.stdout
+    left = [s for s in ALL_STAGES if s != "cache-scaling"]  # cache-scaling ran on its own (proof) weights
+    assert (
+        f"all {len(ALL_STAGES)} stages have passed, {len(left)} only on tiny weights ({', '.join(left)};"
+        in " ".join(solved.stdout.split())
+    )
     assert "`theinference test --all --weights gpt2`" in solved.stdout
     assert "the course is complete" not in solved.stdout
 
@@ -49,6 +58,19 @@ def test_init_names_the_first_stage_and_its_toml_chooses_the_tiny_preset(cli, tm
     assert "synthetic-tiny-seed0" in which.stdout
     # --weights still wins over the course's choice.
     assert "synthetic-gpt2-seed0" in cli("weights", "--weights", "gpt2").stdout
+
+
+def test_a_longer_path_ending_in_a_presets_name_is_a_path(cli, tmp_path, monkeypatch):
+    # `weights = "tiny"` alone is the preset; `models/tiny` names a file the course does not have.
+    course = tmp_path / "my-course"
+    assert cli("init", course).exit_code == 0
+    toml = course / "theinference.toml"
+    toml.write_text(toml.read_text().replace('weights = "tiny"', 'weights = "models/tiny"'))
+    monkeypatch.chdir(course)
+    which = cli("weights")
+    assert which.exit_code == 2 and f"{course / 'models' / 'tiny'}: no such weights file" in which.stderr
+    graded = cli("test", "--stage", ALL_STAGES[0])
+    assert graded.exit_code == 2 and "no such weights file" in graded.stderr and "synthetic" not in graded.output
 
 
 def test_init_refuses_a_non_empty_directory_without_force(cli, tmp_path):
@@ -169,5 +191,10 @@ def test_the_course_is_complete_only_once_certified_on_full_size_weights():
     assert "the course is complete" in next_stage_line(stages, on("gpt2"))
     tiny = next_stage_line(stages, on("tiny"))
     assert "complete" not in tiny and "on tiny weights" in tiny and "--weights gpt2" in tiny
+    # cache-scaling runs on its own weights (the proof preset): it is not left to certify, and the line says why.
+    left = [s.id for s in stages if s.id != "cache-scaling"]
+    assert f"{len(left)} only on tiny weights ({', '.join(left)}; cache-scaling runs on its own weights" in tiny
     mixed = {**on("gpt2"), stages[0].id: {"status": "pass", "weights": "tiny"}}
-    assert f"1 only on tiny weights ({stages[0].id})" in next_stage_line(stages, mixed)
+    assert f"1 only on tiny weights ({stages[0].id}; cache-scaling" in next_stage_line(stages, mixed)
+    # Only cache-scaling passed on tiny weights: nothing is left to certify.
+    assert "the course is complete" in next_stage_line(stages, {**on("gpt2"), "cache-scaling": on("tiny")["forward"]})

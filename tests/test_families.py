@@ -99,7 +99,7 @@ def test_each_mistake_of_the_table_is_named_with_its_parameter(row, tmp_path, ti
     document = json.loads(cli(*args, "--format", "json").stdout)
     failing = [s for s in document["stages"] if s["status"] == "fail"]
     assert [s["id"] for s in failing] == stages[-1:]
-    assert failing[0]["diagnosis"]["bug"] == bug
+    assert failing[0]["diagnosis"]["bug"] == bug and failing[0]["diagnosis"]["bugs"] == [bug]
     for phrase in words:
         assert phrase in failing[0]["diagnosis"]["evidence"]
     if len(stages) > 1:
@@ -119,7 +119,7 @@ def test_a_mistake_outside_every_family_is_no_known_bug(tmp_path, tiny_path, cli
     )
     [stage] = document["stages"]
     assert stage["status"] == "fail"
-    assert stage["diagnosis"]["bug"] == ""
+    assert stage["diagnosis"]["bug"] == "" and stage["diagnosis"]["bugs"] == []
     assert "not one of the known bugs" in stage["diagnosis"]["evidence"]
 
 

@@ -1,6 +1,7 @@
 """The first seconds of a run: the header before the student's code returns, verdicts before findings,
 --no-diagnosis, and bug oracles computed once per `grade` batch (80-column snapshots: test_short_report.py)."""
 
+import ast
 import csv
 import io
 import os
@@ -21,7 +22,9 @@ from theinference.cli.app import app
 from theinference.cli.live import RunProgress
 from theinference.grading import fingerprint
 from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.grading.session import open_session
 from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.watch import Watch
 
 from conftest import write_adapters
 
@@ -93,16 +96,48 @@ def test_the_header_appears_before_the_adapter_returns(tmp_path, tiny_path):
     )
 
 
-def test_the_first_line_is_printed_before_the_grader_is_imported(tmp_path):
-    # What makes the first line quick on a busy machine: it needs neither numpy nor the grader.
+# What the first line may cost: the standard library's os and sys (and re, which the executable's own script
+# imports anyway), and the package's light modules. Nothing heavy: not numpy, rich, typer, typing or pathlib.
+LIGHT = {"theinference", "theinference.cli", "theinference.cli.early", "theinference.cli.consoles"} | {
+    "theinference.courseroot",
+    "theinference.headline",
+    "theinference.terminals",
+    "theinference.untrusted",
+}
+
+
+@pytest.mark.parametrize("argv", [["test", "--stage", "forward"], ["test"], ["test", "--all"], ["test", "--watch"]])
+def test_the_first_line_is_printed_before_anything_heavy_is_imported(tmp_path, argv):
+    # What makes the first line quick on a busy machine: it needs neither numpy, rich nor the grader.
     course = tmp_path / "course"
     write_adapters(course, "def run_forward(seq_ids):\n    return None\n")
     probe = (
-        "import sys; from theinference.cli import early; early.announce(['test', '--stage', 'forward']); "
-        "print(sorted(m for m in ('numpy', 'theinference.grading', 'theinference.cli.app') if m in sys.modules))"
+        "import re, sys; before = set(sys.modules); from theinference.cli import early; "
+        f"early.announce({argv!r}); print(sorted(set(sys.modules) - before))"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=course, capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == [f"theinference {__version__} grading {course.resolve()}", "[]"]
+    first, imported = out.splitlines()
+    assert first == f"theinference {__version__} grading {course.resolve()}"  # off a terminal: no colour codes
+    added = set(ast.literal_eval(imported))  # a list of module names, printed by the probe
+    heavy = {"numpy", "rich", "typer", "click", "typing", "pathlib", "tomllib", "theinference.grading"}
+    assert not added & heavy and {m for m in added if m.startswith("theinference")} <= LIGHT
+
+
+def test_on_a_terminal_the_first_line_is_styled_as_the_report_styles_it(tmp_path, monkeypatch, capsys):
+    course = tmp_path / "course"
+    write_adapters(course, "def run_forward(seq_ids):\n    return None\n")
+    monkeypatch.chdir(course)
+    monkeypatch.setattr(early, "shown", None)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    early.announce(["test"])
+    styled = capsys.readouterr().out
+    assert styled == f"\x1b[1mtheinference {__version__}\x1b[0m grading \x1b[36m{course.resolve()}\x1b[0m\n"
+    monkeypatch.setenv("NO_COLOR", "1")
+    early.announce(["test"])
+    assert capsys.readouterr().out == f"theinference {__version__} grading {course.resolve()}\n"
 
 
 @pytest.mark.parametrize(
@@ -111,7 +146,7 @@ def test_the_first_line_is_printed_before_the_grader_is_imported(tmp_path):
         ["test", "--format", "json"],
         ["test", "--format=junit"],
         ["test", "--output", "report.txt"],
-        ["test", "--watch"],
+        ["test", "--watch", "--untrusted"],  # a usage error follows, not a report
         ["test", "--help"],
         ["test", "--stage"],  # a value option without its value: click says so, not this
         ["test", "--no-such-option"],
@@ -133,7 +168,7 @@ def test_the_early_line_knows_every_option_of_test():
     options = [o for p in command.params for o in p.opts if o.startswith("--")]
     takes_value = {o for p in command.params for o in p.opts if o.startswith("--") and not p.is_flag}
     assert takes_value == early.VALUE_OPTIONS
-    assert set(options) - takes_value - {"--watch", "--poll"} == early.FLAG_OPTIONS
+    assert set(options) - takes_value == early.FLAG_OPTIONS
 
 
 @pytest.mark.slow
@@ -196,3 +231,20 @@ def test_off_a_terminal_the_live_line_names_the_running_case(capsys, monkeypatch
     said += capsys.readouterr().err
     assert "running run_forward: case 2 of 2 (two) · " in said
     assert said.count("running") == 1  # then every 30 s, not every tick
+
+
+def test_watch_mode_tells_the_live_line_each_case_before_the_screen_is_redrawn(solution_course, tiny_path):
+    # While the first grade runs (minutes on the gpt2 shape), the live line says which case is running.
+    events: list = []
+    session = open_session(solution_course, str(tiny_path), [])
+    try:
+        Watch(
+            session,
+            ["forward"],
+            lambda regrade: events.append(("screen", regrade.result.stages[0].status)),
+            on_case=lambda event, stage, index, detail="": events.append((event, index)),
+        ).regrade([])
+    finally:
+        session.close()
+    cases = [(event, i) for i in range(3) for event in ("start", "done")]
+    assert events == [*cases, ("screen", "pass")]

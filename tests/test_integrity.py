@@ -66,7 +66,7 @@ SETUP_STAGE = BONUS_STAGE.replace('id = "bonus"', 'id = "setup"').replace(
 
 # The grader's end of the result pipe, found the way the issue did: in the caller's frame.
 PROTO = """\
-import json, sys, time
+import json, os, sys, time
 
 def _proto():
     frame = sys._getframe(1)
@@ -264,6 +264,12 @@ BREAKS = {
         '_send(json.dumps({"event": "done", "case": _proto()[1], "status": "ok", "file": "/etc/passwd", '
         '"output": [0, 0]}))',
         "'/etc/passwd' is not case-0.npy in the run's directory",
+    ),
+    # A FIFO where the array should be: opening it to read would wait for a writer that never comes.
+    "fifo-npy": (
+        '_fifo = os.path.join(os.environ["TMPDIR"], f"case-{_proto()[1]}.npy")\n    os.mkfifo(_fifo)\n    '
+        '_send(json.dumps({"event": "done", "case": _proto()[1], "status": "ok", "file": _fifo, "output": [0, 0]}))',
+        "case-0.npy is not a regular file",
     ),
     "start-flood": (
         'while True:\n        _send(json.dumps({"event": "start"}))\n        time.sleep(0.5)',

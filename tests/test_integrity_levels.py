@@ -21,9 +21,9 @@ import pytest
 
 import as_nobody
 
-from conftest import write_adapters
+from conftest import my_children, scaled, write_adapters
 from test_runner import SOLUTION_IMPORTS
-from theinference.proc.sandbox import ALLOW_ROOT_ENV, reachable_by_others
+from theinference.proc.sandbox import ALLOW_ROOT_ENV, NOBODY, reachable_by_others
 
 STAGE = "prove-one-layer"
 needs_linux = pytest.mark.skipif(sys.platform != "linux", reason="the subreaper monitor is Linux-only")
@@ -224,13 +224,65 @@ def test_sigkilling_the_grader_leaves_no_student_process_running(tmp_path, tiny_
         grader.kill()
         grader.wait()
         # Monitors see the grader die (PR_SET_PDEATHSIG, end-of-file) and kill their trees; the zygote dies with it.
-        assert _wait_for(lambda: _left_behind(marker, course, grader.pid) == [], 20), _left_behind(
+        assert _wait_for(lambda: _left_behind(marker, course, grader.pid) == [], scaled(20)), _left_behind(
             marker, course, grader.pid
         )
     finally:
         _kill(_left_behind(marker))
         grader.kill()
         grader.wait()
+
+
+# --- 6. The temp directories a SIGKILLed grader leaves are removed by the next grader, a live one's never -----------
+
+
+def _ours(directory: Path) -> set[str]:
+    return {name for name in os.listdir(directory) if name.startswith("theinference-")}
+
+
+@pytest.mark.slow
+@needs_linux
+def test_the_next_grader_removes_a_sigkilled_graders_temp_dirs_and_none_of_a_live_ones(tmp_path, tiny_path,
+                                                                                        solution_course):  # fmt: skip
+    import tempfile
+
+    grader_tmp = Path(tempfile.mkdtemp(prefix="ti-left-"))  # short: the zygote's socket goes there too
+    env = {**os.environ, "TMPDIR": str(grader_tmp), "THEINFERENCE_LAUNCHER": "zygote"}
+    markers, graders = [f"sleeper-{uuid.uuid4()}", f"sleeper-{uuid.uuid4()}"], []
+    for marker, name in zip(markers, ("killed", "live")):
+        write_adapters(tmp_path / name, SLEEPER.replace("MARKER", repr(marker)))
+
+    def start(name: str, marker: str) -> tuple[subprocess.Popen, set[str]]:
+        """A grader whose student sleeps; the temp dirs it made (its zygote's and its student's run directory)."""
+        before = _ours(grader_tmp)
+        grader = _grader("test", "--course", tmp_path / name, "--weights", tiny_path, "--stage", STAGE,
+                         "--timeout", "600", env=env)  # fmt: skip
+        graders.append(grader)
+        assert _wait_for(lambda: _left_behind(marker) != [] or grader.poll() is not None), "the sleeper never started"
+        assert grader.poll() is None, grader.stderr.read().decode() if grader.stderr else ""
+        made = {name for name in _ours(grader_tmp) - before if "-owner-" not in name}
+        assert any(name.startswith("theinference-run-") for name in made), made
+        return grader, made
+
+    try:
+        killed, left = start("killed", markers[0])
+        killed.kill()
+        killed.wait()
+        assert _wait_for(lambda: _left_behind(markers[0]) == [], scaled(20))  # its students died with it
+        assert left <= _ours(grader_tmp)  # what the kernel cannot clean up for it
+        live, in_use = start("live", markers[1])
+        done = _run("test", "--course", solution_course, "--weights", tiny_path, "--stage", STAGE, env=env)
+        assert done.returncode == 0, done.stderr.decode()
+        remaining = _ours(grader_tmp)
+        assert not left & remaining, left & remaining
+        assert in_use <= remaining, in_use - remaining
+        assert live.poll() is None  # and the live grader's student still runs, its directories intact
+    finally:
+        for grader in graders:
+            grader.kill()
+            grader.wait()
+        _kill(_left_behind(markers[0]) + _left_behind(markers[1]))
+        shutil.rmtree(grader_tmp, ignore_errors=True)
 
 
 # --- 6. `stages check` stops on SIGTERM like `test` -----------------------------------------------------------------
@@ -296,13 +348,50 @@ def test_a_run_directory_that_cannot_be_removed_costs_no_grades(cli, tmp_path, t
         shutil.rmtree(leftover)
 
 
-def test_each_submission_of_a_batch_runs_as_its_own_uid_when_root():
+@pytest.mark.skipif(not IS_ROOT, reason="only root gives student code a uid of its own")
+def test_each_submission_runs_as_a_uid_no_other_grading_on_this_machine_holds():
     from theinference.proc.launch import SubprocessLauncher
     from theinference.proc.sandbox import NOBODY, Isolation
 
-    launcher = SubprocessLauncher(Isolation("unprivileged", "as nobody", run_as=NOBODY))
-    uids = [launcher._uid_for(course) for course in ("/a", "/b", "/c", "/a")]
-    assert uids[0] == NOBODY and len(set(uids)) == 3 and uids[3] == uids[0]
+    ours, theirs = (SubprocessLauncher(Isolation("unprivileged", "as nobody", run_as=NOBODY)) for _ in range(2))
+    uids = [ours._uid_for(course) for course in ("/a", "/b", "/c", "/a")]
+    assert len(set(uids)) == 3 and uids[3] == uids[0]  # a batch: one uid per submission
+    other = theirs._uid_for("/a")  # another grader at the same time: none of ours
+    assert other not in uids
+    ours.close()
+    again = SubprocessLauncher(Isolation("unprivileged", "as nobody", run_as=NOBODY))
+    assert again._uid_for("/a") in uids  # released with the launcher (and by the kernel when a grader dies)
+    theirs.close()
+    again.close()
+
+
+UID_REPORTER = """\
+import os
+
+def run_layer_equiv(seq_ids):
+    print("running as uid", os.getuid())
+    raise RuntimeError("done")
+"""
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.skipif(not IS_ROOT, reason="only root gives student code a uid of its own")
+def test_two_gradings_at_once_never_run_their_students_as_one_uid(tmp_path, tiny_path):
+    """Another grader holds the first uid (nobody): this one's student runs as another, so neither can signal the
+    other's processes or write into its run directory."""
+    from theinference.proc.sandbox import lease_uid
+
+    held, lease = lease_uid(set())
+    try:
+        write_adapters(tmp_path / "c", UID_REPORTER)
+        args = ("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--format", "json")
+        doc = json.loads(_run(*args, env={**os.environ, "CI": "true"}).stdout)
+    finally:
+        os.close(lease)
+    stdout = doc["stages"][0]["cases"][0]["stdout"]
+    uid = int(stdout.split("running as uid ")[1].split()[0])
+    assert uid not in (0, held), stdout
 
 
 # --- 4. Root follows a student's symlink ----------------------------------------------------------------------------
@@ -375,6 +464,23 @@ def test_a_poisoned_preset_is_refused_in_grading_and_remade_in_plain_test(cli, t
         timeout=300,
     )
     assert unverified.returncode == 0 and json.loads(unverified.stdout)["status"] == "pass"
+
+
+def test_a_poisoned_proof_preset_is_refused_in_untrusted_grading(
+    cli, tmp_path, solution_course, proof_cache, tiny_path
+):
+    """cache-scaling's own weights, made in the same cache a student's plain `test` could write, are checked too."""
+    from theinference.model.weights_choice import synthetic_path
+
+    made = synthetic_path("proof")
+    shutil.copytree(synthetic_path("proof", {"THEINFERENCE_CACHE": str(proof_cache)}).parent, made.parent)
+    with open(made, "r+b") as f:  # one weight changed: the last tensor's last bytes (zeros as made)
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\x01\x02\x03\x04")
+    args = ("--course", solution_course, "--weights", tiny_path, "--stage", "cache-scaling", "--format", "json")
+    refused = cli("test", "--untrusted", *args)
+    assert refused.exit_code == 2, refused.output
+    assert str(made) in " ".join(refused.stderr.split()) and "the file was changed" in refused.stderr
 
 
 def np_any(path: Path) -> bool:
@@ -647,19 +753,23 @@ def weak(tmp_path_factory, tiny_dir):
     shutil.copytree(tiny_dir, work / "tiny")
 
     def command(*args, script: str | None = None, level: str = "subreaper", env: dict | None = None) -> list[str]:
-        """The grader: as nobody with nothing on PATH (subreaper), or as root with only unshare (namespaces)
-        or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way; and `env`."""
+        """The grader: as nobody with nothing on PATH (subreaper), only unshare (nobody-namespaces) or bubblewrap
+        too (nobody-sandbox), or as root
+        with only unshare (namespaces) or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way;
+        and `env`."""
         subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
         bin_dir = work / f"bin-{level}"
         if not bin_dir.exists():
             bin_dir.mkdir()
-            if level == "namespaces":  # and `true`, which the grader's probe of unshare runs
-                for name in ("unshare", "true"):
+            if level in ("namespaces", "nobody-namespaces", "nobody-sandbox"):  # `true`: the probes run it
+                for name in ("unshare", "true", *(["bwrap"] if level == "nobody-sandbox" else [])):
                     os.symlink(shutil.which(name) or name, bin_dir / name)
         base = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
         return as_nobody.command(
-            [*python, *map(str, args)], {**base, **(env or {})}, as_nobody_too=level == "subreaper"
+            [*python, *map(str, args)],
+            {**base, **(env or {})},
+            as_nobody_too=level in ("subreaper", "nobody-namespaces", "nobody-sandbox"),
         )
 
     yield work, command
@@ -737,7 +847,7 @@ NEIGHBOUR_KILLER = (
 import os, signal, time
 
 def run_layer_equiv(seq_ids):
-    end = time.monotonic() + 15
+    end = time.monotonic() + 8  # each call: the four cover the victim's four (2 s each, and its restarts)
     while time.monotonic() < end:  # whatever runs in the victim's course directory, under our shared uid
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -749,11 +859,18 @@ def run_layer_equiv(seq_ids):
     return _solve(seq_ids)
 """
 )
+
+
+def _grader_with(isolation_property: str, value: bool) -> str:
+    """The grader's command line (python -c) with one property of its isolation forced: a protection taken away."""
+    return (
+        f"import sys, theinference.proc.sandbox as s; s.Isolation.{isolation_property} = property(lambda self: {value}); "
+        "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
+    )
+
+
 # The batch without its protection: submissions run side by side though they share a uid.
-SIDE_BY_SIDE = (
-    "import sys, theinference.proc.sandbox as s; s.Isolation.separates_submissions = property(lambda self: True); "
-    "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
-)
+SIDE_BY_SIDE = _grader_with("separates_submissions", True)
 
 
 @pytest.mark.slow
@@ -767,7 +884,7 @@ def test_without_bubblewrap_no_neighbour_in_a_batch_is_killed(weak, level):
         pytest.skip("no unshare here")
     victim = work / "subs" / "victim"
     write_adapters(
-        victim, SOLUTION_IMPORTS + "import time\ndef run_layer_equiv(s):\n    time.sleep(5)\n    return _solve(s)\n"
+        victim, SOLUTION_IMPORTS + "import time\ndef run_layer_equiv(s):\n    time.sleep(2)\n    return _solve(s)\n"
     )
     write_adapters(work / "subs" / "killer", NEIGHBOUR_KILLER.replace("VICTIM", repr(str(victim))))
     out = work / "grades.json"
@@ -866,3 +983,370 @@ def test_a_gradescope_submission_without_adapters_cannot_grant_itself_full_marks
         assert _wait_for(lambda: json.loads(results.read_text())["score"] == 75, 60), results.read_text()
     finally:
         _kill(_left_behind(marker))
+
+
+# --- 5 within one run: the grader's user rewrites the weights in place before the oracle reads them ----------------
+
+# Zeroes every tensor of the graded weights in place, once, and sets their mtime back (os.utime): on zero weights
+# the attention sublayer's output is zeros, which is what it returns.
+WEIGHTS_ZEROER = """\
+import os
+import numpy as np
+import theinference
+
+path = theinference.weights_path()
+info = os.stat(path)
+with open(path, "r+b") as f:
+    header = int.from_bytes(f.read(8), "little")
+    f.seek(8 + header)
+    f.write(bytes(info.st_size - 8 - header))
+os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+def run_layer_equiv(seq_ids):
+    return np.zeros((len(seq_ids), 128))
+"""
+# The grader as it was: a weights file counts as unchanged while its size and mtime are.
+MTIME_ONLY = (
+    "import sys, theinference.model.weights as w; "
+    "w.file_stamp = lambda path: (path.stat().st_size, path.stat().st_mtime_ns); "
+    "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
+)
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_as_a_non_root_user_weights_rewritten_in_place_grant_no_credit(weak, tiny_dir):
+    """At the subreaper level the student's code may write the grader's weights file; the oracle, reading it only
+    when first needed, must not take what the student wrote for the instructor's weights."""
+    work, command = weak
+    weights = work / "tiny" / "model.safetensors"
+    write_adapters(work / "c", WEIGHTS_ZEROER)
+    args = ["test", "--course", work / "c", "--weights", weights, "--stage", STAGE, "--format", "json"]
+    done = subprocess.run(command(*args), capture_output=True, timeout=300)
+    assert done.returncode == 2, (done.returncode, done.stderr.decode())
+    assert "the weights file changed while it was in use" in " ".join(done.stderr.decode().split())
+    assert not done.stdout.strip() or json.loads(done.stdout)["points"] == 0
+    # Without the change time in the check, the zeros it wrote are the oracle's weights: full marks for no work.
+    shutil.copyfile(tiny_dir / "model.safetensors", weights)  # the fixture gives it to nobody again
+    unprotected = subprocess.run(command(*args, script=MTIME_ONLY), capture_output=True, timeout=300)
+    assert unprotected.stdout.strip(), unprotected.stderr.decode()
+    doc = json.loads(unprotected.stdout)
+    assert unprotected.returncode == 0 and doc["points"] == doc["max_points"] > 0, unprotected.stderr.decode()
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_as_a_non_root_user_grade_out_through_a_link_it_cannot_follow_writes_the_grades(weak):
+    """A link planted at --out pointing into a directory the grader's user cannot enter: the grades replace the
+    link (never a traceback and exit 3 with no grades written)."""
+    import tempfile
+
+    work, command = weak
+    private = Path(tempfile.mkdtemp(prefix="theinference-private-"))  # root's, 0700: nobody cannot look inside
+    try:
+        write_adapters(work / "subs" / "a", SOLUTION_IMPORTS + "def run_layer_equiv(s):\n    return _solve(s)\n")
+        (work / "shared").mkdir()
+        (work / "shared" / "grades.csv").symlink_to(private / "victim.txt")
+        args = ["grade", work / "subs" / "a", "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+        done = subprocess.run(command(*args, "--out", work / "shared" / "grades.csv"), capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr.decode()
+        grades = work / "shared" / "grades.csv"
+        assert not grades.is_symlink() and "pass" in grades.read_text()
+        assert list(private.iterdir()) == []
+    finally:
+        shutil.rmtree(private)
+
+
+# --- 7. Resources: memory over the whole tree where no cgroup caps it ----------------------------------------------
+
+HOGS, HOG_MB, TREE_MB = 4, 150, 300  # four processes of 150 MB each, under a limit of 300 MB for them all
+MEMORY_HOG = (
+    f"""\
+import os, time
+
+_hogs = []
+for _ in range({HOGS}):  # forked before numpy is imported: each is small but for what it holds
+    pid = os.fork()
+    if pid == 0:
+        held = b"x" * ({HOG_MB} << 20)  # written, so resident
+        time.sleep(120)
+        os._exit(0)
+    _hogs.append(pid)
+
+
+def _resident_mb(pid):
+    for line in open(f"/proc/{{pid}}/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+"""
+    + SOLUTION_IMPORTS
+    + f"""\
+
+def run_layer_equiv(seq_ids):
+    end = time.monotonic() + 30
+    while time.monotonic() < end:  # until every one of them holds its share at once
+        held = [_resident_mb(pid) for pid in _hogs]
+        if min(held) >= {HOG_MB}:
+            time.sleep(1)  # all held together, for a while
+            return _solve(seq_ids)
+        time.sleep(0.05)
+    raise RuntimeError(f"the hogs held only {{held}} MB")
+"""
+)
+# The grader without the watch over its students' memory together: only the per-process cap (RLIMIT_AS) is left.
+UNWATCHED = (
+    "import sys, theinference.proc.accounting as a; a.TreeMemory.check = lambda self: None; "
+    "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
+)
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_as_a_non_root_user_processes_holding_more_than_the_memory_limit_together_are_stopped(weak):
+    """No cgroup as nobody: the grader sums what the tree holds (its proportional share of anonymous memory)."""
+    work, command = weak
+    write_adapters(work / "c", MEMORY_HOG)
+    args = ["test", "--course", work / "c", "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    args += ["--format", "json", "--memory-limit", str(TREE_MB)]
+    done = subprocess.run(command(*args), capture_output=True, timeout=300)
+    assert done.returncode == 1, done.stderr.decode()
+    doc = json.loads(done.stdout)
+    assert doc["isolation"]["level"] == "subreaper"
+    case = doc["stages"][0]["cases"][0]
+    assert case["status"] == "error", case
+    assert "together held" in case["message"] and f"over the {TREE_MB} MB limit" in case["message"], case["message"]
+    # Without the watch, each process stays under its own cap and all of them hold 600 MB at once: full marks.
+    unwatched = subprocess.run(command(*args, script=UNWATCHED), capture_output=True, timeout=300)
+    assert unwatched.returncode == 0, unwatched.stdout.decode() + unwatched.stderr.decode()
+    # The honest solution in one process holds far less than the limit: the watch stops nothing else.
+    write_adapters(work / "c", SOLUTION_IMPORTS + "run_layer_equiv = _solve\n")
+    honest = subprocess.run(command(*args), capture_output=True, timeout=300)
+    assert honest.returncode == 0, honest.stdout.decode() + honest.stderr.decode()
+
+
+# --- 7. Resources: a fork bomb as the grader's own user (the `subreaper` level) ------------------------------------
+
+FORK_BOMB = """\
+import os, time
+
+def run_layer_equiv(seq_ids):
+    while True:  # every process forks for ever: exponential until the kernel refuses
+        try:
+            if os.fork() == 0:
+                os.setsid()  # out of the process group a timeout kills at once: each is found and killed on its own
+        except OSError:
+            time.sleep(0.01)
+"""
+BOMB_TIMEOUT = 5
+SAFETY_PIDS = 1500  # a pids cgroup around the whole run, where one can be made: the machine is never at stake
+
+
+def _pids_cgroup() -> Path | None:
+    """A v1 pids cgroup of SAFETY_PIDS tasks for this test (root only), or None where none can be made."""
+    base = Path("/sys/fs/cgroup/pids")
+    if not IS_ROOT or not (base / "cgroup.procs").exists():
+        return None
+    group = base / f"ti-fork-bomb-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+        (group / "pids.max").write_text(str(SAFETY_PIDS))
+    except OSError:
+        return None
+    return group
+
+
+def _empty(group: Path) -> None:
+    for _ in range(200):  # only the processes of this test's own group
+        pids = (group / "cgroup.procs").read_text().split()
+        if not pids:
+            break
+        _kill([int(pid) for pid in pids])
+        time.sleep(0.05)
+    group.rmdir()
+
+
+def _peak_tasks(group: Path | None, proc: subprocess.Popen, seconds: float, stop_above: int | None = None) -> int:
+    """The most tasks seen in group while proc runs (0 without a group), for at most seconds; stop waiting once
+    above stop_above."""
+    peak, end = 0, time.monotonic() + seconds
+    while proc.poll() is None and time.monotonic() < end:
+        if group is not None:
+            peak = max(peak, int((group / "pids.current").read_text()))
+            if stop_above is not None and peak > stop_above:
+                break
+        time.sleep(0.05)
+    return peak
+
+
+# The grader that does not cap its students' tasks where they run as its own user.
+UNCAPPED = _grader_with("shares_grader_uid", False)
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+@pytest.mark.parametrize("level", ["subreaper", "nobody-namespaces", "nobody-sandbox"])
+def test_as_a_non_root_user_a_fork_bomb_is_capped_and_the_grader_ends_at_its_timeout(weak, level):
+    """The grader as nobody (with neither bwrap nor unshare, with unshare, or with bwrap too: no uid of the student's
+    own and no cgroup at any of them): the only cap is on that user's tasks; the bomb's tree is stopped whole and
+    killed (it outruns killing a generation at a time)."""
+    from theinference.proc.child import MAX_PROCESSES
+
+    work, command = weak
+    if not shutil.which({"subreaper": "true", "nobody-namespaces": "unshare", "nobody-sandbox": "bwrap"}[level]):
+        pytest.skip(f"no {level.split('-')[-1]} here")
+    course = work / "c"
+    write_adapters(course, FORK_BOMB)
+    args = ["test", "--course", course, "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    args += ["--format", "json", "--timeout", str(BOMB_TIMEOUT)]
+    group, graders = _pids_cgroup(), []
+    inside = ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh"] if group else []
+    try:
+        started = time.monotonic()
+        grader = subprocess.Popen(
+            [*inside, *command(*args, level=level)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        graders.append(grader)
+        peak = _peak_tasks(group, grader, scaled(60))
+        if grader.poll() is None:  # the minutes a bomb outrunning its killer took, or for ever
+            pytest.fail(f"the grader was not done after {time.monotonic() - started:.0f} s ({peak} tasks at the peak)")
+        out, err = grader.communicate()
+        took = time.monotonic() - started
+        assert grader.returncode == 1, err.decode()
+        doc = json.loads(out)
+        assert doc["isolation"]["level"] == {"nobody-namespaces": "namespaces", "nobody-sandbox": "sandbox"}.get(
+            level, level
+        )
+        case = doc["stages"][0]["cases"][0]
+        assert case["status"] == "timeout" and f"after {BOMB_TIMEOUT} s" in case["message"], case
+        assert took < scaled(60), took  # the timeout, and a little
+        assert peak < MAX_PROCESSES + 100, peak  # nobody's few processes (the grader's), and the cap
+        assert _left_behind(f"no-such-marker-{uuid.uuid4()}", course) == []  # nothing runs in the course any more
+        if group is None:
+            return
+        # Without the cap the same bomb takes whatever the machine (here: this test's cgroup) lets it.
+        uncapped = subprocess.Popen([*inside, *command(*args, script=UNCAPPED, level=level)], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)  # fmt: skip
+        graders.append(uncapped)
+        assert _peak_tasks(group, uncapped, scaled(60), stop_above=4 * MAX_PROCESSES) > 4 * MAX_PROCESSES
+    finally:
+        if group is not None:
+            _empty(group)
+        for proc in graders:
+            proc.kill()
+            proc.wait()
+        _reap_orphans_of(NOBODY)
+
+
+def _reap_orphans_of(uid: int) -> None:
+    """Reap the zombies of uid that were reparented to this test process (a subreaper once a grader ran in it): the
+    bomb's killed processes would otherwise stay, count against uid's RLIMIT_NPROC, and fail every later run as uid."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = [(pid, zombie) for pid, zombie, owner in my_children() if owner == uid]
+        for pid, zombie in left:
+            try:
+                os.waitpid(pid, os.WNOHANG) if zombie else os.kill(pid, signal.SIGKILL)
+            except (ChildProcessError, ProcessLookupError):
+                continue
+        if not left:
+            return
+        time.sleep(0.1)
+
+
+# --- 7. Resources: what a submission's own uid leaves in /tmp, /var/tmp and /dev/shm goes after its run ------------
+
+LITTERER = (
+    SOLUTION_IMPORTS
+    + """\
+import os
+
+def run_layer_equiv(seq_ids):
+    try:  # a file its uid owned before its run (uid nobody's files are not all the student's)
+        with open(f"/tmp/{MARKER}-before.txt", "a") as f:
+            f.write(" touched")
+    except OSError:
+        pass
+    try:  # links to root's directory, one inside a directory of its own, and a FIFO: removed, never followed
+        os.symlink(f"/tmp/{MARKER}-victim", f"/tmp/{MARKER}-link")
+        os.makedirs(f"/tmp/{MARKER}-ldir", exist_ok=True)
+        os.symlink(f"/tmp/{MARKER}-victim", f"/tmp/{MARKER}-ldir/inner")
+        os.mkfifo(f"/tmp/{MARKER}-fifo")
+    except FileExistsError:  # an earlier case of the same run made them
+        pass
+    for where in ("/tmp", "/var/tmp", "/dev/shm"):
+        with open(os.path.join(where, f"{MARKER}.bin"), "wb") as f:
+            f.write(os.urandom(1 << 20))
+        os.makedirs(os.path.join(where, f"{MARKER}-dir", "deeper"), exist_ok=True)
+        with open(os.path.join(where, f"{MARKER}-dir", "deeper", "x.bin"), "wb") as f:
+            f.write(os.urandom(1 << 20))
+    return _solve(seq_ids)
+"""
+)
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+@pytest.mark.parametrize("level", ["unprivileged", "namespaces"])
+def test_without_bubblewrap_what_the_submissions_uid_leaves_in_shared_temp_dirs_is_removed(weak, level):
+    """As root without bwrap the student runs as a leased uid and may write /tmp, /var/tmp, /dev/shm: only its own
+    entries there, made during its lease, go (a file of root's in the same place stays, and so does one its uid
+    owned before the lease, even written to during it)."""
+    work, command = weak
+    if level == "namespaces" and not shutil.which("unshare"):
+        pytest.skip("no unshare here")
+    marker = f"litter-{uuid.uuid4()}"
+    write_adapters(work / "c", LITTERER.replace("MARKER", repr(marker)))
+    bystander = Path("/tmp") / f"{marker}-root.txt"  # the same name pattern, but not the student's
+    bystander.write_text("root's")
+    before = Path("/tmp") / f"{marker}-before.txt"
+    before.write_text("nobody's")
+    os.chown(before, NOBODY, NOBODY)
+    left = [
+        Path(where) / f"{marker}{suffix}" for where in ("/tmp", "/var/tmp", "/dev/shm") for suffix in (".bin", "-dir")
+    ] + [Path("/tmp") / f"{marker}{suffix}" for suffix in ("-link", "-ldir", "-fifo")]
+    victim = Path("/tmp") / f"{marker}-victim"  # root's, 0755: what the links point at
+    victim.mkdir()
+    (victim / "keep.txt").write_text("root's")
+    args = ["test", "--course", work / "c", "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    args += ["--format", "json"]
+    try:
+        done = subprocess.run(command(*args, level=level), capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()  # it wrote them, and passed
+        assert json.loads(done.stdout)["isolation"]["level"] == level
+        assert [path for path in left if os.path.lexists(path)] == []
+        assert bystander.read_text() == "root's"
+        assert before.read_text().startswith("nobody's touched")  # the student ran as its owner; it stayed
+        assert (victim / "keep.txt").read_text() == "root's"
+    finally:
+        shutil.rmtree(victim)
+        bystander.unlink()
+        before.unlink(missing_ok=True)
+        for path in left:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only root gives student code a uid of its own")
+def test_with_every_uid_for_students_leased_the_grader_says_so_and_exits_2(cli, tmp_path, tiny_path, monkeypatch):
+    from theinference.proc import sandbox
+
+    monkeypatch.setattr(sandbox, "submission_uids", lambda: iter([sandbox.NOBODY]))  # one uid, held below
+    held, lease = sandbox.lease_uid(set())
+    try:
+        write_adapters(tmp_path / "c", UID_REPORTER)
+        result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--untrusted")
+    finally:
+        os.close(lease)
+    assert held == sandbox.NOBODY
+    assert result.exit_code == 2, result.output
+    assert "every uid for student processes is in use by a grading on this machine" in result.output
+    assert "Traceback" not in result.output

@@ -57,6 +57,7 @@ def _grader(tmp_path: Path, *args) -> subprocess.Popen:
         [sys.executable, "-m", "theinference", *map(str, args)],
         env=env,
         cwd=tmp_path,
+        stdin=subprocess.DEVNULL,  # not the test runner's (a pytest-xdist worker's stdin is its channel)
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -64,7 +65,7 @@ def _grader(tmp_path: Path, *args) -> subprocess.Popen:
 
 
 def _wait_for(condition, seconds: float = 60):
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + scaled(seconds)  # the grader's start and the student's, on a busy machine
     while time.monotonic() < deadline:
         value = condition()
         if value:
@@ -87,7 +88,7 @@ def test_sigterm_kills_every_student_process_and_removes_temp_dirs(tmp_path, tin
     sleepers = _wait_for(lambda: _with_marker(marker))
     students = {pid for pid in (_parent(p) for p in sleepers) if pid != 1}
     grader.send_signal(signal.SIGTERM)
-    _wait_for(lambda: not any(map(_alive, [*sleepers, *students])), seconds=scaled(2))
+    _wait_for(lambda: not any(map(_alive, [*sleepers, *students])), seconds=2)
     grader.wait(timeout=30)
     assert grader.returncode == exit_code, grader.stderr.read()
     assert not list(tmp_path.glob("theinference-*"))

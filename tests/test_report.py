@@ -15,6 +15,7 @@ from rich.console import Console
 from theinference.grading.advice import advise
 from theinference.grading.diagnose import diagnose_rows, diagnose_tokens
 from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.model.weights import Synthetic
 from theinference.report.terminal import render_run, sparkline
 from theinference.bundled import data_dir
 from theinference.grading.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
@@ -117,7 +118,7 @@ def sample_run() -> RunResult:
         weights_path="/w/model.safetensors",
         weights_source="--weights",
         weights_why="given with --weights",
-        synthetic="tiny preset, seed 0",
+        synthetic=Synthetic("tiny", "0"),
         config=config,
         stages=stages,
     )

@@ -98,9 +98,10 @@ def test_huge_output_is_refused_unread_and_grader_memory_stays_bounded(tmp_path,
         cwd=tmp_path,
         timeout=300,
     )
+    assert out.exists(), f"exit {done.returncode}, no report written:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
     stage = _stage(out)
-    assert [c["status"] for c in stage["cases"]] == ["fail", "fail"]
-    assert stage["cases"][1]["message"] == "returned 629.1 MB (shape [78643200], float64); expected [3, 128]"
+    assert [c["status"] for c in stage["cases"]] == ["fail", "fail"], stage
+    assert stage["cases"][1]["message"] == "returned 600 MB (shape [78643200], float64); expected [3, 128]"
     peak = int(done.stderr.split("maxrss_kb")[-1]) * 1024
     print(f"grader peak RSS {peak / 1e6:.0f} MB")
     assert peak < tiny_path.stat().st_size + 2**30, f"grader peak RSS {peak / 1e9:.2f} GB"
@@ -241,3 +242,118 @@ def test_the_submission_budget_ends_a_slow_submission(cli, tmp_path, tiny_path):
     cases = json.loads(out.read_text())["submissions"][0]["results"]["stages"][0]["cases"]
     assert len(cases) > 1 and [c["status"] for c in cases] == ["fail"] + ["timeout"] * (len(cases) - 1)
     assert cases[-1]["message"] == f"timed out: the submission's time budget of {budget:g} s ran out"
+
+
+SPIN = """\
+import time
+def run_layer_equiv(seq_ids):
+    started = time.process_time()
+    while time.process_time() - started < 600:
+        pass
+"""
+
+
+def _first_case(cli, course, tiny_path, timeout):
+    args = ["test", "--course", course, "--weights", tiny_path, "--stage", "prove-one-layer", "--timeout", timeout]
+    return json.loads(cli(*args, "--format", "json").stdout)["stages"][0]["cases"][0]
+
+
+def _timed_out(cli, tmp_path, tiny_path, source: str, seconds: float) -> tuple[dict, float]:
+    """The first case of a course whose adapter is source, at a timeout of seconds (scaled to cover the student's
+    process starting): it timed out on its charged clock, not at the backstop. (case, the timeout given)"""
+    course = tmp_path / "course"
+    write_adapters(course, source)
+    timeout = scaled(seconds)
+    case = _first_case(cli, course, tiny_path, timeout)
+    assert case["status"] == "timeout" and case["message"] == f"timed out after {timeout:g} s while running"
+    return case, timeout
+
+
+def _starve(monkeypatch, accounting) -> None:
+    """The kernel's count as on a starved machine: the tree's CPU as it is, every moment waited for a CPU."""
+    real = accounting.ProcTree.sample
+    monkeypatch.setattr(accounting.ProcTree, "sample", lambda self: (real(self)[0], time.monotonic()))
+
+
+@pytest.mark.slow
+def test_at_the_backstop_the_report_says_the_machine_was_too_busy_and_the_cpu_used(
+    cli, tmp_path, tiny_path, monkeypatch
+):
+    # A machine starved by load, as the kernel reports it: the student's processes waited for a CPU all the
+    # time, so none of it is charged and only the wall-clock backstop (4x the timeout, plus its slack) ends the
+    # case. The same sleeper on this machine's own count is charged its sleep: "timed out", the code waited.
+    from theinference.proc import accounting, runner
+
+    course = tmp_path / "course"
+    write_adapters(course, HANG)
+    timeout = scaled(0.5)  # covers the student's process starting, however busy the machine
+    waited = _first_case(cli, course, tiny_path, timeout)
+    assert waited["status"] == "timeout" and waited["message"] == f"timed out after {timeout:g} s while running"
+    assert waited["clock"]["charged_seconds"] >= timeout and waited["clock"]["cpu_seconds"] < timeout
+
+    monkeypatch.setattr(runner, "BACKSTOP_SLACK", 5.0)
+    _starve(monkeypatch, accounting)
+    starved = _first_case(cli, course, tiny_path, 0.5)  # nothing is charged: the process's start needs no cover
+    assert starved["status"] == "timeout"
+    assert starved["message"].startswith("the machine was too busy: after ")
+    assert "s of wall-clock time the adapter's processes had had " in starved["message"]
+    assert "s of CPU in all" in starved["message"] and "not a verdict on the code" in starved["message"]
+    assert starved["clock"]["wall_seconds"] >= 4 * 0.5 + 5.0 > 0.5 > starved["clock"]["charged_seconds"]
+
+
+@pytest.mark.slow
+def test_code_that_computes_past_its_timeout_is_too_slow_with_its_cpu_in_the_report(cli, tmp_path, tiny_path):
+    # Time on a CPU is always charged, however busy the machine: a spinner times out, never "too busy".
+    case, timeout = _timed_out(cli, tmp_path, tiny_path, SPIN, 0.5)
+    clock = case["clock"]
+    # Read as the case is killed, a moment after the check: the run-queue wait summed over threads may have
+    # grown a little faster than the wall clock since, so the figure is near the timeout, not above it.
+    assert clock["timeout"] == timeout and clock["charged_seconds"] > timeout / 2
+    assert clock["cpu_seconds"] > 0 and clock["wall_seconds"] == pytest.approx(
+        clock["charged_seconds"] + clock["waited_seconds"]
+    )
+
+
+@pytest.mark.slow
+def test_at_the_backstop_code_that_used_its_timeout_in_cpu_is_too_slow_not_too_busy(
+    cli, tmp_path, tiny_path, monkeypatch
+):
+    # Run-queue wait is summed over threads: several runnable ones can hide a step's time from its charged
+    # clock on a loaded machine (as the fake count does here), but the CPU they used shows the code is slow.
+    from theinference.proc import accounting, runner
+
+    # Nothing is charged, so the timeout need not cover the process's start; a backstop of 20x lets the spinner
+    # use its 0.5 s of CPU first on a machine that gives it a twentieth of a CPU.
+    monkeypatch.setattr(runner, "BACKSTOP", 20.0)
+    monkeypatch.setattr(runner, "BACKSTOP_SLACK", 1.0)
+    _starve(monkeypatch, accounting)
+    monkeypatch.setattr(runner, "_CORES", 10**6)  # the charged clock's CPU floor off (see the next test)
+    course = tmp_path / "course"
+    write_adapters(course, SPIN)
+    timeout = 0.5
+    case = _first_case(cli, course, tiny_path, timeout)
+    assert case["status"] == "timeout"
+    assert case["message"].startswith(f"timed out after {timeout:g} s while running (it had used ")
+    assert "too busy" not in case["message"] and case["clock"]["cpu_seconds"] >= timeout
+
+
+FORK_SPIN = """\
+import os, time
+def run_layer_equiv(seq_ids):
+    for _ in range(3 * (os.cpu_count() or 1)):  # runnable processes of its own: their run-queue wait sums with its own
+        if os.fork() == 0:
+            while True:
+                pass
+    started = time.process_time()
+    while time.process_time() - started < 600:
+        pass
+"""
+
+
+@pytest.mark.slow
+def test_runnable_processes_of_the_students_own_cannot_stretch_its_timeout(cli, tmp_path, tiny_path):
+    # Three spinners per core wait for a CPU most of the time, so their summed wait outgrows the wall
+    # clock: charged as wall less wait alone, the case never reached its timeout and ran to the backstop (4x the
+    # timeout + 10 s, "it had used ... of CPU"). The CPU they use, spread over the cores, is charged at least.
+    case, _ = _timed_out(cli, tmp_path, tiny_path, FORK_SPIN, 1.0)
+    assert case["clock"]["waited_seconds"] > case["clock"]["wall_seconds"] > 0  # the wait alone hides it all

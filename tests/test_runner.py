@@ -311,6 +311,9 @@ def test_a_launch_that_fails_leaves_no_descriptor_open(tmp_path, tiny_path):
         def start(self, *args, **kwargs):
             raise ConfigError("no runner for these adapters")
 
+        def finished(self, cwd):  # the launcher's after-run cleanup (what the submission's uid left behind)
+            pass
+
     adapters = write_adapters(tmp_path / "course", "def run_single_step(ids):\n    return ids\n")
     job = AdapterJob(
         course_root=tmp_path / "course",

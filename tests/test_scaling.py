@@ -5,13 +5,20 @@ format carries how the CPU was counted and both tests' figures. The stage runs o
 preset (a session fixture makes it once); the attacks are in test_cache_proof.py."""
 
 import json
+import re
 import shutil
+import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
 from conftest import write_adapters, write_quick_scaling_stage
 from theinference.bundled import data_dir
+from theinference.cli.live import RunProgress
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from scaling_subjects import SLOW_CACHE  # noqa: E402 - a correct cache that burns 40 ms of CPU on every token
 
 MODEL = """\
 import functools
@@ -47,20 +54,6 @@ def run_greedy(prompt_ids, n_new):
     params, n_head = _model()
     out = generate_cached(params, prompt_ids, n_new, n_head)
     out[n_new // 2] = (out[n_new // 2] + 1) % 50257
-    return out
-"""
-)
-
-# A correct cache that burns 40 ms of CPU on every token: flat, and slower than any recompute here.
-SLOW_CACHE = (
-    MODEL
-    + """
-def run_greedy(prompt_ids, n_new):
-    params, n_head = _model()
-    out = generate_cached(params, prompt_ids, n_new, n_head)
-    started = time.process_time()
-    while time.process_time() - started < 0.04 * n_new:
-        sum(i * i for i in range(1000))
     return out
 """
 )
@@ -104,8 +97,26 @@ def test_the_solution_passes_the_built_in_stage_and_shows_both_tests(
     cli, solution_course, tiny_path, proof_cache, monkeypatch
 ):
     monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
+    calls = []
+    real = RunProgress.case_event
+    monkeypatch.setattr(
+        RunProgress,
+        "case_event",
+        lambda self, event, stage, i, detail="": calls.append(detail) or real(self, event, stage, i, detail),
+    )
     result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "cache-scaling")
     assert result.exit_code == 0, result.stdout
+    # The live line said which call ran: the warm-up, then each timed call (3 rounds of 8 and 480 tokens).
+    timed = [f"timed call {k + 1} of 6: {n} new tokens" for k, n in enumerate([8, 480] * 3)]
+    # (The three diagnostic calls come before the first 480-token call only where the short calls are dear enough
+    # that a stop could be a flat cost's.)
+    diagnostic = [c for c in calls if c.startswith("diagnostic call")]
+    assert [c for c in calls if c and c not in diagnostic] == ["untimed warm-up: 8 new tokens", *timed]
+    said = "(tells no-cache from too-slow)"
+    assert diagnostic == [] or (
+        diagnostic[:2] == [f"diagnostic call {k} of 3: 1 new token after 384 {said}" for k in (1, 2)]
+        and re.fullmatch(rf"diagnostic call 3 of 3: \d+ new tokens after 384 {re.escape(said)}", diagnostic[2])
+    )
     text = " ".join(result.stdout.split())
     assert "✔ cache-scaling" in text and "CPU ms/token" in text and "marginal ms/token" in text
     assert "counted by the grader (" in text and "synthetic 'proof' preset" in text
@@ -122,17 +133,26 @@ def test_a_recompute_fails_as_no_cache_with_its_cost_in_numbers(cli, tmp_path, t
     text = " ".join(result.stdout.split())
     assert "shape: no-cache" in text and "(b) fails" in text and "full recompute" in text
     assert "(stopped)" in text
+    # the stop is read as growth with position: by itself (a flat cost at the short calls' rate would have
+    # finished), or from the diagnostic calls (a token after a 320-token prompt costs many times a short call's)
+    grown = re.search(r"([\d.]+)× what 320 tokens cost at the 8-token calls' rate", text)
+    marginal = re.search(r"a token after a 320-token prompt costs ([\d.]+)× what one costs", text)
+    assert (grown and float(grown[1]) > 2) or (marginal and float(marginal[1]) > 3), text
 
 
 @pytest.mark.slow
 def test_a_slow_flat_cache_is_too_slow_not_no_cache(cli, tmp_path, tiny_path, quick_stages):
     course = tmp_path / "slow"
     write_adapters(course, SLOW_CACHE)
-    result = grade_quick(cli, course, tiny_path, quick_stages)
+    result = grade_quick(cli, course, tiny_path, quick_stages, "--format", "json")
     assert result.exit_code == 1
-    text = " ".join(result.stdout.split())
-    assert "shape: too-slow" in text and "no-cache" not in text
-    assert "ms per token at 8 tokens, flat" in text and "float64" in text
+    case = json.loads(result.stdout)["stages"][0]["cases"][0]
+    assert case["diagnosis"]["shape"] == "too-slow" and "float64" in case["diagnosis"]["summary"]
+    assert "ms per token at 8 tokens, flat" in case["message"] and "no-cache" not in result.stdout
+    # its short calls are dear, so the diagnostic calls ran: a token after 320 cost what one after 4 did
+    diagnostic = [(c["n_new"], c["prompt_tokens"]) for c in case["scaling"]["calls"] if c["diagnostic"]]
+    assert diagnostic[:2] == [(1, 320), (1, 320)] and diagnostic[2][0] >= 17 and diagnostic[2][1] == 320
+    assert len(diagnostic) == 3
 
 
 @pytest.mark.slow
@@ -142,7 +162,15 @@ def test_a_call_that_only_waits_times_out_and_is_not_called_no_cache(cli, tmp_pa
     result = grade_quick(cli, course, tiny_path, quick_stages, "--timeout", "0.5")
     assert result.exit_code == 1
     text = " ".join(result.stdout.split())
-    assert "timed out after 0.5 s while running" in text and "no-cache" not in text
+    assert "timed out after 0.5 s while running" in text and "shape: no-cache" not in text
+    # it timed out in a diagnostic call, before any 320-token call: no figure for 320 tokens, nor (a) or (b)
+    assert "(a) per-token cost" not in text and "(b) 320 tokens" not in text
+    rows = [line.split("|")[0].strip() for line in result.stdout.splitlines() if "|" in line]
+    assert "8" in rows and "320" not in rows
+    doc = json.loads(grade_quick(cli, course, tiny_path, quick_stages, "--timeout", "0.5", "--format", "json").stdout)
+    scaling = doc["stages"][0]["cases"][0]["scaling"]
+    assert scaling["cpu_seconds"][0] is not None and scaling["cpu_seconds"][1] is None
+    assert scaling["ratio"] is None and scaling["fraction_of_recompute"] is None
 
 
 def test_the_starter_is_not_started(cli, tmp_path, tiny_path, proof_cache, monkeypatch):
@@ -176,7 +204,9 @@ def test_json_junit_and_gradescope_carry_the_accounting_and_both_figures(cli, so
     assert scaling["accounting"].startswith(("cgroup", "process tree"))
     assert scaling["ratio"] == pytest.approx(scaling["ms_per_token"][1] / scaling["ms_per_token"][0])
     assert 0 < scaling["fraction_of_recompute"] <= 0.35 and scaling["oracle_cpu_seconds"] > 0
-    assert len(scaling["calls"]) == 4 and all(c["cpu_seconds"] > 0 for c in scaling["calls"])
+    timed = [c for c in scaling["calls"] if not c["diagnostic"]]
+    assert [c["n_new"] for c in timed] == [8, 320] * 2 and all(c["cpu_seconds"] > 0 for c in scaling["calls"])
+    assert {c["prompt_tokens"] for c in timed} == {4} and len(scaling["calls"]) - len(timed) in (0, 3)
 
     junit = ET.fromstring(grade_quick(cli, solution_course, tiny_path, quick_stages, "--format", "junit").stdout)
     props = {p.get("name"): p.get("value") for p in junit.iter("testcase").__next__().iter("property")}

@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from theinference.bundled import data_dir
+from theinference.cli import consoles
 from theinference.cli import stages as stages_cli
 from theinference.cli import test as test_cli
 from theinference.cli.live import RunProgress
@@ -34,7 +35,7 @@ def narrow(monkeypatch):
     """`test` and `stages list` print at 80 columns, as on a narrow terminal."""
 
     def console(stream):
-        return Console(file=stream, width=80, no_color=True, highlight=False, soft_wrap=False)
+        return consoles.console_for(stream, width=80)  # off a terminal: plain, as at 80 columns without colour
 
     monkeypatch.setattr(test_cli, "console_for", console)
     monkeypatch.setattr(stages_cli, "console_for", console)
@@ -98,6 +99,8 @@ def test_a_failing_per_step_identity_says_its_finding_once(cli, narrow, short_di
     # The verdict came first; the finding was added once every verdict was out.
     assert body.index("✘ per-step-identity") < body.index("finding: wpe-off-by-one") < body.index("stage(s) passed")
     assert all(len(line) <= 80 for line in body.splitlines())
+    # Tables and wrapped text end where their text does: no line is padded out to the width.
+    assert all(line == line.rstrip() for line in result.stdout.splitlines())
 
 
 @pytest.mark.slow
@@ -121,7 +124,9 @@ def test_wrong_tokens_in_cache_scaling_are_a_few_lines(cli, narrow, short_dir, t
     monkeypatch.setattr(
         RunProgress,
         "case_event",
-        lambda self, event, stage, i: events.append((event, stage.id, i)) or real(self, event, stage, i),
+        lambda self, event, stage, i, detail="": (
+            events.append((event, i, detail)) or real(self, event, stage, i, detail)
+        ),
     )
     course = _mutant("causal-mask-on-decode", short_dir / "bug")
     result = cli("test", "--course", course, "--weights", tiny_path, "--stage", "cache-scaling")
@@ -131,8 +136,8 @@ def test_wrong_tokens_in_cache_scaling_are_a_few_lines(cli, narrow, short_dir, t
     assert "token-mismatch" in body and "the timing was not judged" in body and "pass the greedy stage first" in body
     assert "step | expected" not in body and len(body.splitlines()) < 20  # no token table, no 480-token texts
     assert all(len(line) <= 80 for line in body.splitlines())
-    # The live line named the case while the grader drove its calls.
-    assert events == [("start", "cache-scaling", 0), ("done", "cache-scaling", 0)]
+    # The live line named the case, then the call the grader drove (the warm-up's tokens were already wrong).
+    assert events == [("start", 0, ""), ("call", 0, "untimed warm-up: 8 new tokens"), ("done", 0, "")]
 
 
 def _greedy_case(steps: int, mismatch: int | None) -> CaseResult:

@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 
+from conftest import write_quick_scaling_stage
 from theinference.bundled import data_dir
 
 
@@ -39,11 +40,12 @@ def test_oracle_export_of_cache_scaling_has_its_logits_and_tie_tolerance(
 ):
     monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
     out = tmp_path / "expected.npz"
-    result = cli("oracle", "--stage", "cache-scaling", "--weights", tiny_path, "--out", out)
+    stages = write_quick_scaling_stage(tmp_path / "stages", longest=24)  # the built-in stage, its generation shorter
+    result = cli("oracle", "--stage", "quick-scaling", "--stages-dir", stages, "--weights", tiny_path, "--out", out)
     assert result.exit_code == 0, result.output
     arrays = np.load(out)
     meta = json.loads(str(arrays["meta"]))
     assert meta["tie_rtol"] == 1e-4 and "atol" not in meta
     tokens, logits = arrays["generation.expected"], arrays["generation.logits"]
-    assert logits.shape[0] == len(tokens) and np.array_equal(logits.argmax(axis=-1), tokens)
+    assert len(tokens) == 24 and logits.shape[0] == len(tokens) and np.array_equal(logits.argmax(axis=-1), tokens)
     assert "proof" in meta["weights"]  # the weights the stage runs on, not the graded tiny ones

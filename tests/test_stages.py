@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from theinference.bundled import data_dir
+from theinference.course import Course
 from theinference.grading.stages import StageError, load_stage, load_stages, stage_dirs
 
 VALID = """\
@@ -232,7 +233,8 @@ def test_duplicate_ids_across_directories(tmp_path):
 
 def test_course_stages_directory_is_discovered(tmp_path):
     write_stage(tmp_path / "course" / "stages", VALID)
-    ids = [s.id for s in load_stages(stage_dirs(tmp_path / "course"))]
+    course = Course(root=tmp_path / "course", adapters=tmp_path / "course" / "tests" / "adapters.py")
+    ids = [s.id for s in load_stages(stage_dirs(course))]
     assert ids == [
         "forward",
         "single-step-attention",
@@ -243,4 +245,13 @@ def test_course_stages_directory_is_discovered(tmp_path):
         "greedy",
         "mlp-check",
     ]
-    assert stage_dirs(tmp_path / "course")[0] == data_dir("stages")
+    assert stage_dirs(course)[0] == data_dir("stages")
+    assert stage_dirs(course, trusted=False) == [data_dir("stages")]  # untrusted grading reads no course stages
+
+
+def test_stage_dirs_include_the_courses_own_stages_dirs_before_the_instructors(tmp_path):
+    root = tmp_path / "course"
+    course = Course(root=root, adapters=root / "tests" / "adapters.py", stages_dirs=(root / "extra",))
+    extra = tmp_path / "instructor"
+    assert stage_dirs(course, [extra]) == [data_dir("stages"), root / "extra", extra]
+    assert stage_dirs(course, [extra], trusted=False) == [data_dir("stages"), extra]

@@ -84,8 +84,8 @@ def test_ts_solution_passes_every_stage_plain_untrusted_and_in_a_mixed_grade(
 @pytest.mark.slow
 def test_each_ts_mutant_is_caught_by_its_stage_with_its_finding(cli, tmp_path, tiny_path, node_modules):
     source = tmp_path / "ts"
-    # decode-recomputes is left out: its finding is cache-scaling's `no-cache` (test_ts_cache_scaling_...).
-    shutil.copytree(TS, source, ignore=shutil.ignore_patterns("node_modules", "decode-recomputes"))
+    # The decode-recomputes mutants are left out: their findings are cache-scaling's (test_ts_cache_scaling_...).
+    shutil.copytree(TS, source, ignore=shutil.ignore_patterns("node_modules", "decode-recomputes*"))
     if node_modules is not None:
         (source / "node_modules").symlink_to(node_modules, target_is_directory=True)
     result = cli("stages", "check", "--source", source, "--stage", "per-step-identity", "--weights", tiny_path)
@@ -97,13 +97,18 @@ def test_each_ts_mutant_is_caught_by_its_stage_with_its_finding(cli, tmp_path, t
 
 
 @pytest.mark.slow
-def test_ts_cache_scaling_passes_the_solution_and_stops_the_recomputing_mutant(
+def test_ts_cache_scaling_passes_the_solution_and_fails_the_careful_recompute(
     cli, tmp_path, tiny_path, node_modules, proof_cache, monkeypatch
 ):
-    """The Node worker serves cache-scaling's interactive calls; the grader counts its tree's CPU, as for Python."""
+    """The Node worker serves cache-scaling's interactive calls; the grader counts its tree's CPU, as for Python.
+
+    The careful recompute (every layer over the whole sequence, the LM head on the last row only) is the
+    submission without a cache whose cost is nearest a cache's: its short calls are dear, so the diagnostic calls
+    (a token after a long prompt against one in the short calls) must name it `no-cache`, never `too-slow`.
+    """
     monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
     source = ts_course(tmp_path / "ts" / "solution", node_modules).parent
-    mutant = source / "mutants" / "decode-recomputes"
+    mutant = source / "mutants" / "decode-recomputes-last-row"
     shutil.copytree(TS / "mutants" / mutant.name, mutant)
     manifest = mutant / "manifest.toml"
     manifest.write_text(manifest.read_text().replace("cache-scaling =", "quick-scaling ="))
@@ -114,10 +119,10 @@ def test_ts_cache_scaling_passes_the_solution_and_stops_the_recomputing_mutant(
         "stages", "check", "--source", source, "--stages-dir", stages, "--weights", tiny_path, "--stage", "quick-scaling"
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert "0 mismatches, 0 problems" in result.output
     lines = {line.split("|")[0].strip(): line for line in result.output.splitlines() if "|" in line}
     assert "✔ pass" in lines["solution"], result.output
-    # no-cache, or too-slow where JavaScript's recompute is stopped before its growth shows (its manifest says)
-    assert re.search(r"✔ (no-cache|too-slow)\b", lines["decode-recomputes"]), result.output
+    assert re.search(r"✔ no-cache\b", lines["decode-recomputes-last-row"]), result.output
 
 
 def test_init_edition_ts_starts_a_course_whose_stages_are_not_started(cli, tmp_path, tiny_path, node_modules):

@@ -1,10 +1,15 @@
-"""The families' screening shortcuts give the same answer as the full computation (theinference.grading.families)."""
+"""The screening shortcuts give the same answer as the full computation: the families' (theinference.grading.families)
+and the listed bugs' (theinference.grading.bugs)."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from theinference.grading import families
-from theinference.model.variant import Float64Params, Variant
+from theinference.grading import bugs, families
+from theinference.grading.oracle_registry import resolve_oracle
+from theinference.model import variant as model_variant
+from theinference.model.variant import Variant
 
 SEQ = [464, 3139, 286, 4881, 318, 6342, 11, 290, 262, 3139]
 VARIANTS = {
@@ -37,11 +42,65 @@ def test_a_decode_row_screened_alone_equals_that_row_of_the_whole_case(tiny_mode
     np.testing.assert_allclose(one, whole[row], rtol=1e-5, atol=1e-5)
 
 
-def test_float64_params_are_the_same_weights_read_wider(tiny_model):
-    wide = Float64Params(tiny_model.params)
-    assert wide["h"][1]["ln_2"]["weight"].dtype == np.float64
-    np.testing.assert_array_equal(wide["h"][1]["ln_2"]["weight"], tiny_model.params["h"][1]["ln_2"]["weight"])
+def test_float64_runs_the_layers_in_float64_and_its_float32_head_is_a_float64_heads_to_roundoff(tiny_model):
+    params, n_head = tiny_model.params, tiny_model.config.n_head
+    wide = model_variant.hidden_states(params, SEQ, n_head, Variant(), dtype=np.float64)
+    assert wide.dtype == np.float64 and params["wte"]["weight"].dtype == np.float32  # no weight cast in place
     narrow = families.variant_output(tiny_model, "logits", {"seq": SEQ}, Variant())
     exact = families.variant_output(tiny_model, "logits", {"seq": SEQ}, Variant(), float64=True)
-    assert narrow.dtype == np.float32 and exact.dtype == np.float64
+    head64 = wide @ params["wte"]["weight"].astype(np.float64).T
+    np.testing.assert_allclose(exact, head64, rtol=0, atol=1e-5)
+    assert np.abs(narrow - head64).max() > np.abs(exact - head64).max()  # the layers did run wider
     np.testing.assert_allclose(narrow, exact, rtol=1e-3, atol=1e-4)
+
+
+def test_variants_screened_in_one_pass_equal_each_computed_alone(tiny_model):
+    inputs, variants = {"prompt": SEQ[:4], "cont": SEQ[4:]}, list(VARIANTS.values())
+    columns = np.arange(0, tiny_model.config.n_vocab, 97)
+    together = families.variant_outputs(tiny_model, "per-step-logits", inputs, variants, row=3, columns=columns)
+    for variant, out in zip(variants, together):
+        alone = families.variant_output(tiny_model, "per-step-logits", inputs, variant, row=3, columns=columns)
+        np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", [b.name for b in bugs.BUILTIN_BUGS.values() if "per-step-logits" in b.oracles])
+@pytest.mark.parametrize("row", [0, 3, len(SEQ) - 5])
+def test_a_listed_bug_screened_on_one_row_equals_that_row_of_its_whole_output(tiny_model, name, row):
+    bug, spec = bugs.BUILTIN_BUGS[name], resolve_oracle("per-step-logits", Path("."))
+    inputs, history = {"prompt": SEQ[:4], "cont": SEQ[4:]}, [{"prompt": SEQ[:2], "cont": SEQ[2:5]}]
+    columns = np.arange(0, tiny_model.config.n_vocab, 97)
+    whole = bugs.bug_output(bug, spec, "per-step-logits", tiny_model, inputs, history)
+    one = bugs.bug_screen(bug, spec, "per-step-logits", tiny_model, inputs, row, columns, history)
+    assert one is not None
+    np.testing.assert_allclose(one, whole[row, columns], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "load, cores, limit",
+    [(0.2, 2, None), (1.9, 2, None), (2.0, 2, 1), (9.0, 2, 1), (3.0, 8, None)],
+)
+def test_fingerprinting_uses_one_blas_thread_only_on_a_busy_machine(load, cores, limit):
+    """bench/fingerprint_threads.py: one thread is slower on a quiet machine, twice as fast or more on a busy one."""
+    from theinference.grading.threads import busy_blas_limit
+
+    assert busy_blas_limit(load, cores) == limit
+
+
+def test_fingerprinting_on_a_busy_machine_runs_blas_on_one_thread(monkeypatch):
+    from threadpoolctl import threadpool_info
+
+    from theinference.grading import threads
+
+    def blas() -> list[int]:
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    default = blas()
+    if not default or max(default) == 1:
+        pytest.skip("numpy runs BLAS on one thread here already: nothing to tell apart")
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    with threads.blas_threads_for_load():
+        assert blas() == default  # quiet: numpy's default
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (100.0, 100.0, 100.0))
+    with threads.blas_threads_for_load():
+        assert set(blas()) == {1}
+    assert blas() == default

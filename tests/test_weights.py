@@ -1,6 +1,8 @@
 """Weights: loading checks, synthetic determinism, and where grading weights come from."""
 
+import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -10,8 +12,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from theinference.model.weights_choice import find_hf_gpt2, resolve_weights
-from theinference.model.synth import PRESETS, write_synthetic
-from theinference.model.weights import WeightsError, expected_shapes, load_model
+from theinference.model.synth import AFTER_TENSORS, PRESETS, write_synthetic
+from theinference.model.weights import WeightsError, expected_shapes, load_model, weights_digest
 
 
 def _rewrite(src_dir: Path, dest_dir: Path, edit) -> Path:
@@ -28,7 +30,7 @@ def test_tiny_preset_shape(tiny_model):
     c = tiny_model.config
     assert (c.n_vocab, c.n_embd, c.n_head, c.n_layer) == (50257, 128, 2, 2)
     assert c.n_embd // c.n_head == 64
-    assert tiny_model.synthetic == "tiny preset, seed 0"
+    assert str(tiny_model.synthetic) == "tiny preset, seed 0" and tiny_model.synthetic.preset == "tiny"
 
 
 def test_synth_is_deterministic_per_seed(tmp_path, tiny_path):
@@ -325,10 +327,12 @@ def test_a_bf16_checkpoint_passes_the_reference_solution(cli, solution_course, t
 def test_synthesis_progress_moves_in_a_log(cli, tmp_path):
     result = cli("weights", "synth", "--preset", "tiny", "--out", tmp_path / "w")
     assert result.exit_code == 0
-    total = len(expected_shapes(PRESETS["tiny"]))
-    done = [int(m) for m in re.findall(r"making synthetic weights \[(\d+)/%d tensors\]" % total, result.stderr)]
-    # stderr is not a terminal here, as in CI: a few plain lines, rising to every tensor made.
-    assert 2 <= len(done) <= 11 and done == sorted(done) and done[-1] == total
+    total = len(expected_shapes(PRESETS["tiny"])) + len(AFTER_TENSORS)
+    done = [int(m) for m in re.findall(r"making synthetic weights \[(\d+)/%d steps\]" % total, result.stderr)]
+    # stderr is not a terminal here, as in CI: a few plain lines, from the first step to the last, each naming
+    # the step then running (writing and hashing the file take seconds on the gpt2 shape, after every tensor).
+    assert 2 <= len(done) <= 12 and done == sorted(done) and done[0] == 0 and done[-1] == total
+    assert "]: drawing wte.weight\n" in result.stderr and f"[{total}/{total} steps]: made\n" in result.stderr
     assert "making synthetic weights" not in result.stdout
 
 
@@ -367,3 +371,16 @@ def test_weights_says_a_synthetic_choice_is_not_made_yet(cli, tmp_path, monkeypa
     result = cli("weights", *given)
     assert result.exit_code == 0 and "not made yet" in result.stdout
     assert not any((tmp_path / "user-cache").rglob("model.safetensors"))  # saying so makes nothing
+
+
+def test_the_weights_digest_is_the_files_sha256_and_follows_a_rewrite_made_to_look_untouched(tmp_path, tiny_path):
+    path = tmp_path / "model.safetensors"
+    shutil.copyfile(tiny_path, path)
+    assert weights_digest(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    before, stat = weights_digest(path), path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # the same size, its times set back: only the change time tells
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert weights_digest(path) != before
+    assert weights_digest(path) == hashlib.sha256(bytes(data)).hexdigest()

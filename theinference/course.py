@@ -17,18 +17,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from theinference.courseroot import ADAPTERS_CANDIDATES, CONFIG_NAME, DEFAULT_ADAPTERS, find_root
 from theinference.errors import ConfigError
 
-CONFIG_NAME = "theinference.toml"
-DEFAULT_ADAPTERS = "tests/adapters.py"
-# Where adapters are looked for, in order: the Python edition's, then the TypeScript edition's.
-ADAPTERS_CANDIDATES = (
-    DEFAULT_ADAPTERS,
-    "tests/adapters.ts",
-    "tests/adapters.mts",
-    "tests/adapters.js",
-    "tests/adapters.mjs",
-)
 _FIELDS: dict[str, type | tuple[type, ...]] = {
     "weights": str,
     "adapters": str,
@@ -46,17 +37,27 @@ class Course:
     root: Path
     adapters: Path
     weights: Path | None = None
+    weights_setting: str | None = None  # the `weights` text as written: a preset's name only when alone (`tiny`)
     stages_dirs: tuple[Path, ...] = field(default_factory=tuple)
     timeout: float | None = None
 
 
 def find_course_root(start: Path) -> Path | None:
     """The nearest ancestor of start (itself included) holding theinference.toml or tests/adapters.py (or .ts, ...)."""
-    start = start.resolve()
-    for directory in (start, *start.parents):
-        if (directory / CONFIG_NAME).is_file() or any((directory / a).is_file() for a in ADAPTERS_CANDIDATES):
-            return directory
-    return None
+    root = find_root(str(start))
+    return None if root is None else Path(root)
+
+
+def course_root(course_dir: Path | None) -> Path | None:
+    """The course every command works on: --course DIR if given, else the working directory's nearest course
+    ancestor (find_course_root); None when there is none."""
+    return course_dir.resolve() if course_dir is not None else find_course_root(Path.cwd())
+
+
+def find_course(course_dir: Path | None) -> "Course | None":
+    """The course at course_root(course_dir), loaded; None when there is none (commands that work without one)."""
+    root = course_root(course_dir)
+    return None if root is None else load_course(root)
 
 
 def _read_config(path: Path) -> dict:
@@ -96,6 +97,7 @@ def load_course(root: Path) -> Course:
         root=root,
         adapters=adapters,
         weights=(root / data["weights"]) if "weights" in data else None,
+        weights_setting=data.get("weights"),
         stages_dirs=tuple(root / d for d in data.get("stages_dirs", [])),
         timeout=data.get("timeout"),
     )

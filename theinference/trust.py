@@ -77,7 +77,9 @@ def untrusted_course(course: Course) -> tuple[Course, list[str]]:
     adapters = course.adapters.resolve()
     if not adapters.is_relative_to(course.root.resolve()):
         raise CourseError(f"{course.adapters}: the adapters file must be inside the submission ({course.root})")
-    return dataclasses.replace(course, adapters=adapters, weights=None, stages_dirs=(), timeout=None), notices
+    return dataclasses.replace(
+        course, adapters=adapters, weights=None, weights_setting=None, stages_dirs=(), timeout=None
+    ), notices
 
 
 def stage_origin(source: Path, extra_dirs: list[Path]) -> str:

@@ -73,7 +73,10 @@ TimeoutOpt = Annotated[
 MemoryOpt = Annotated[
     Optional[int],
     typer.Option(
-        "--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (default: grade's)."
+        "--memory-limit",
+        metavar="MB",
+        min=0,
+        help="Memory cap, MB, per student process and for all of them together (default: grade's).",
     ),
 ]
 CasesSeedOpt = Annotated[

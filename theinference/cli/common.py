@@ -11,7 +11,8 @@ from typer.core import TyperGroup
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from theinference.cli.consoles import err_console, in_ci, is_plain
+from theinference.cli.consoles import err_console
+from theinference.terminals import in_ci, is_plain
 from theinference.grading.randomcases import resolve_seed
 from theinference.errors import ConfigError, UsageError
 from theinference import files
@@ -65,12 +66,13 @@ class ItemProgress:
                 MofNCompleteColumn(),
                 TextColumn(self.unit),
                 TimeElapsedColumn(),
+                TextColumn("{task.fields[item]}"),
                 console=err_console(),
             )
             self.bar.start()
-            self.task = self.bar.add_task(self.label, total=total)
+            self.task = self.bar.add_task(self.label, total=total, item="")
         assert self.task is not None
-        self.bar.update(self.task, completed=done)
+        self.bar.update(self.task, completed=done, item=escape(item))
         if done == total:
             self.close()
 
@@ -83,7 +85,7 @@ class ItemProgress:
 
 def synth_progress() -> ItemProgress:
     """Progress of making synthetic weights: about ten plain lines when stderr is not a terminal."""
-    return ItemProgress("making synthetic weights", "tensors", lines=10)
+    return ItemProgress("making synthetic weights", "steps", lines=10)
 
 
 class OracleProgress:
@@ -97,7 +99,7 @@ class OracleProgress:
 
     def __init__(self):
         self.console = err_console()
-        self.live = self.console.is_terminal and not in_ci()
+        self.live = not is_plain(sys.stderr)  # what err_console was made by
         self.count, self.began = 0, 0.0
         self.unsaid = [0, 0.0]  # outputs computed and their seconds since the last line printed
         self.timer, self.status = None, None

@@ -1,19 +1,22 @@
 """The first line of `theinference test`'s report within a moment of Enter, before the CLI's heavy imports.
 
-Importing the grader (numpy, the oracle, the stage machinery) takes a second or more on a busy machine.
-For a plain `test` whose report streams to stdout, this module reads just enough of the command line to
-find the course and prints the report's first line ("theinference VERSION grading COURSE") before
-anything heavy is imported; the streamed header then leaves that line out. Whenever the command line is
-anything else, or is not plain to read here (help, another format, --output, --watch, an option it does
-not know), it prints nothing and the report prints its whole header as before.
+Importing the grader (numpy, rich, typer, the oracle, the stage machinery) takes a second or more on a busy
+machine. For a `test` whose report streams to stdout (and `test --watch`, whose first screen replaces it),
+this module reads just enough of the command line to find the course and prints the report's first line
+("theinference VERSION grading COURSE") before anything heavy is imported: it imports only the standard
+library's os and sys, and the package's light modules (courseroot, headline, consoles;
+tests/test_first_verdict.py checks). The streamed header then leaves that line out. Whenever the command
+line is anything else, or is not plain to read here (help, another format, --output, an option it does not
+know, --watch with untrusted grading), it prints nothing and the report prints its whole header as before.
 """
 
+import os
 import sys
-from pathlib import Path
 
 from theinference import __version__
-from theinference.course import find_course_root
-from theinference.headline import headline
+from theinference.terminals import in_ci, wants_color
+from theinference.courseroot import find_root
+from theinference.headline import headline_ansi
 
 # `test`'s options that take a value (tests/test_first_verdict.py checks this against the command itself).
 VALUE_OPTIONS = frozenset(
@@ -29,7 +32,7 @@ VALUE_OPTIONS = frozenset(
         "--memory-limit",
     }
 )
-FLAG_OPTIONS = frozenset({"--all", "--untrusted", "--all-cases", "--no-diagnosis", "--allow-root"})
+FLAG_OPTIONS = frozenset({"--all", "--untrusted", "--all-cases", "--no-diagnosis", "--allow-root", "--watch", "--poll"})
 
 shown: str | None = None  # the course whose headline is on screen
 
@@ -39,6 +42,7 @@ def _test_options(argv: list[str]) -> dict[str, str] | None:
     if not argv or argv[0] != "test":
         return None
     values: dict[str, str] = {}
+    flags: set[str] = set()
     rest = iter(argv[1:])
     for arg in rest:
         name, eq, value = arg.partition("=")
@@ -48,15 +52,19 @@ def _test_options(argv: list[str]) -> dict[str, str] | None:
                 return None  # a value missing (or an option where it should be): click says what it says
             values[name] = value
         elif eq or name not in FLAG_OPTIONS:
-            return None  # --help, --watch, a typo, a stray argument: click will say what it says
+            return None  # --help, a typo, a stray argument: click will say what it says
+        else:
+            flags.add(name)
+    if "--watch" in flags and ("--untrusted" in flags or in_ci() or values.get("--format") == "gradescope"):
+        return None  # a usage error follows, not a report
     return values
 
 
-def _course(values: dict[str, str]) -> Path | None:
+def _course(values: dict[str, str]) -> str | None:
     if "--course" in values:
-        root = Path(values["--course"]).resolve()
-        return root if root.is_dir() else None
-    return find_course_root(Path.cwd())
+        root = os.path.realpath(values["--course"])
+        return root if os.path.isdir(root) else None
+    return find_root(os.getcwd())
 
 
 def announce(argv: list[str]) -> None:
@@ -67,13 +75,10 @@ def announce(argv: list[str]) -> None:
         if values is None or values.get("--format", "rich") != "rich" or "--output" in values:
             return
         root = _course(values)
-    except (OSError, ValueError):
+        if root is None:
+            return
+        sys.stdout.write(headline_ansi(__version__, root, color=wants_color(sys.stdout)) + "\n")
+        sys.stdout.flush()
+    except (OSError, ValueError):  # ValueError: a path stdout's encoding cannot write, too
         return
-    if root is None:
-        return
-    from theinference.cli.consoles import console_for
-
-    console = console_for(sys.stdout)
-    console.print(headline(__version__, str(root)), overflow="fold")
-    console.file.flush()
-    shown = str(root)
+    shown = root

@@ -33,7 +33,8 @@ from theinference.grading.batch import (
     submissions,
 )
 from theinference.cli.common import run_options, synth_progress, write_atomic
-from theinference.cli.consoles import err_console, is_plain
+from theinference.cli.consoles import err_console
+from theinference.terminals import is_plain
 from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.untrusted import for_terminal

@@ -34,16 +34,18 @@ class RunProgress(OracleProgress):
         self.lock = threading.Lock()
         self.case: tuple[str, int, int, str] | None = None  # adapter, case number, cases, case name
         self.case_began = 0.0
+        self.detail = ""  # the running call of a case the grader drives call by call
         self.case_said = 0.0  # off a terminal: when the running case was last reported
         self.oracle: str | None = None
         self.stopped = threading.Event()
         self.ticker: threading.Thread | None = None
 
-    def case_event(self, event: str, stage: StageSpec, index: int) -> None:
-        """The runner's start/done of case index of stage."""
+    def case_event(self, event: str, stage: StageSpec, index: int, detail: str = "") -> None:
+        """The runner's start/done of case index of stage, or (cache-scaling) the start of one of its calls."""
         with self.lock:
-            if event == "start":
+            if event in ("start", "call"):  # the seconds shown count from the case's start, or the call's
                 self.case = (stage.adapter, index + 1, len(stage.cases), stage.cases[index].name)
+                self.detail = detail
                 self.case_began = time.monotonic()
                 self.case_said = 0.0
             else:
@@ -91,7 +93,8 @@ class RunProgress(OracleProgress):
             return f"oracle: computing {self.oracle} ({self.count} done)"
         if self.case is not None:
             adapter, number, total, name = self.case
-            return f"running {adapter}: case {number} of {total} ({name}) · {now - self.case_began:.0f} s"
+            call = f", {self.detail}" if self.detail else ""
+            return f"running {adapter}: case {number} of {total} ({name}){call} · {now - self.case_began:.0f} s"
         return None
 
     def _tick(self) -> None:

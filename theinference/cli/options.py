@@ -38,7 +38,12 @@ TimeoutOpt = Annotated[
 ]
 MemoryLimitOpt = Annotated[
     int,
-    typer.Option("--memory-limit", metavar="MB", min=0, help="Address-space cap per student process, MB (0: none)."),
+    typer.Option(
+        "--memory-limit",
+        metavar="MB",
+        min=0,
+        help="Memory cap, MB: per student process (address space), and for all of its processes together (0: none).",
+    ),
 ]
 JobsOpt = Annotated[
     int,

@@ -8,7 +8,7 @@ import typer
 
 from theinference.cli.common import synth_progress
 from theinference.cli.consoles import err_console
-from theinference.course import find_course_root, load_course
+from theinference.course import find_course
 from theinference.grading import scaling
 from theinference.grading.export import oracle_arrays
 from theinference.grading.grade import OracleCache
@@ -31,18 +31,21 @@ def oracle_command(
 ) -> None:
     """Write the oracle's inputs and expected outputs for a stage's cases to FILE.npz.
 
-    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return), for forward also every block's output to compare layer by layer ('<case>.embed', '<case>.block<i>.attn' after block i's attention, '<case>.block<i>.mlp' after its MLP, '<case>.ln_f', each [n, n_embd]), for greedy '<case>.logits' (the logits each choice was made from), and 'meta' (JSON).
+    Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return), for forward also every block's output to compare layer by layer ('<case>.embed', '<case>.block<i>.attn' after block i's attention, '<case>.block<i>.mlp' after its MLP, '<case>.ln_f', each [n, n_embd]), for greedy and cache-scaling '<case>.logits' (the logits each choice was made from), and 'meta' (JSON: the stage's tolerance as its file gives it).
     """
-    root = course.resolve() if course else find_course_root(Path.cwd())
-    course_obj = load_course(root) if root else None
-    extra = [*(course_obj.stages_dirs if course_obj else ()), *(stages_dir or [])]
-    [spec] = select_stages(load_stages(stage_dirs(root, extra)), [stage])
+    course_obj = find_course(course)
+    [spec] = select_stages(load_stages(stage_dirs(course_obj, stages_dir or [])), [stage])
     names = [c.name for c in spec.cases]
     for wanted in case or []:
         if wanted not in names:
             raise UsageError(f"stage '{stage}' has no case '{wanted}' (cases: {', '.join(names)})")
     cases = [c for c in spec.cases if not case or c.name in case]
-    choice, model, _ = obtain_weights(weights, course_obj.weights if course_obj else None, synth_progress())
+    choice, model, _ = obtain_weights(
+        weights,
+        course_obj.weights if course_obj else None,
+        synth_progress(),
+        course_setting=course_obj.weights_setting if course_obj else None,
+    )
     if spec.scaling is not None:  # cache-scaling runs on its own weights (the proof preset): its tokens are those
         model, _ = scaling.proof_model(spec, model, OracleCache())
     arrays = oracle_arrays(spec, model, cases)

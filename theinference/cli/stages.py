@@ -11,7 +11,7 @@ from rich.text import Text
 from theinference.grading.check import check_course
 from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, ItemProgress, synth_progress
 from theinference.cli.consoles import console_for
-from theinference.course import find_course_root, load_course
+from theinference.course import find_course
 from theinference.proc.launch import default_launcher
 from theinference.grading.grade import OracleCache
 from theinference.grading.oracle_store import default_store
@@ -31,21 +31,16 @@ from theinference.grading.grader import Grader
 stages_app = typer.Typer(help="List, show, check and scaffold stages.", no_args_is_help=True)
 
 
-def _course_stage_dirs(root: Path | None, stages_dir: list[Path] | None) -> list[Path]:
-    """The course's own stages_dirs (its theinference.toml), then --stages-dir: as `test` and `oracle` find stages."""
-    return [*(load_course(root).stages_dirs if root else ()), *(stages_dir or [])]
-
-
 @stages_app.command("list")
 def list_stages(
     course: CourseOpt = None,
     stages_dir: StagesDirOpt = None,
 ) -> None:
     """List every stage in course order: id, title, cases, points, where it is defined."""
-    root = course.resolve() if course else find_course_root(Path.cwd())
-    stages = load_stages(stage_dirs(root, _course_stage_dirs(root, stages_dir)))
-    progress = load_progress(root) if root else {}
-    upcoming = next_stage(stages, progress) if root else None
+    found = find_course(course)
+    stages = load_stages(stage_dirs(found, stages_dir or []))
+    progress = load_progress(found.root) if found else {}
+    upcoming = next_stage(stages, progress) if found else None
     rows = []
     for s in stages:
         status = describe_entry(progress[s.id]) if s.id in progress else "not graded"
@@ -74,17 +69,14 @@ def show(
     stages_dir: StagesDirOpt = None,
 ) -> None:
     """Show a stage's lesson, with its adapter, tolerance and cases."""
-    root = course.resolve() if course else find_course_root(Path.cwd())
     try:
-        [stage] = select_stages(load_stages(stage_dirs(root, _course_stage_dirs(root, stages_dir))), [stage_id])
+        [stage] = select_stages(load_stages(stage_dirs(find_course(course), stages_dir or [])), [stage_id])
         lesson = stage.lesson.read_text(encoding="utf-8")
     except OSError as e:
         raise StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}") from None
     console = console_for(sys.stdout)
     console.print(Markdown(lesson))
-    tolerance = (
-        f"tie rtol {stage.tie_rtol:g}" if stage.tie_rtol is not None else f"atol {stage.atol:g} rtol {stage.rtol:g}"
-    )
+    tolerance = " ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in stage.tolerance.items())
     console.print(
         f"\nadapter {stage.adapter}() · {tolerance} · "
         f"{len(stage.cases)} cases · {stage.points:g} points · timeout {stage.timeout:g} s",

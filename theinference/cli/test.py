@@ -14,12 +14,12 @@ from rich.console import Console
 from theinference import __version__
 from theinference.cli.common import (
     EXIT_FAIL,
-    OracleProgress,
     run_options,
     synth_progress,
     write_atomic,
 )
-from theinference.cli.consoles import console_for, err_console, in_ci
+from theinference.cli.consoles import console_for, err_console
+from theinference.terminals import in_ci
 from theinference.cli.options import (
     CourseOpt,
     AllowRootOpt,
@@ -77,6 +77,23 @@ def _emit(run, fmt: Format, output: Optional[Path]) -> None:
         write_atomic(output, buffer.getvalue())
     else:
         render_run(console_for(sys.stdout), run, __version__)
+
+
+def _watch(session, wanted: list[str] | None, options, poll: bool) -> int:
+    """Watch mode: a live line per case on stderr while a grade runs, the screen redrawn after each."""
+    live = RunProgress()
+    session.grader.cache.progress = live
+
+    def show(regrade) -> None:
+        live.pause()
+        render_regrade(regrade, session.course.root)
+
+    finding = show if options.diagnosis else None
+    watch = Watch(session, wanted, show, options=options, poll=poll, on_fingerprint=finding, on_case=live.case_event)
+    try:
+        return run_watch(watch)
+    finally:
+        live.close()
 
 
 def test_command(
@@ -146,12 +163,7 @@ def test_command(
             session.grader.launcher.hide(output)
         _weights_notice(session)
         if watch:
-            session.grader.cache.progress = OracleProgress()
-            show = lambda r: render_regrade(r, session.course.root)  # noqa: E731
-            finding = show if options.diagnosis else None
-            raise typer.Exit(
-                run_watch(Watch(session, wanted, show, options=options, poll=poll, on_fingerprint=finding))
-            )
+            raise typer.Exit(_watch(session, wanted, options, poll))
         selected = choose_stages(session, wanted)
         if wanted is None and len(selected) == 1:
             err_console().print(

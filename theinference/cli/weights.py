@@ -11,7 +11,8 @@ from rich.table import Table
 
 from theinference.cli.common import synth_progress
 from theinference.cli.consoles import console_for, err_console
-from theinference.course import find_course_root, load_course
+from theinference.sizes import size_text
+from theinference.course import find_course
 from theinference.model.weights_choice import CHOICE_ORDER, resolve_weights
 from theinference.model.synth import PRESETS, write_synthetic
 from theinference.model.weights import (
@@ -39,9 +40,10 @@ def which(ctx: typer.Context, weights: WeightsOpt = None) -> None:
     """Without a subcommand: which weights `test` would grade against, from where, and why."""
     if ctx.invoked_subcommand is not None:
         return
-    root = find_course_root(Path.cwd())
-    course_weights = load_course(root).weights if root else None
-    choice = resolve_weights(weights, course_weights, os.environ)
+    course = find_course(None)
+    choice = resolve_weights(
+        weights, course.weights if course else None, os.environ, course.weights_setting if course else None
+    )
     console = console_for(sys.stdout)
     console.print(f"weights:   {choice.path}", soft_wrap=True)
     console.print(f"why:       {choice.why} (source: {choice.source})", soft_wrap=True)
@@ -77,7 +79,7 @@ def _print_summary(path: Path, console) -> tuple[Path, dict, GPT2Config]:
     path = locate_checkpoint(path)
     entries, config, _ = inspect_checkpoint(path)
     synthetic = synthetic_description(path)
-    console.print(f"file:      {path} ({path.stat().st_size / 1e6:.1f} MB)", soft_wrap=True)
+    console.print(f"file:      {path} ({size_text(path.stat().st_size)})", soft_wrap=True)
     console.print(f"synthetic: {synthetic or 'no (real or third-party weights)'}")
     console.print("config:    " + " · ".join(f"{k} {v}" for k, v in config.as_dict().items()))
     return path, entries, config

@@ -38,14 +38,26 @@ def next_stage_line(stages: list[StageSpec], progress: dict[str, dict]) -> str:
     if upcoming is not None:
         return f"next stage: {upcoming.id} ({upcoming.title}) · its lesson: `theinference stages show {upcoming.id}`"
     n = len(stages)
-    smaller = [s.id for s in stages if progress.get(s.id, {}).get("weights", FULL_SIZE) != FULL_SIZE]
+    own = [s.id for s in stages if on_own_weights(s)]
+    smaller = [
+        s.id for s in stages if s.id not in own and progress.get(s.id, {}).get("weights", FULL_SIZE) != FULL_SIZE
+    ]
     if not smaller:
         return f"every stage of the course has passed ({n} of {n}) on full-size weights: the course is complete"
     names = " and ".join(sorted({str(progress[i]["weights"]) for i in smaller}))
+    mine = f"; {', '.join(own)} runs on its own weights whatever the graded ones" if own else ""
     which = (
-        f"on {names} weights" if len(smaller) == n else f"{len(smaller)} only on {names} weights ({', '.join(smaller)})"
+        f"{len(smaller)} only on {names} weights ({', '.join(smaller)}{mine})"
+        if own or len(smaller) < n
+        else f"on {names} weights"
     )
     return f"all {n} stages have passed, {which}: certify on full-size: `theinference test --all --weights {FULL_SIZE}`"
+
+
+def on_own_weights(stage: StageSpec) -> bool:
+    """A stage graded on weights of its own whatever the graded ones (cache-scaling's `proof` preset): where it
+    passed says nothing about the weights it was graded with."""
+    return stage.scaling is not None and stage.scaling.weights == "proof"
 
 
 def advise(run: RunResult, stages: list[StageSpec], progress: dict[str, dict] | None) -> list[str]:

@@ -18,6 +18,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from theinference.sizes import size_text
 from theinference.files import atomic_file
 from theinference import __version__
 from theinference.bundled import asset
@@ -150,10 +151,10 @@ def check_weights_file(path: Path) -> list[str]:
     """Raise WeightsError if the file is not a usable GPT-2 checkpoint; warn if it is large."""
     entries, data_start = read_header(path)
     check_entries(path, entries, infer_config(path, entries), path.stat().st_size - data_start)
-    size_mb = path.stat().st_size / 1e6
-    if size_mb > LARGE_WEIGHTS_MB:
+    size = path.stat().st_size
+    if size > LARGE_WEIGHTS_MB << 20:
         return [
-            f"the bundle carries {size_mb:.0f} MB of weights ({path}); uploads that large are slow and "
+            f"the bundle carries {size_text(size)} of weights ({path}); uploads that large are slow and "
             "may be refused: --preset makes synthetic weights during setup instead"
         ]
     return []

@@ -14,6 +14,7 @@ import csv
 import dataclasses
 import hashlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from theinference.grading.oracle_registry import BUILTIN_ORACLES
 from theinference.grading.results import RunResult
 from theinference.grading.grader import Grader, OracleProgress, RunOptions
 from theinference.grading.stages import StageSpec
-from theinference.model.weights import Model
+from theinference.model.weights import Model, weights_digest
 from theinference.untrusted import for_terminal
 from theinference.trust import untrusted_course
 from theinference.errors import ConfigError
@@ -206,8 +207,7 @@ GRADED_WITH_COLUMNS = [f.name for f in dataclasses.fields(GradedWith)]
 
 def weights_identity(model: Model) -> str:
     """The weights file's content digest, and what made it if `weights synth` did."""
-    with model.path.open("rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()[:16]
+    digest = weights_digest(model.path)[:16]
     return f"sha256:{digest}" + (f" ({model.synthetic})" if model.synthetic else "")
 
 
@@ -261,7 +261,7 @@ def findings(result: SubmissionResult) -> str:
     named = []
     for stage in result.run.stages:
         diagnoses = [stage.cross_case, *(c.diagnosis for c in stage.cases)]
-        bugs = dict.fromkeys(b.strip() for d in diagnoses if d is not None and d.bug for b in d.bug.split(","))
+        bugs = dict.fromkeys(b for d in diagnoses if d is not None for b in d.bugs)
         if bugs:
             named.append(f"{stage.id}: {', '.join(bugs)}")
     return " | ".join(named)
@@ -351,10 +351,19 @@ def check_output(out: Path) -> None:
     """Refuse, before any work, an output that could not be written at the end (the grades would be lost)."""
     if not out.parent.is_dir():
         raise BatchError(f"--out {out}: no directory {out.parent} to write it in")
-    if out.is_dir():
+    # Not through a link: the file replaces a link found there (theinference.files), and a link's target may be
+    # one the grader cannot even look at (a student's link into a private directory: no traceback, no exit 3).
+    if _is_directory(out):
         raise BatchError(f"--out {out}: is a directory, not a file")
     if not os.access(out.parent, os.W_OK | os.X_OK):
         raise BatchError(f"--out {out}: the directory {out.parent} is not writable")
+
+
+def _is_directory(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def write_csv(path: Path, rows: list[list[str]]) -> None:

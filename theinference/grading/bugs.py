@@ -1,6 +1,6 @@
 """Bug oracles: GPT-2 computed with one named, classic student bug, for fingerprinting failing outputs.
 
-Each built-in bug is a `Defects` of theinference.model.gpt2 (or, for a bug no defect expresses, a
+Each built-in bug is a `Defects` of theinference.model.defective (or, for a bug no defect expresses, a
 small function over the oracle's pure functions) plus the words a finding quotes. A stage file
 lists the bugs that can show in that stage (`bugs = [...]`); an instructor adds a bug oracle as
 they add an oracle: `bugs = ["oracles.py:my_bug"]`, where `def my_bug(model, **inputs) -> array`
@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from theinference.model import defective
 from theinference.model import gpt2 as oracle
-from theinference.model.gpt2 import Defects
+from theinference.model.defective import Defects
 from theinference.grading.oracle_registry import OracleSpec, compute_expected, load_file_function
 from theinference.model.weights import Model
 
@@ -37,19 +38,34 @@ class Bug:
     oracles: tuple[str, ...]  # the built-in oracles it can be computed for
     defects: Defects | None = None
     compute: Callable | None = None  # (model, oracle name, inputs, history) -> array, when no Defects express it
+    # A built-in compute also takes (row, columns): only that row of a multi-row output, of logits only those columns.
+    screens: bool = False
     stamp: tuple = ()  # an instructor's bug: its file's version
     uses_history: bool = False  # its output depends on the stage's earlier cases (run before, in the same process)
 
 
-def _recorded_after(model: Model, oracle_name: str, inputs: dict, history: list) -> np.ndarray:
+def _recorded_after(
+    model: Model, oracle_name: str, inputs: dict, history: list, row: int | None = None, columns=None
+) -> np.ndarray:
     # Row k holds the logits after consuming cont[k]: the recompute's rows shifted by one.
     prompt, cont = list(inputs["prompt"]), list(inputs["cont"])
-    rows = slice(len(prompt), len(prompt) + len(cont))
-    return oracle.logits(model.params, prompt + cont, model.config.n_head, rows=rows)
+    own = _picked(slice(len(prompt), len(prompt) + len(cont)), row)
+    return _logits_at(
+        model.params, oracle.hidden_states(model.params, _upto(prompt + cont, own), model.config.n_head), own, columns
+    )
+
+
+def _picked(own, row: int | None):  # the rows a call returns, or only the row-th of them
+    return own.start + row if isinstance(own, slice) and row is not None else own
+
+
+def _upto(ids: list, own) -> list:  # attention is causal: nothing after the last row returned is needed
+    return ids[: (own.stop if isinstance(own, slice) else own + 1)]
 
 
 # What one call feeds the cache, and which of those rows (relative to the call's first) it returns.
 _CONSUMED: dict[str, tuple[Callable[[dict], list], Callable[[dict], Any]]] = {
+    "logits": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"]))),
     "layer0-attn-sublayer": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"]))),
     "layer0-attn-last": (lambda i: list(i["seq"]), lambda i: len(i["seq"]) - 1),
     "decode-step-logits": (lambda i: [*i["prompt"], i["next_id"]], lambda i: len(i["prompt"])),
@@ -60,21 +76,27 @@ _CONSUMED: dict[str, tuple[Callable[[dict], list], Callable[[dict], Any]]] = {
 }
 
 
-def _cache_kept(model: Model, oracle_name: str, inputs: dict, history: list) -> np.ndarray:
+def _cache_kept(
+    model: Model, oracle_name: str, inputs: dict, history: list, row: int | None = None, columns=None
+) -> np.ndarray:
     # The earlier cases of the stage ran first in the same process and left their rows in the cache.
     consumed, rows = _CONSUMED[oracle_name]
     calls = [consumed(h) for h in history] + [consumed(inputs)]
-    defects = Defects(segments=tuple(map(len, calls)))
     ids, start = [t for call in calls for t in call], sum(map(len, calls[:-1]))
     own = rows(inputs)
-    own = slice(start + own.start, start + own.stop) if isinstance(own, slice) else start + own
+    own = _picked(slice(start + own.start, start + own.stop) if isinstance(own, slice) else start + own, row)
+    ids = _upto(ids, own)
+    defects = Defects(segments=(*map(len, calls[:-1]), len(ids) - start))
     if oracle_name in LAYER0:
-        return oracle.layer0_attn_sublayer(model.params, ids, model.config.n_head, defects)[own]
-    return _logits_at(model.params, oracle.hidden_states(model.params, ids, model.config.n_head, defects), own)
+        return defective.layer0_attn_sublayer(model.params, ids, model.config.n_head, defects)[own]
+    return _logits_at(
+        model.params, defective.hidden_states(model.params, ids, model.config.n_head, defects), own, columns
+    )
 
 
-def _logits_at(params, h, own):  # the LM head on the rows a call returns (one row: a vector)
-    return oracle.lm_head(params, h[own]) if isinstance(own, slice) else oracle.lm_head(params, h[own : own + 1])[0]
+def _logits_at(params, h, own, columns=None):  # the LM head on the rows a call returns (one row: a vector)
+    wte = params["wte"]["weight"] if columns is None else params["wte"]["weight"][columns]
+    return h[own] @ wte.T if isinstance(own, slice) else (h[own : own + 1] @ wte.T)[0]
 
 
 def _attend_shared(x, c_attn, c_proj, n_head, shared):  # [n_new, n_embd] -> same; shared = [keys, values]
@@ -90,10 +112,13 @@ def _attend_shared(x, c_attn, c_proj, n_head, shared):  # [n_new, n_embd] -> sam
     return oracle.linear(heads.transpose(1, 0, 2).reshape(n_q, n_embd), **c_proj)
 
 
-def _shared_cache(model: Model, oracle_name: str, inputs: dict, history: list) -> np.ndarray:
+def _shared_cache(
+    model: Model, oracle_name: str, inputs: dict, history: list, row: int | None = None, columns=None
+) -> np.ndarray:
     # Stateful, so computed step by step: the prompt as one block, then one row per decode step.
     consumed, rows = _CONSUMED[oracle_name]
-    ids, prefill, params = np.asarray(consumed(inputs)), len(inputs["prompt"]), model.params
+    own = _picked(rows(inputs), row)
+    ids, prefill, params = np.asarray(_upto(consumed(inputs), own)), len(inputs["prompt"]), model.params
     shared, hidden = [None, None], []
     for block in [np.arange(prefill)] + [np.arange(i, i + 1) for i in range(prefill, len(ids))]:
         x = params["wte"]["weight"][ids[block]] + params["wpe"]["weight"][block]
@@ -103,7 +128,7 @@ def _shared_cache(model: Model, oracle_name: str, inputs: dict, history: list) -
             )
             x = x + oracle.ffn(oracle.layer_norm(x, **layer["ln_2"]), **layer["mlp"])
         hidden.append(x)
-    return _logits_at(params, oracle.layer_norm(np.concatenate(hidden), **params["ln_f"]), rows(inputs))
+    return _logits_at(params, oracle.layer_norm(np.concatenate(hidden), **params["ln_f"]), own, columns)
 
 
 _BUILTIN = (
@@ -193,18 +218,21 @@ _BUILTIN = (
         "each row recorded after consuming cont_ids[k] instead of before",
         ("per-step-logits",),
         compute=_recorded_after,
+        screens=True,
     ),
     Bug(
         "shared-cache",
         "one cache shared by every layer: each layer also attends to the keys and values of the layers before it",
         MODEL,
         compute=_shared_cache,
+        screens=True,
     ),
     Bug(
         "cache-not-cleared",
         "a cache never cleared between calls: each case also attends to the earlier cases' rows",
         ALL,
         compute=_cache_kept,
+        screens=True,
         uses_history=True,
     ),
 )
@@ -235,9 +263,45 @@ def is_inert(bug: Bug, spec: OracleSpec, inputs: dict) -> bool:
     if bug.defects is None:
         return False
     changed = {
-        f.name for f in dataclasses.fields(Defects) if getattr(bug.defects, f.name) != getattr(oracle.EXACT, f.name)
+        f.name for f in dataclasses.fields(Defects) if getattr(bug.defects, f.name) != getattr(defective.EXACT, f.name)
     }
     return changed <= _DECODE_FIELDS and max(spec.positions(inputs), default=0) < spec.prefill(inputs)
+
+
+def bug_screen(
+    bug: Bug,
+    spec: OracleSpec,
+    oracle_name: str,
+    model: Model,
+    inputs: dict,
+    row: int | None,
+    columns,
+    history: tuple | list = (),
+) -> np.ndarray | None:
+    """The bug's output at one row of a multi-row output (of logits, only those vocabulary columns), computed over
+    the positions that row depends on: a necessary condition for a match at a fraction of bug_output's cost (the
+    LM head of one row). None for an instructor's bug, or a row that is not one: computed whole."""
+    if bug.defects is None:
+        if bug.compute is None or not bug.screens:
+            return None
+        return bug.compute(model, oracle_name, inputs, list(history), row, columns)
+    if oracle_name not in _CONSUMED:
+        return None
+    consumed, rows = _CONSUMED[oracle_name]
+    ids, own = consumed(inputs), rows(inputs)
+    if isinstance(own, slice) and row is None:
+        return None
+    at = own.start + row if isinstance(own, slice) else own
+    prefill = spec.prefill(inputs)
+    # Attention is causal: nothing after the row, except when a mask leaves a row no key (it then attends to the
+    # whole block, defective._mask).
+    keep = min(len(ids), at + 1 if bug.defects.mask_sees_self else max(at + 1, prefill))
+    defects = dataclasses.replace(bug.defects, prefill=min(prefill, keep))
+    if oracle_name in LAYER0:
+        return defective.layer0_attn_sublayer(model.params, ids[:keep], model.config.n_head, defects)[at]
+    h = defective.hidden_states(model.params, ids[:keep], model.config.n_head, defects)[at]
+    wte = model.params["wte"]["weight"]
+    return h @ (wte if columns is None else wte[columns]).T
 
 
 def bug_output(
@@ -246,5 +310,6 @@ def bug_output(
     """What the stage's adapter returns for these inputs (after the earlier cases' calls) with this bug: one forward."""
     if bug.compute is not None:
         return np.asarray(bug.compute(model, oracle_name, inputs, list(history)))
-    defects = dataclasses.replace(bug.defects or oracle.EXACT, prefill=spec.prefill(inputs))
-    return np.asarray(spec.compute(model, **inputs, defects=defects))
+    assert spec.defective is not None, "a built-in bug applies to the built-in oracles it names"
+    defects = dataclasses.replace(bug.defects or defective.EXACT, prefill=spec.prefill(inputs))
+    return np.asarray(spec.defective(model, defects, **inputs))

@@ -28,7 +28,7 @@ def observed(result: StageResult) -> str:
 def named_bugs(result: StageResult) -> frozenset:
     """The known bugs the stage's fingerprint named (none if it named none)."""
     d = result.diagnosis
-    return frozenset(d.bug.split(", ")) if d is not None and d.bug else frozenset()
+    return frozenset(d.bugs) if d is not None else frozenset()
 
 
 def _first_message(result: StageResult) -> str:

@@ -103,6 +103,14 @@ def stage_results(sub: dict) -> list[dict]:
     return [s for s in results.get("stages", []) if isinstance(s, dict)]
 
 
+def _bugs(diagnosis: dict) -> list[str]:
+    """The bugs a results document's diagnosis names: its `bugs` list (documents before it: `bug`, comma-separated)."""
+    listed = diagnosis.get("bugs")
+    if isinstance(listed, list):
+        return [str(b) for b in listed if b]
+    return [b for b in str(diagnosis.get("bug") or "").split(", ") if b]
+
+
 def class_view(doc: dict) -> ClassView:
     """Count the class from a batch document (see load_batch)."""
     subs = doc["submissions"]
@@ -124,7 +132,7 @@ def class_view(doc: dict) -> ClassView:
             if stage.get("status") != "fail" or not diagnosis:
                 continue
             sighting = Sighting(sub["id"], stage_id, anchor(sub["id"], stage_id))
-            bugs = [b for b in (diagnosis.get("bug") or "").split(", ") if b]
+            bugs = _bugs(diagnosis)
             for bug in bugs:
                 findings.setdefault(bug, Finding(bug)).sightings.append(sighting)
             if not bugs:

@@ -6,7 +6,7 @@ import numpy as np
 
 from theinference.model import gpt2 as oracle
 from theinference.grading.oracle_registry import compute_expected, resolve_oracle
-from theinference.grading.stages import TOKEN_COMPARES, CaseSpec, StageSpec
+from theinference.grading.stages import CaseSpec, StageSpec
 from theinference.model.weights import Model
 
 
@@ -27,7 +27,7 @@ def block_outputs(model: Model, name: str, seq: list[int]) -> dict[str, np.ndarr
 
 def oracle_arrays(stage: StageSpec, model: Model, cases: list[CaseSpec]) -> dict[str, np.ndarray]:
     """Arrays keyed '<case>.<input>', '<case>.expected' (for forward also every block's output: block_outputs;
-    for greedy '<case>.logits'), plus 'meta'."""
+    for the token stages, greedy and cache-scaling, '<case>.logits'), plus 'meta'."""
     spec = resolve_oracle(stage.oracle, stage.source)
     arrays = {}
     for case in cases:
@@ -37,15 +37,14 @@ def oracle_arrays(stage: StageSpec, model: Model, cases: list[CaseSpec]) -> dict
         arrays[f"{case.name}.expected"] = expected
         if stage.oracle == "logits":  # what "compare layer by layer" needs
             arrays.update(block_outputs(model, case.name, case.inputs["seq"]))
-        if stage.compare in TOKEN_COMPARES:  # the logits each greedy choice was made from
+        if stage.checks_tokens:  # the logits each greedy choice was made from
             arrays[f"{case.name}.logits"] = oracle.per_step_logits(
                 model.params, case.inputs["prompt"], list(expected), model.config.n_head
             )
     meta = {
         "stage": stage.id,
         "weights": str(model.path),
-        # token stages are checked with a near-tie tolerance, not atol/rtol
-        **({"tie_rtol": stage.tie_rtol} if stage.tie_rtol is not None else {"atol": stage.atol, "rtol": stage.rtol}),
+        **stage.tolerance,  # token stages are checked with a near-tie tolerance, not atol/rtol
         "cases": [c.name for c in cases],
         "adapter": stage.adapter,
     }

@@ -58,24 +58,41 @@ def variant_output(
     """What the stage's adapter returns for these inputs with the variant's mistake: one causal pass.
 
     row, columns: only that row of a multi-row output, and of logits only those vocabulary columns
-    (screening: a necessary condition at a fraction of the LM head's cost). float64: computed in float64
-    instead of the weights' float32 (a mistake that makes the model ill-conditioned, a layer norm fed the
+    (screening: a necessary condition at a fraction of the LM head's cost). float64: the layers computed in
+    float64 instead of the weights' float32 (a mistake that makes the model ill-conditioned, a layer norm fed the
     wrong parameters, can separate the two by more than the stage's tolerance).
     """
+    return variant_outputs(model, oracle_name, inputs, [variant], row, columns, float64)[0]
+
+
+def variant_outputs(
+    model: Model,
+    oracle_name: str,
+    inputs: dict,
+    variants: list[Variant],
+    row: int | None = None,
+    columns=None,
+    float64: bool = False,
+) -> list[np.ndarray]:
+    """variant_output for each variant, in one pass over the weights for all of them."""
     consumed, rows, prefill = _SCHEDULES[oracle_name]
     ids, own = consumed(inputs), rows(inputs)
-    variant = replace(variant, prefill=prefill(inputs))
-    params = model_variant.Float64Params(model.params) if float64 else model.params
+    variants = [replace(v, prefill=prefill(inputs)) for v in variants]
+    params, n_head, dtype = model.params, model.config.n_head, np.float64 if float64 else np.float32
     if oracle_name in LAYER0:
-        out = model_variant.layer0_attn_sublayer(params, ids, model.config.n_head, variant)[own]
-        return out if row is None or out.ndim == 1 else out[row]
+        outs = [
+            o[own] for o in model_variant.layer0_attn_sublayer_many(params, [(ids, v) for v in variants], n_head, dtype)
+        ]
+        return [o if row is None or o.ndim == 1 else o[row] for o in outs]
     if isinstance(own, slice) and row is not None:
         own = int(own.start) + row
     if isinstance(own, slice):
-        return model_variant.logits(params, ids, model.config.n_head, own, variant, columns)
+        hidden = model_variant.hidden_states_many(params, [(ids, v) for v in variants], n_head, dtype)
+        return [model_variant.lm_head(params, h[own], columns) for h in hidden]
     at = int(own)  # type: ignore[call-overload]  # one row: an int
-    ids, variant = _truncated(ids, variant, at, model.config.n_layer)
-    return model_variant.logits(params, ids, model.config.n_head, slice(at, at + 1), variant, columns)[0]
+    runs = [_truncated(ids, v, at, model.config.n_layer) for v in variants]
+    hidden = model_variant.hidden_states_many(params, runs, n_head, dtype)
+    return list(model_variant.lm_head(params, np.stack([h[at] for h in hidden]), columns))
 
 
 def _truncated(ids: list, variant: Variant, at: int, n_layer: int) -> tuple[list, Variant]:
@@ -156,35 +173,34 @@ def scale_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
 
 
 def fit_scale(
-    model: Model, oracle_name: str, inputs: dict, got: np.ndarray, row=None, columns=None, budget: int = 32
+    model: Model,
+    oracle_name: str,
+    inputs: dict,
+    got: np.ndarray,
+    row=None,
+    columns=None,
+    enough: float = 0.0,
+    rounds: int = 9,
 ) -> Iterator[Candidate]:
-    """The scale c that best reproduces one case (got: its row and columns, if given), per path: a coarse grid
-    in log c, then golden section."""
+    """The scale c that best reproduces one case (got: its row and columns, if given), per path: a coarse grid in
+    log c, then rounds of a grid three times finer around the best point so far (each grid one pass for all its
+    points; nine rounds narrow log10 c to 2.5e-5), until one reproduces got to within `enough`."""
     right = scale_formulas(model)[0][1]
     for where, make in _scale_paths(oracle_name):
         tried: dict[float, float] = {}
 
-        def error(log_c: float, make=make, tried=tried) -> float:
-            out = variant_output(model, oracle_name, inputs, make(10.0**log_c), row, columns)
-            tried[log_c] = float(np.max(np.abs(out.astype(np.float64) - got)))
-            return tried[log_c]
+        def measure(xs, make=make, tried=tried) -> None:
+            outs = variant_outputs(model, oracle_name, inputs, [make(10.0**x) for x in xs], row, columns)
+            for x, out in zip(xs, outs):
+                tried[float(x)] = float(np.max(np.abs(out.astype(np.float64) - got)))
 
-        grid = np.linspace(-3.0, 1.0, 9)
-        errors = [error(x) for x in grid]
-        best = int(np.argmin(errors))
-        lo, hi = grid[max(0, best - 1)], grid[min(len(grid) - 1, best + 1)]
-        golden = (math.sqrt(5) - 1) / 2
-        a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-        fa, fb = error(a), error(b)
-        for _ in range(budget - len(grid) - 2):
-            if fa < fb:
-                hi, b, fb = b, a, fa
-                a = hi - golden * (hi - lo)
-                fa = error(a)
-            else:
-                lo, a, fa = a, b, fb
-                b = lo + golden * (hi - lo)
-                fb = error(b)
+        step = 0.5
+        measure(np.linspace(-3.0, 1.0, 9))
+        for _ in range(rounds):
+            best, step = min(tried, key=tried.__getitem__), step / 3
+            if tried[best] <= enough:
+                break
+            measure([best + k * step for k in (-3, -2, -1, 1, 2, 3)])
         value = 10.0 ** min(tried, key=tried.__getitem__)
         if abs(value - right) <= 1e-3 * right:
             continue

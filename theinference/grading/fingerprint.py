@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from theinference.grading import families, loops
-from theinference.grading.bugs import Bug, bug_output, is_inert, resolve_bug
+from theinference.grading.bugs import Bug, bug_output, bug_screen, is_inert, resolve_bug
 from theinference.grading.oracle_store import oracle_version
 from theinference.grading.oracle_registry import OracleSpec, resolve_oracle
 from theinference.grading.results import CaseResult, Diagnosis, StageResult, Status
@@ -58,18 +58,26 @@ def _durable(stage: StageSpec, spec: OracleSpec, bug: Bug, inputs: dict, history
     )
 
 
-def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    return float(np.nanmax(diff)) if np.isfinite(diff).any() else float("inf")
+def _distance(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> float | None:
+    """The largest |got - target| when got is within the stage's tolerance of target everywhere (np.allclose, NaN
+    equal to NaN), else None; row by row, so a wrong candidate is rejected at its first bad row."""
+    if got.shape != target.shape:
+        return None
+    worst = 0.0
+    for g, t in zip(got, target) if got.ndim > 1 else ((got, target),):
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(g - t)
+            fine = diff <= stage.atol + stage.rtol * np.abs(t)
+        if not fine.all():  # NaN or inf: np.isclose decides, on those elements only
+            if not np.isclose(g[~fine], t[~fine], atol=stage.atol, rtol=stage.rtol, equal_nan=True).all():
+                return None
+            diff = diff[np.isfinite(diff)]  # equal infinities or NaNs: no distance
+        worst = max(worst, float(diff.max()) if diff.size else 0.0)
+    return worst
 
 
 def _close(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> bool:
-    """Within the stage's tolerance everywhere; row by row, so a wrong candidate is rejected at its first bad row."""
-    if got.shape != target.shape:
-        return False
-    pairs = zip(got, target) if got.ndim > 1 else ((got, target),)
-    return all(np.allclose(g, t, atol=stage.atol, rtol=stage.rtol, equal_nan=True) for g, t in pairs)
+    return _distance(got, target, stage) is not None
 
 
 def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
@@ -77,9 +85,52 @@ def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
     return sorted(cases, key=lambda c: (c.status == Status.PASS, np.asarray(c.output).size))
 
 
+@dataclass(frozen=True)
+class _Screen:
+    """Where every candidate is compared first, at a fraction of a whole output's cost: one row of the cheapest
+    failing case, the earliest failing one with at least half as many elements off as the worst (computed over the
+    positions it depends on), and of logits the vocabulary columns furthest outside the tolerance. GPT-2 fails
+    there, so must any candidate that GPT-2 equals there."""
+
+    case: CaseResult
+    row: int | None
+    columns: np.ndarray | None
+    got: np.ndarray
+
+
+def _screen(stage: StageSpec, cheapest: CaseResult, expected: np.ndarray) -> _Screen:
+    got, row = np.asarray(cheapest.output), None
+    if got.ndim > 1 and cheapest.rows:
+        bad = np.array([0 if r.ok else max(r.n_bad, 1) for r in cheapest.rows])
+        row = int(np.argmax(bad >= bad.max() / 2))
+        got, expected = got[row], expected[row]
+    columns = None
+    if stage.oracle not in families.LAYER0:  # logits
+        wide = expected.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            excess = np.abs(got - wide) - (stage.atol + stage.rtol * np.abs(wide))
+        columns = np.sort(np.argsort(-np.nan_to_num(excess, nan=np.inf))[:SCREEN_COLUMNS])
+        got = got[columns]
+    return _Screen(cheapest, row, columns, got)
+
+
 def _match(
-    bug: Bug, cases: list[CaseResult], stage: StageSpec, spec: OracleSpec, model: Model, cache, histories: dict
+    bug: Bug,
+    cases: list[CaseResult],
+    stage: StageSpec,
+    spec: OracleSpec,
+    model: Model,
+    cache,
+    histories: dict,
+    screen: _Screen,
 ) -> Match | None:
+    if is_inert(bug, spec, screen.case.inputs):  # the cheapest failing case would be GPT-2's: not this bug
+        return None
+    quick = bug_screen(
+        bug, spec, stage.oracle, model, screen.case.inputs, screen.row, screen.columns, histories[screen.case.name]
+    )
+    if quick is not None and not _close(screen.got, quick, stage):
+        return None
     worst, visible = 0.0, False
     for case in cases:
         got = np.asarray(case.output)
@@ -96,10 +147,11 @@ def _match(
                 label=f"{stage.id}: {case.name} with {bug.name}",
             )
         )
-        if not _close(got, out, stage):
+        distance = _distance(got, out, stage)
+        if distance is None:
             return None
         visible = visible or not _close(out, expected, stage)
-        worst = max(worst, _max_abs(got, out))
+        worst = max(worst, distance)
     return Match(bug, worst) if visible else None
 
 
@@ -113,14 +165,18 @@ def find_matches(
     wide = all(np.asarray(c.output).dtype == np.float64 for c in ordered)  # the families may compute in float64
     for case in ordered:  # once, not once per candidate bug
         case.output = np.asarray(case.output, dtype=np.float32)
+    failing = [c for c in ordered if c.status == Status.FAIL]
+    if not failing:
+        return []
+    screen = _screen(stage, failing[0], cache.get(model, stage, spec, failing[0]))
     matches = []
     for name in stage.bugs:
-        match = _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories)
+        match = _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories, screen)
         if match is not None:
             matches.append(match)
             if first_exact and match.max_abs <= EXACT * stage.atol:
                 break
-    return matches or find_family_matches(stage, ordered, model, cache, wide)
+    return matches or find_family_matches(stage, ordered, model, cache, screen, wide)
 
 
 def _verify_family(
@@ -135,65 +191,52 @@ def _verify_family(
             out = families.variant_output(
                 model, stage.oracle, case.inputs, candidate.make(case.inputs), float64=float64
             )
-            if not _close(got, out, stage):
+            distance = _distance(got, out, stage)
+            if distance is None:
                 break
             visible = visible or not _close(out, expected[case.name], stage)
-            worst = max(worst, _max_abs(got, out))
+            worst = max(worst, distance)
         else:
             if not visible:
                 return None
-            finding = f"{candidate.finding} (computed in float64, as your output is)" if float64 else candidate.finding
+            finding = (
+                f"{candidate.finding} (its layers computed in float64, as your output is)"
+                if float64
+                else candidate.finding
+            )
             return Match(Bug(candidate.family, finding, ()), worst)
     return None
 
 
 def find_family_matches(
-    stage: StageSpec, ordered: list[CaseResult], model: Model, cache, wide: bool = False
+    stage: StageSpec, ordered: list[CaseResult], model: Model, cache, screen: _Screen, wide: bool = False
 ) -> list[Match]:
     """The parametric families (theinference.grading.families) whose fitted parameter reproduces every case read.
 
-    Each candidate is screened on the cheapest failing case (candidates that coincide there are computed
-    once); one that passes is verified on every case. At most one parameter per family is claimed.
+    Each candidate is screened first (candidates that coincide there are computed once); one that passes is
+    verified on every case. At most one parameter per family is claimed.
     """
-    failing = [c for c in ordered if c.status == Status.FAIL]
-    if stage.oracle not in families.SUPPORTED or not failing:
+    if stage.oracle not in families.SUPPORTED:
         return []
     spec = resolve_oracle(stage.oracle, stage.source)
     expected = {c.name: cache.get(model, stage, spec, c) for c in ordered}
-    cheapest = failing[0]
-    cheapest_got = np.asarray(cheapest.output)
-    # Screened on one row of the cheapest case: the earliest that differs clearly (at least half as much as the
-    # worst), so the pass covers the positions up to it and the LM head that row, not all of them.
-    row = None
-    if cheapest_got.ndim > 1 and cheapest.rows:
-        diffs = np.nan_to_num(np.array([r.max_abs for r in cheapest.rows], dtype=np.float64), nan=np.inf)
-        row = int(np.argmax(diffs >= diffs.max() / 2))
-    screen_got = cheapest_got if row is None else cheapest_got[row]
-    columns = None
-    if stage.oracle not in families.LAYER0:  # logits: the columns where the student differs most from GPT-2
-        right = expected[cheapest.name] if row is None else expected[cheapest.name][row]
-        columns = np.sort(np.argsort(-np.abs(screen_got.astype(np.float64) - right))[:SCREEN_COLUMNS])
-        screen_got = screen_got[columns]
-    screened: dict = {}
+    inputs = screen.case.inputs
     matches: list[Match] = []
 
-    def consider(candidate: families.Candidate) -> None:
-        if any(m.bug.name == candidate.family for m in matches):
-            return
-        variant = candidate.make(cheapest.inputs)
-        if variant not in screened:
-            out = families.variant_output(model, stage.oracle, cheapest.inputs, variant, row, columns)
-            screened[variant] = _close(screen_got, out, stage)
-        if screened[variant]:
-            match = _verify_family(candidate, ordered, stage, model, expected, wide)
-            if match is not None:
-                matches.append(match)
+    def consider(found: list[families.Candidate]) -> None:
+        variants = list(dict.fromkeys(candidate.make(inputs) for candidate in found))  # coinciding ones once
+        outs = families.variant_outputs(model, stage.oracle, inputs, variants, screen.row, screen.columns)
+        screened = {variant: _close(screen.got, out, stage) for variant, out in zip(variants, outs)}
+        for candidate in found:
+            if screened[candidate.make(inputs)] and all(m.bug.name != candidate.family for m in matches):
+                match = _verify_family(candidate, ordered, stage, model, expected, wide)
+                if match is not None:
+                    matches.append(match)
 
-    for candidate in families.candidates(model, stage.oracle):
-        consider(candidate)
+    consider(families.candidates(model, stage.oracle))
     if not matches:  # a scale that is no formula: fitted as a number on the cheapest case
-        for candidate in families.fit_scale(model, stage.oracle, cheapest.inputs, screen_got, row, columns):
-            consider(candidate)
+        enough = EXACT * stage.atol
+        consider(list(families.fit_scale(model, stage.oracle, inputs, screen.got, screen.row, screen.columns, enough)))
     return matches
 
 
@@ -212,7 +255,7 @@ def _finding(matches: list[Match], cases: list[CaseResult], stage: StageSpec) ->
             f"{each}; the correct output differs by up to {off:.3g}"
         )
     hint = " ".join(stage.bug_hints[m.bug.name] for m in matches if stage.bug_hints.get(m.bug.name))
-    return Diagnosis(shape="", summary="", hint=hint, bug=", ".join(m.bug.name for m in matches), evidence=evidence)
+    return Diagnosis(shape="", summary="", hint=hint, bugs=tuple(m.bug.name for m in matches), evidence=evidence)
 
 
 def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: str) -> Diagnosis:
@@ -220,7 +263,7 @@ def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: str) -> Diagn
         return dataclasses.replace(
             diagnosis, evidence=f"{UNKNOWN} ({checked} checked): the shape alone cannot name the cause"
         )
-    return dataclasses.replace(diagnosis, hint=found.hint or diagnosis.hint, bug=found.bug, evidence=found.evidence)
+    return dataclasses.replace(diagnosis, hint=found.hint or diagnosis.hint, bugs=found.bugs, evidence=found.evidence)
 
 
 def _histories(cases: list[CaseResult]) -> dict:
@@ -297,7 +340,7 @@ def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> 
     if len(found) > 1:
         evidence = f"your tokens are exactly those of a greedy loop with each of these mistakes {where}: {each}"
     diagnosis = Diagnosis(
-        shape="", summary="", hint="", bug=", ".join(dict.fromkeys(b.name for b, _ in found)), evidence=evidence
+        shape="", summary="", hint="", bugs=tuple(dict.fromkeys(b.name for b, _ in found)), evidence=evidence
     )
     for case in failing:
         case.diagnosis = _apply(case.diagnosis, diagnosis, "") if case.diagnosis is not None else diagnosis

@@ -3,9 +3,9 @@
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, Stage
 from theinference.proc import protocol
 from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
-from theinference.grading.stages import TOKEN_COMPARES, CaseSpec, StageSpec
+from theinference.grading.stages import CaseSpec, StageSpec
 from theinference.grading.verification import verify_tokens
 from theinference.model.weights import Model
 from theinference.errors import ConfigError
@@ -92,6 +92,13 @@ class OracleCache:
         return run
 
 
+class CaseEvent(Protocol):
+    """Told as each case starts and ends in the student's process ("start" | "done"), and for a stage the
+    grader drives call by call (cache-scaling), as each call starts ("call", with what the call is)."""
+
+    def __call__(self, event: str, stage: StageSpec, index: int, detail: str = "") -> None: ...
+
+
 @dataclass
 class GradeContext:
     course: Course
@@ -103,10 +110,11 @@ class GradeContext:
     diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
     first_exact: bool = False  # fingerprints stop at the first exact match (see fingerprint.EXACT)
     # Told ("start" | "done", stage, case index) as the student's process starts and finishes each case.
-    on_case: Callable[[str, StageSpec, int], None] | None = None
+    on_case: CaseEvent | None = None
     all_cases: bool = False  # keep running a stage's cases after one timed out
     deadline: float | None = None  # time.monotonic() by which the whole submission must be done
     budget: float | None = None  # the seconds that deadline allowed, for messages
+    untrusted: bool = False  # a made preset (the proof's too) that was altered is an error, not remade
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -162,7 +170,7 @@ _OUTPUT_FLOOR = 1 << 20
 
 def _expected_shape(stage: StageSpec, spec: OracleSpec, case: CaseSpec, ctx: GradeContext) -> tuple[int, ...]:
     """The shape of the case's right answer (greedy token ids need no oracle output to know it)."""
-    if stage.compare in TOKEN_COMPARES:
+    if stage.checks_tokens:
         return (case.inputs["n_new"],)
     return ctx.cache.get(ctx.model, stage, spec, case).shape
 
@@ -184,6 +192,8 @@ def _case_result(
         stdout=outcome.stdout,
         stderr=outcome.stderr,
         seconds=outcome.seconds,
+        clock=outcome.clock,
+        loading=outcome.loading,
         at=deepest_course_frame(outcome.traceback, ctx.course.root),
     )
     if outcome.status in _FAILED_OUTCOMES:
@@ -196,11 +206,16 @@ def _case_result(
         result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
         return result
     assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
-    if stage.compare in TOKEN_COMPARES:  # verified on the student's own path: no oracle continuation needed
-        assert stage.tie_rtol is not None, "the loader requires [tie] for token stages"
+    if stage.checks_tokens:  # verified on the student's own path: no oracle continuation needed
         result.output = np.asarray(outcome.value)  # kept until fingerprinted against the greedy-loop mistakes
         verify_tokens(
-            result, outcome.value, ctx.model, stage.tie_rtol, stage.hints, ctx.cache, f"{stage.id}: {case.name}"
+            result,
+            outcome.value,
+            ctx.model,
+            stage.tolerance["tie_rtol"],
+            stage.hints,
+            ctx.cache,
+            f"{stage.id}: {case.name}",
         )
     else:
         _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
@@ -262,7 +277,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     spec = resolve_oracle(stage.oracle, stage.source)
     weights_note = ""
     if stage.scaling is not None:  # the cache proof runs where cost can tell a cache from a recompute
-        proof, weights_note = scaling.proof_model(stage, ctx.model, ctx.cache)
+        proof, weights_note = scaling.proof_model(stage, ctx.model, ctx.cache, ctx.untrusted)
         ctx = dataclasses.replace(ctx, model=proof)
     stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:

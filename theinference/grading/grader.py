@@ -16,11 +16,12 @@ from theinference.grading import scaling
 from theinference.grading.evidence import add_run_evidence
 from theinference.grading.fingerprint import fingerprint_stage, needs_fingerprint
 from theinference.grading.progress import load_progress, weights_name
-from theinference.grading.grade import GradeContext, OracleCache, check_case_fits, grade
+from theinference.grading.grade import CaseEvent, GradeContext, OracleCache, check_case_fits, grade
 from theinference.grading.oracle_registry import resolve_oracle
 from theinference.grading.randomcases import with_random_cases
 from theinference.grading.results import RunResult, StageResult
-from theinference.grading.stages import TOKEN_COMPARES, StageSpec
+from theinference.grading.stages import StageSpec
+from theinference.grading.threads import blas_threads_for_load
 from theinference.model.weights import Model
 from theinference.model.weights_choice import WeightsChoice
 from theinference.proc.launch import Launcher, default_launcher
@@ -29,7 +30,6 @@ from theinference.trust import stage_origin
 
 
 OracleProgress = Callable[[str, int, int], None]  # (stage id, cases done, cases in that stage)
-CaseEvent = Callable[[str, StageSpec, int], None]  # ("start" | "done", stage, case index)
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,7 @@ class Grader:
             budget=budget,
             deadline=time.monotonic() + budget if budget else None,
             on_case=on_case,
+            untrusted=self.untrusted or options.limits.untrusted,
         )
         results = []
         for stage in self.with_seed(stages, options):
@@ -160,7 +161,8 @@ class Grader:
         for stage, result in zip(self.with_seed(stages, options), run.stages):
             matched = options.diagnosis and needs_fingerprint(stage, result)
             if matched:
-                fingerprint_stage(stage, result, self.model, self.cache, options.first_exact)
+                with blas_threads_for_load():  # one thread on a busy machine (grading/threads.py)
+                    fingerprint_stage(stage, result, self.model, self.cache, options.first_exact)
             else:
                 for case in result.cases:
                     case.output = None
@@ -182,7 +184,7 @@ class Grader:
             stage = scaling.fit_to_context(stage, self.model.config.n_ctx)  # as grade() does, before checking the fit
             for done, case in enumerate(stage.cases, 1):
                 check_case_fits(stage, case, self.model)
-                if stage.compare not in TOKEN_COMPARES:  # greedy tokens are verified on each student's own path
+                if not stage.checks_tokens:  # greedy tokens are verified on each student's own path
                     self.cache.get(self.model, stage, spec, case)
                     if on_case:
                         on_case(stage.id, done, len(stage.cases))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from theinference.model import defective
 from theinference.model import gpt2 as oracle
 from theinference.model.weights import Model
 from theinference.errors import ConfigError
@@ -33,6 +34,9 @@ class OracleSpec:
     # How many leading rows the stage's incremental path computes as one block (bug oracles model
     # every later row as a single-query decode step); built-in oracles only.
     prefill: Callable[[dict], int] = lambda inputs: 0
+    # The same computation with a bug: (model, defects, **inputs), model/defective.py; the built-in bug
+    # oracles (theinference.grading.bugs) need it. Built-in oracles only.
+    defective: Callable[..., np.ndarray] | None = None
 
 
 def _seq_positions(inputs: dict) -> list[int]:
@@ -48,44 +52,46 @@ def _step_positions(inputs: dict) -> list[int]:
     return list(range(start, start + len(inputs.get("cont") or range(inputs.get("n_new", 0)))))
 
 
-# Each built-in oracle also takes `defects` (theinference.model.gpt2.Defects): the bug oracles.
 BUILTIN_ORACLES = {
     "layer0-attn-last": OracleSpec(
         inputs=("seq",),
-        compute=lambda m, seq, defects=oracle.EXACT: oracle.layer0_attn_sublayer(
-            m.params, seq, m.config.n_head, defects
-        )[-1],
+        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head)[-1],
         positions=_last_position,
         prefill=lambda inputs: len(inputs["seq"]) - 1,
+        defective=lambda m, defects, seq: defective.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects)[-1],
     ),
     "decode-step-logits": OracleSpec(
         inputs=("prompt", "next_id"),
-        compute=lambda m, prompt, next_id, defects=oracle.EXACT: oracle.logits(
-            m.params, [*prompt, next_id], m.config.n_head, rows=slice(len(prompt), len(prompt) + 1), defects=defects
+        compute=lambda m, prompt, next_id: oracle.logits(
+            m.params, [*prompt, next_id], m.config.n_head, rows=slice(len(prompt), len(prompt) + 1)
         )[0],
         positions=_last_position,
         prefill=lambda inputs: len(inputs["prompt"]),
+        defective=lambda m, defects, prompt, next_id: defective.logits(
+            m.params, [*prompt, next_id], m.config.n_head, defects, rows=slice(len(prompt), len(prompt) + 1)
+        )[0],
     ),
     "logits": OracleSpec(
         inputs=("seq",),
-        compute=lambda m, seq, defects=oracle.EXACT: oracle.logits(m.params, seq, m.config.n_head, defects=defects),
+        compute=lambda m, seq: oracle.logits(m.params, seq, m.config.n_head),
         positions=_seq_positions,
         prefill=lambda inputs: len(inputs["seq"]),  # one block: no decode steps
+        defective=lambda m, defects, seq: defective.logits(m.params, seq, m.config.n_head, defects),
     ),
     "layer0-attn-sublayer": OracleSpec(
         inputs=("seq",),
-        compute=lambda m, seq, defects=oracle.EXACT: oracle.layer0_attn_sublayer(
-            m.params, seq, m.config.n_head, defects
-        ),
+        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head),
         positions=_seq_positions,
+        defective=lambda m, defects, seq: defective.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects),
     ),
     "per-step-logits": OracleSpec(
         inputs=("prompt", "cont"),
-        compute=lambda m, prompt, cont, defects=oracle.EXACT: oracle.per_step_logits(
-            m.params, prompt, cont, m.config.n_head, defects
-        ),
+        compute=lambda m, prompt, cont: oracle.per_step_logits(m.params, prompt, cont, m.config.n_head),
         positions=_step_positions,
         prefill=lambda inputs: len(inputs["prompt"]),
+        defective=lambda m, defects, prompt, cont: defective.per_step_logits(
+            m.params, prompt, cont, m.config.n_head, defects
+        ),
     ),
     "greedy": OracleSpec(
         inputs=("prompt", "n_new"),

@@ -1,6 +1,6 @@
 """The persistent oracle cache: oracle outputs kept on disk across runs, keyed by what determines them.
 
-An output is stored under a digest of: the weights file's content (a BLAKE2b hash of the file,
+An output is stored under a digest of: the weights file's content (its sha256, model.weights.weights_digest,
 remembered per path, device, inode, size, mtime and ctime, so a run does not re-read 500 MB),
 the weights' config, the oracle's name and version (the source of the built-in oracle modules;
 for an instructor's oracle file also its content), the versions of theinference and numpy, and
@@ -28,7 +28,7 @@ import numpy as np
 from theinference import __version__
 from theinference.files import write_atomic
 from theinference.model.weights_choice import user_cache_dir
-from theinference.model.weights import Model
+from theinference.model.weights import Model, file_stamp, weights_digest
 
 MAX_MB_ENV = "THEINFERENCE_CACHE_MAX_MB"
 DEFAULT_MAX_MB = 2048
@@ -40,6 +40,7 @@ _STALE_TEMP = 3600  # seconds after which a temporary file is a crashed writer's
 # store): the built-in oracles and bug oracles, what is kept of their outputs, and how tensors are read (dtypes).
 _ORACLE_MODULES = (
     "model/gpt2.py",
+    "model/defective.py",
     "model/weights.py",
     "grading/oracle_registry.py",
     "grading/bugs.py",
@@ -122,35 +123,28 @@ class OracleStore:
     def weights_digest(self, model: Model) -> str | None:
         """The weights file's content digest (remembered per file stat), or None if it changed since loaded."""
         try:
-            stat = model.path.stat()
+            stamp = file_stamp(model.path)
         except OSError:
             return None
-        if (stat.st_mtime_ns, stat.st_size) != model.stamp:
+        if stamp != model.stamp:
             return None
-        identity = (
-            str(model.path.resolve()),
-            stat.st_dev,
-            stat.st_ino,
-            stat.st_size,
-            stat.st_mtime_ns,
-            stat.st_ctime_ns,
-        )
+        identity = (str(model.path.resolve()), *stamp)
         if identity not in self._weights:
             self._weights[identity] = self._remembered_digest(model.path, identity)
         return self._weights[identity]
 
     def _remembered_digest(self, path: Path, identity: tuple) -> str | None:
-        memo = self.root / "weights" / f"{_blake(_canonical(list(identity))).hexdigest()}.txt"
+        # Remembered across processes too: a run need not re-read 500 MB of weights it has read before.
+        memo = self.root / "weights-sha256" / f"{_blake(_canonical(list(identity))).hexdigest()}.txt"
         try:
             text = memo.read_text().strip()
-            if len(text) == 2 * _CHECKSUM and all(c in "0123456789abcdef" for c in text):
+            if len(text) == 64 and all(c in "0123456789abcdef" for c in text):  # a sha256, hex
                 return text
         except (OSError, UnicodeDecodeError):
             pass
         try:
-            with path.open("rb") as f:
-                digest = hashlib.file_digest(f, _blake).hexdigest()
-            if path.stat().st_mtime_ns != identity[4]:  # written to while it was read
+            digest = weights_digest(path)
+            if file_stamp(path) != identity[1:]:  # written to while it was read
                 return None
             self._write(memo, digest.encode())
         except OSError:

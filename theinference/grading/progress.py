@@ -49,8 +49,8 @@ def load_progress(root: Path) -> dict[str, dict]:
 
 def weights_name(run: RunResult) -> str:
     """A short name for the weights a run was graded against: "tiny", "gpt2", or the shape."""
-    if run.synthetic:  # "tiny preset, seed 0"
-        return run.synthetic.split(" preset")[0]
+    if run.synthetic:
+        return run.synthetic.preset
     if run.config == PRESETS["gpt2"].as_dict():
         return "gpt2"
     return f"{run.config.get('n_layer')}-layer, {run.config.get('n_embd')}-wide"

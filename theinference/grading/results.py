@@ -3,6 +3,9 @@
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from theinference.model.weights import Synthetic
+from theinference.proc.runner import StepTime
+
 
 class Status(StrEnum):
     """The verdict of a case or a stage: a str, so JSON, CSV and `status == "pass"` read it unchanged."""
@@ -55,8 +58,13 @@ class Diagnosis:
     shape: str
     summary: str  # what the shape is, in words
     hint: str  # the stage's hint for it ("" if the stage has none)
-    bug: str = ""  # the known bug(s) the output was fingerprinted as, comma-separated; "" if none
+    bugs: tuple[str, ...] = ()  # the known bug(s) the output was fingerprinted as, in the order found; () if none
     evidence: str = ""  # the numbers behind the finding, or that the bug is not one of the known ones
+
+    @property
+    def bug(self) -> str:
+        """The bugs as the reports state them (and JSON's `bug`): comma-separated, "" if none."""
+        return ", ".join(self.bugs)
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,9 @@ class TimedCall:
     cpu_seconds: float  # the whole process tree's CPU during the call, read by the grader
     wall_seconds: float
     stopped: bool = False  # stopped at its CPU budget: cpu_seconds is a lower bound of its cost
+    clock: StepTime | None = None  # the call as the grader timed it against its timeout
+    prompt_tokens: int = 0  # the random prompt's length
+    diagnostic: bool = False  # a long-prompt call that only tells no-cache from too-slow on a stop: not a timing
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,8 @@ class ScalingResult:
     and read by the grader (never reported by the student's process), against the oracle's costs here."""
 
     lengths: tuple[int, ...]  # n_new values timed, ascending
-    seconds: tuple[float, ...]  # cheapest CPU seconds of one call at each length (a lower bound if stopped)
+    # cheapest CPU seconds of one call at each length (a lower bound if stopped; None: the case ended before one ran)
+    seconds: tuple[float | None, ...]
     max_ratio: float  # (a): the stage's threshold on ratio
     max_fraction: float  # (b): the stage's threshold on fraction
     accounting: str  # how the CPU was counted (theinference.proc.accounting: a cgroup, or /proc)
@@ -86,34 +98,40 @@ class ScalingResult:
     weights_note: str = ""  # why the stage ran on other weights than the graded ones ("" if it did not)
 
     @property
-    def ms_per_token(self) -> tuple[float, ...]:
-        return tuple(1000 * s / n for s, n in zip(self.seconds, self.lengths))
+    def ms_per_token(self) -> tuple[float | None, ...]:
+        return tuple(None if s is None else 1000 * s / n for s, n in zip(self.seconds, self.lengths))
 
     @property
     def marginal_ms(self) -> tuple[float | None, ...]:
-        """CPU ms per extra token between each length and the one before (None for the first)."""
+        """CPU ms per extra token between each length and the one before (None for the first, or one not measured)."""
         pairs = zip(self.lengths, self.lengths[1:], self.seconds, self.seconds[1:])
-        return (None, *(1000 * (s1 - s0) / (n1 - n0) for n0, n1, s0, s1 in pairs))
+        return (
+            None,
+            *(1000 * (s1 - s0) / (n1 - n0) if s0 is not None and s1 is not None else None for n0, n1, s0, s1 in pairs),
+        )
 
     @property
-    def ratio(self) -> float:
-        """(a) Per-token cost at the longest length over that at the shortest."""
+    def ratio(self) -> float | None:
+        """(a) Per-token cost at the longest length over that at the shortest (None: not both measured)."""
         first, last = self.ms_per_token[0], self.ms_per_token[-1]
+        if first is None or last is None:
+            return None
         return last / first if first > 0 else float("inf")
 
     @property
     def fraction(self) -> float | None:
         """(b) The longest call's CPU over the oracle's full recompute of the same tokens."""
-        if not self.oracle_seconds:
+        if not self.oracle_seconds or self.seconds[-1] is None:
             return None
         return self.seconds[-1] / self.oracle_seconds
 
     @property
     def speedup(self) -> float | None:
         """The oracle's recompute time over the student's, at the longest length."""
-        if self.oracle_seconds is None or self.seconds[-1] <= 0:
+        last = self.seconds[-1]
+        if self.oracle_seconds is None or last is None or last <= 0:
             return None
-        return self.oracle_seconds / self.seconds[-1]
+        return self.oracle_seconds / last
 
 
 @dataclass
@@ -133,6 +151,8 @@ class CaseResult:
     stdout: str = ""
     stderr: str = ""
     seconds: float = 0.0  # the adapter's own compute time
+    clock: StepTime | None = None  # the case as the grader timed it: charged against its timeout, CPU, waiting
+    loading: StepTime | None = None  # the import of the adapters before it (the first case of each process)
     scaling: ScalingResult | None = None  # cache-scaling: the timings, when they were measured
     at: tuple[str, int] | None = None  # the traceback's deepest frame in the course: (path relative to it, line)
     # The student's array, kept for fingerprinting a failing case; never rendered.
@@ -186,7 +206,7 @@ class RunResult:
     weights_path: str
     weights_source: str
     weights_why: str
-    synthetic: str | None
+    synthetic: Synthetic | None
     config: dict
     stages: list[StageResult]
     notices: list[str] = field(default_factory=list)

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from theinference.course import Course, CourseError, find_course_root, load_course
+from theinference.course import Course, CourseError, course_root, load_course
 from theinference.proc.launch import default_launcher
 from theinference.grading.grade import OracleCache
 from theinference.grading.oracle_store import default_store
@@ -20,15 +20,13 @@ from theinference.grading.grader import CaseEvent, Grader, RunOptions
 
 def locate_course(course_dir: Path | None) -> Course:
     """The course given with --course, else the nearest ancestor of the working directory."""
-    if course_dir is None:
-        root = find_course_root(Path.cwd())
-        if root is None:
-            raise CourseError(
-                f"no course directory here: {Path.cwd()} and its parents hold no theinference.toml or "
-                "tests/adapters.py (run in your course directory, pass --course DIR, or start one with `theinference init`)"
-            )
-        course_dir = root
-    return load_course(course_dir)
+    root = course_root(course_dir)
+    if root is None:
+        raise CourseError(
+            f"no course directory here: {Path.cwd()} and its parents hold no theinference.toml or "
+            "tests/adapters.py (run in your course directory, pass --course DIR, or start one with `theinference init`)"
+        )
+    return load_course(root)
 
 
 def select_stages(stages: list[StageSpec], wanted: list[str]) -> list[StageSpec]:
@@ -93,7 +91,7 @@ def open_session(
     course_dir: Path | None,
     weights: str | None,
     extra_stage_dirs: list[Path],
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[..., None] | None = None,
     untrusted: bool = False,
     allow_root: bool = False,
 ) -> Session:
@@ -106,9 +104,8 @@ def open_session(
     launcher = default_launcher(untrusted=untrusted, allow_root=allow_root)
     launcher.warm()  # a zygote imports numpy while stages and weights load
     try:
-        stage_root = None if untrusted else course.root
-        stages = load_stages(stage_dirs(stage_root, [*course.stages_dirs, *extra_stage_dirs]))
-        choice, model, made = obtain_weights(weights, course.weights, progress, untrusted)
+        stages = load_stages(stage_dirs(course, extra_stage_dirs, trusted=not untrusted))
+        choice, model, made = obtain_weights(weights, course.weights, progress, untrusted, course.weights_setting)
     except BaseException:
         launcher.close()
         raise

@@ -72,6 +72,7 @@ from theinference.grading.diagnose import SHAPES
 from theinference.grading.inputs import CASE_INPUTS, COUNT_INPUTS, ID_INPUTS, described
 from theinference.grading.oracle_registry import BUILTIN_ORACLES
 from theinference.bundled import data_dir
+from theinference.course import Course
 from theinference.errors import ConfigError
 
 FORMAT_VERSION = 1
@@ -155,6 +156,20 @@ class StageSpec:
     @property
     def adapter_names(self) -> tuple[str, ...]:
         return (self.adapter, *self.aliases)
+
+    @property
+    def checks_tokens(self) -> bool:
+        """Whether the output is greedy token ids (compare "tokens" or "scaling"), checked with the [tie]
+        tolerance on the student's own path: the one test of a stage's kind every module asks."""
+        return self.compare in TOKEN_COMPARES
+
+    @property
+    def tolerance(self) -> dict[str, float]:
+        """The stage's tolerance as its file gives it: {"tie_rtol"} for a token stage, else {"atol", "rtol"}."""
+        if self.checks_tokens:
+            assert self.tie_rtol is not None, "the loader requires [tie] for token stages"
+            return {"tie_rtol": self.tie_rtol}
+        return {"atol": self.atol, "rtol": self.rtol}
 
 
 def valid_id(stage_id: str) -> bool:
@@ -469,11 +484,14 @@ def load_stage(path: Path) -> StageSpec:
     )
 
 
-def stage_dirs(course_root: Path | None, extra: tuple[Path, ...] | list[Path] = ()) -> list[Path]:
-    """Where stages are found: built-in, then the course's `stages/`, then --stages-dir."""
+def stage_dirs(course: Course | None, extra: tuple[Path, ...] | list[Path] = (), trusted: bool = True) -> list[Path]:
+    """Where every command finds stages: built-in, then the course's `stages/` and its own `stages_dirs`
+    (its theinference.toml; neither when grading is untrusted), then --stages-dir (the instructor's)."""
     dirs = [data_dir("stages")]
-    if course_root is not None and (course_root / "stages").is_dir():
-        dirs.append(course_root / "stages")
+    if course is not None and trusted:
+        if (course.root / "stages").is_dir():
+            dirs.append(course.root / "stages")
+        dirs.extend(course.stages_dirs)
     dirs.extend(Path(d) for d in extra)
     unique: list[Path] = []
     for d in dirs:

@@ -30,6 +30,7 @@ from theinference.grading.results import RunResult
 from theinference.grading.advice import advise
 from theinference.grading.progress import record_progress
 from theinference.errors import ConfigError
+from theinference.grading.grader import CaseEvent
 from theinference.grading.session import RunOptions, Session, choose_stages
 from theinference.grading.stages import load_stages, stage_dirs
 from theinference.model.weights import load_model
@@ -118,6 +119,7 @@ class Watch:
     watched_id: tuple[int, int] | None = None  # the directory the observer watches, to notice it being replaced
     # Called again once a failing re-grade is fingerprinted (the verdict was shown before); None: not fingerprinted.
     on_fingerprint: Callable[[Regrade], None] | None = None
+    on_case: CaseEvent | None = None  # told as each case starts and ends in the student's process (a live line)
 
     def start_observer(self) -> None:
         """Start watchdog on the course directory (PollingObserver with poll=True)."""
@@ -199,9 +201,7 @@ class Watch:
         if BACK in changed or any(Path(p).name == "theinference.toml" for p in changed):
             session.course = load_course(session.course.root)
         if BACK in changed or any(p.endswith(".toml") for p in changed):
-            session.stages = load_stages(
-                stage_dirs(session.course.root, [*session.course.stages_dirs, *session.grader.extra_stage_dirs])
-            )
+            session.stages = load_stages(stage_dirs(session.course, session.grader.extra_stage_dirs))
         grader = session.grader
         if grader.model.is_stale():
             grader.model = load_model(grader.model.path)
@@ -214,7 +214,9 @@ class Watch:
         try:
             self._reload(changed)
             stages = choose_stages(self.session, self.stage_ids)
-            report.result = self.session.run(stages, dataclasses.replace(self.options, fingerprint=False))
+            report.result = self.session.run(
+                stages, dataclasses.replace(self.options, fingerprint=False), on_case=self.on_case
+            )
             progress, report.notice = record_progress(
                 self.session.course.root, report.result, self.options.limits.timeout
             )

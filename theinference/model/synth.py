@@ -14,7 +14,7 @@ from safetensors.numpy import save, save_file
 
 from theinference.model.copycircuit import install_copy_circuit
 from theinference.files import write_atomic
-from theinference.model.weights import GPT2Config, expected_shapes
+from theinference.model.weights import GPT2Config, expected_shapes, weights_digest
 
 # Bump when the drawing changes: checkpoints made on first use are cached under this version.
 SYNTH_VERSION = 2
@@ -114,8 +114,7 @@ def preset_problem(path: Path, preset: str, seed: int) -> str | None:
     try:
         if path.is_symlink() or (path.parent / "config.json").is_symlink():
             return "it is a symbolic link, not the file the preset made"
-        with open(path, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        digest = weights_digest(path)
         config = (path.parent / "config.json").read_text()
     except (OSError, UnicodeDecodeError) as e:
         return f"cannot be read ({e})"
@@ -131,13 +130,23 @@ def _config_text(config: GPT2Config, preset: str, seed: int) -> str:
     return json.dumps(hf_config(config, preset, seed), indent=2) + "\n"
 
 
-def _tensors(config: GPT2Config, seed: int, progress: Callable[[int, int], None] | None = None) -> dict:
+# What making a preset does after drawing its tensors, each a step of its progress (seconds each on the gpt2
+# shape: the screen shows which is running rather than a finished bar): the item names the step now running.
+AFTER_TENSORS = ("installing the copy circuit", "writing model.safetensors", "hashing it", "checking it")
+
+Progress = Callable[..., None]  # (steps done, steps in all, the step now running)
+
+
+def _tensors(config: GPT2Config, seed: int, progress: Progress | None = None) -> dict:
     shapes = expected_shapes(config)
+    steps = len(shapes) + len(AFTER_TENSORS)
     tensors = {}
     for i, (name, shape) in enumerate(shapes.items()):
-        tensors[name] = synth_tensor(name, shape, seed)
         if progress:
-            progress(i + 1, len(shapes))
+            progress(i, steps, f"drawing {name}")
+        tensors[name] = synth_tensor(name, shape, seed)
+    if progress:
+        progress(len(shapes), steps, AFTER_TENSORS[0])
     install_copy_circuit(tensors, config, seed)
     return tensors
 
@@ -157,25 +166,35 @@ def made_digest(preset: str, seed: int) -> str:
     return _MADE[preset, seed]
 
 
-def write_synthetic(
-    out_dir: str | Path, preset: str = "tiny", seed: int = 0, progress: Callable[[int, int], None] | None = None
-) -> Path:
-    """Write model.safetensors + config.json into out_dir; same preset and seed give identical bytes."""
+def write_synthetic(out_dir: str | Path, preset: str = "tiny", seed: int = 0, progress: Progress | None = None) -> Path:
+    """Write model.safetensors + config.json into out_dir; same preset and seed give identical bytes.
+
+    The file is read back once in place and checked against what this code makes (preset_problem): a
+    difference is a grader bug (RuntimeError, exit 3)."""
     config = PRESETS[preset]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors = _tensors(config, seed, progress)
+    steps = len(tensors) + len(AFTER_TENSORS)
+    step = (lambda k: progress(steps - len(AFTER_TENSORS) + k, steps, AFTER_TENSORS[k])) if progress else None
     write_atomic(out_dir / "config.json", _config_text(config, preset, seed))
     # Write beside the target, then rename: a reader never sees a half-written checkpoint.
     # safetensors writes by name: in a private directory (0700, made fresh) nothing can stand in for that name.
     private = tempfile.mkdtemp(dir=out_dir, prefix=".model.", suffix=".tmp")
     try:
         tmp = os.path.join(private, "model.safetensors")
+        step and step(1)
         save_file(tensors, tmp, metadata=_METADATA)
-        with open(tmp, "rb") as f:  # in a directory of ours alone: its digest is the one this machine makes
-            _MADE[preset, seed] = hashlib.file_digest(f, "sha256").hexdigest()
+        step and step(2)
+        _MADE[preset, seed] = weights_digest(Path(tmp))  # in a directory of ours alone: the one this machine makes
         os.chmod(tmp, 0o644)
         os.replace(tmp, out_dir / "model.safetensors")
     finally:
         shutil.rmtree(private, ignore_errors=True)
+    step and step(3)
+    problem = preset_problem(out_dir / "model.safetensors", preset, seed)
+    if problem is not None:  # just made by this very code, and checked against what it makes: a grader bug, exit 3
+        raise RuntimeError(f"{out_dir / 'model.safetensors'}: freshly made, yet {problem}")
+    if progress:
+        progress(steps, steps, "made")
     return out_dir / "model.safetensors"

@@ -1,6 +1,6 @@
 """GPT-2 with a student's mistake given by parameters: the families diagnosis fits (grading/families.py).
 
-`gpt2.Defects` names single bugs; a `Variant` holds one parameter per family of mistakes: the
+`defective.Defects` names single bugs; a `Variant` holds one parameter per family of mistakes: the
 attention scale of the prefill block and of the decode steps, the wpe row of every position, which
 layer norm's parameters each slot uses (on the block's rows and on the decode rows separately),
 the causal mask's diagonal, how c_attn's output is split into q, k, v, and the number of heads.
@@ -9,9 +9,10 @@ The default is GPT-2 itself.
 As in gpt2.py, an incremental computation is one causal pass: the first `prefill` rows form one
 block, every later row is a single-query decode step reading the cache of the rows before it
 (attention is causal, so a row depends only on earlier rows, computed with the same mistake).
+Several passes can run at once (`hidden_states_many`): their rows are stacked, so the weights are
+read once for all of them, which is what makes screening dozens of candidates cheap.
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,31 +48,6 @@ class Variant:
 EXACT = Variant()
 
 
-class Float64Params(Mapping):
-    """The nested params read as float64, each tensor cast when it is used (never all at once: a student who
-    computes in float64 is reproduced without holding a second, double-size copy of the weights)."""
-
-    def __init__(self, params: Mapping):
-        self._params = params
-
-    def __getitem__(self, key):
-        return _float64(self._params[key])
-
-    def __iter__(self):
-        return iter(self._params)
-
-    def __len__(self) -> int:
-        return len(self._params)
-
-
-def _float64(value):
-    if isinstance(value, Mapping):
-        return Float64Params(value)
-    if isinstance(value, list):
-        return [_float64(v) for v in value]
-    return np.asarray(value, dtype=np.float64)
-
-
 def _decode_rows(n_seq: int, variant: Variant) -> np.ndarray:  # [n_seq] bool
     return np.arange(n_seq) >= variant.prefill
 
@@ -86,28 +62,51 @@ def _visible(n_seq: int, variant: Variant):  # -> ([n_seq, n_seq] bool keys each
     return np.where(empty[:, None], present, keys), empty
 
 
-def _norm(x, slot: int, block: dict, params, variant: Variant, decode: np.ndarray):  # [n, n_embd] -> same
-    mean = x.mean(axis=-1, keepdims=True)
-    centered = x - mean
-    normed = centered / np.sqrt(np.mean(centered * centered, axis=-1, keepdims=True) + LN_EPS)
-    out = np.empty_like(x)
-    for names, rows in ((variant.norms_block, ~decode), (variant.norms_decode, decode)):
-        name = names[slot]
-        if not rows.any():
-            continue
-        if name == "none":
-            out[rows] = x[rows]
-            continue
-        p = params["ln_f"] if name == "ln_f" else block[name]
-        out[rows] = normed[rows] * p["weight"] + p["bias"]
-    return out
+class _Runs:
+    """Several (ids, variant) passes stacked row-wise, so each layer's weights are read once for all of them:
+    screening many candidates costs one pass over the weights plus each one's attention, not one pass each."""
+
+    def __init__(self, params, runs: list[tuple[list, Variant]], dtype):
+        xs = [embed(params, ids, variant, dtype) for ids, variant in runs]
+        ends = np.cumsum([len(x) for x in xs])
+        self.spans = [slice(int(end) - len(x), int(end)) for x, end in zip(xs, ends)]
+        self.variants = [variant for _, variant in runs]
+        self.decodes = [_decode_rows(len(x), variant) for x, (_, variant) in zip(xs, runs)]
+        self.visible = [_visible(len(x), variant) for x, (_, variant) in zip(xs, runs)]  # the same in every layer
+        self.x = np.concatenate(xs)
+
+    def norm(self, x, slot: int, block: dict, params):  # [rows, n_embd] -> same, each run with its own parameters
+        mean = x.mean(axis=-1, keepdims=True)
+        centered = x - mean
+        normed = centered / np.sqrt(np.mean(centered * centered, axis=-1, keepdims=True) + LN_EPS)
+
+        def affine(name: str, at):
+            p = params["ln_f"] if name == "ln_f" else block[name]
+            return x[at] if name == "none" else normed[at] * p["weight"] + p["bias"]
+
+        out = affine(GPT2_NORMS[slot], slice(None))  # then the rows of runs that use other parameters
+        for span, variant, decode in zip(self.spans, self.variants, self.decodes):
+            for names, rows in ((variant.norms_block, ~decode), (variant.norms_decode, decode)):
+                if names[slot] != GPT2_NORMS[slot] and rows.any():
+                    at = np.arange(span.start, span.stop)[rows]
+                    out[at] = affine(names[slot], at)
+        return out
+
+    def attention(self, x, attn: dict, n_head: int):  # [rows, n_embd] -> same
+        qkv = linear(x, **attn["c_attn"])
+        heads = [
+            _attend(qkv[span], n_head, variant, decode, visible)
+            for span, variant, decode, visible in zip(self.spans, self.variants, self.decodes, self.visible)
+        ]
+        return linear(np.concatenate(heads), **attn["c_proj"])
 
 
-def _mha(x, c_attn, c_proj, n_head: int, variant: Variant, decode: np.ndarray):  # [n, n_embd] -> same
-    n_seq, n_embd = x.shape
+def _attend(
+    qkv, n_head: int, variant: Variant, decode: np.ndarray, visible
+) -> np.ndarray:  # [n, 3 n_embd] -> [n, n_embd]
+    n_seq, n_embd = qkv.shape[0], qkv.shape[1] // 3
     n_head = variant.n_head or n_head
     head_dim = n_embd // n_head
-    qkv = linear(x, **c_attn)
     if variant.qkv_interleaved:
         qkv = qkv.reshape(n_seq, n_head, 3, head_dim).transpose(2, 1, 0, 3)
     else:
@@ -117,47 +116,63 @@ def _mha(x, c_attn, c_proj, n_head: int, variant: Variant, decode: np.ndarray): 
     default = 1.0 / np.sqrt(head_dim)
     block = default if variant.scale_block is None else variant.scale_block
     step = default if variant.scale_decode is None else variant.scale_decode
-    scores *= np.where(decode, step, block).astype(np.float32)[:, None]
-    keys, empty = _visible(n_seq, variant)
+    scores *= np.where(decode, step, block).astype(scores.dtype)[:, None]
+    keys, empty = visible
     if variant.empty_rows == "uniform":
         scores[:, empty, :] = 0.0
     scores[:, ~keys] = -np.inf
     heads = softmax(scores) @ v
-    return linear(heads.transpose(1, 0, 2).reshape(n_seq, n_embd), **c_proj)
+    return heads.transpose(1, 0, 2).reshape(n_seq, n_embd)
 
 
-def embed(params, ids, variant: Variant = EXACT):  # [n_seq] -> [n_seq, n_embd]
+def embed(params, ids, variant: Variant = EXACT, dtype=np.float32):  # [n_seq] -> [n_seq, n_embd]
+    """wte + wpe in dtype. float64 makes the whole pass float64: numpy widens every product with a float32 weight
+    (as a student computing in float64 does), and only the rows used are cast, never a whole weight."""
     ids = np.asarray(ids, dtype=np.int64)
     wpe = params["wpe"]["weight"]
     pos = np.arange(len(ids)) if variant.positions is None else np.asarray(variant.positions) % len(wpe)
-    return params["wte"]["weight"][ids] + wpe[pos]
+    return params["wte"]["weight"][ids].astype(dtype, copy=False) + wpe[pos].astype(dtype, copy=False)
 
 
-def layer0_attn_sublayer(params, ids, n_head: int, variant: Variant = EXACT):  # [n_seq] -> [n_seq, n_embd]
-    """x + attn(ln_1(x)) of layer 0, with the variant's mistake."""
-    x = embed(params, ids, variant)
-    decode = _decode_rows(len(x), variant)
+def layer0_attn_sublayer_many(params, runs: list[tuple[list, Variant]], n_head: int, dtype=np.float32) -> list:
+    """x + attn(ln_1(x)) of layer 0 for each (ids, variant): [n_seq] -> [n_seq, n_embd] each."""
+    many = _Runs(params, runs, dtype)
     block = params["h"][0]
-    return x + _mha(
-        _norm(x, 0, block, params, variant, decode), **block["attn"], n_head=n_head, variant=variant, decode=decode
-    )
+    x = many.x + many.attention(many.norm(many.x, 0, block, params), block["attn"], n_head)
+    return [x[span] for span in many.spans]
 
 
-def hidden_states(params, ids, n_head: int, variant: Variant = EXACT):  # [n_seq] -> [n_seq, n_embd], after ln_f
-    x = embed(params, ids, variant)
-    decode = _decode_rows(len(x), variant)
+def hidden_states_many(params, runs: list[tuple[list, Variant]], n_head: int, dtype=np.float32) -> list:
+    """After ln_f, for each (ids, variant): [n_seq] -> [n_seq, n_embd] each."""
+    many = _Runs(params, runs, dtype)
+    x = many.x
     for block in params["h"]:
-        x = x + _mha(
-            _norm(x, 0, block, params, variant, decode), **block["attn"], n_head=n_head, variant=variant, decode=decode
-        )
-        h = linear(
-            gelu(linear(_norm(x, 1, block, params, variant, decode), **block["mlp"]["c_fc"])), **block["mlp"]["c_proj"]
-        )
-        x = x + h
-    return _norm(x, 2, params["h"][-1], params, variant, decode)  # ln_1/ln_2 in slot ln_f: the last layer's
+        x = x + many.attention(many.norm(x, 0, block, params), block["attn"], n_head)
+        x = x + linear(gelu(linear(many.norm(x, 1, block, params), **block["mlp"]["c_fc"])), **block["mlp"]["c_proj"])
+    x = many.norm(x, 2, params["h"][-1], params)  # ln_1/ln_2 in slot ln_f: the last layer's
+    return [x[span] for span in many.spans]
 
 
-def logits(params, ids, n_head: int, rows, variant: Variant = EXACT, columns=None):  # [n_seq] -> [rows, n_vocab]
-    """The LM head (tied to wte) on the chosen rows (and only the chosen vocabulary columns, if given)."""
+def layer0_attn_sublayer(
+    params, ids, n_head: int, variant: Variant = EXACT, dtype=np.float32
+):  # [n_seq] -> [n_seq, n_embd]
+    """x + attn(ln_1(x)) of layer 0, with the variant's mistake."""
+    return layer0_attn_sublayer_many(params, [(ids, variant)], n_head, dtype)[0]
+
+
+def hidden_states(params, ids, n_head: int, variant: Variant = EXACT, dtype=np.float32):  # [n_seq] -> [n_seq, n_embd]
+    """After ln_f, with the variant's mistake."""
+    return hidden_states_many(params, [(ids, variant)], n_head, dtype)[0]
+
+
+def lm_head(params, h, columns=None):  # [rows, n_embd] -> [rows, n_vocab or len(columns)], tied to wte
+    """The LM head on h (only the chosen vocabulary columns, if given). It is float32 whatever dtype the layers ran
+    in: a dot product of n_embd terms is well conditioned (float32 moves it by ~1e-6, far inside any stage's
+    tolerance), and it is most of the work."""
     wte = params["wte"]["weight"] if columns is None else params["wte"]["weight"][columns]
-    return hidden_states(params, ids, n_head, variant)[rows] @ wte.T
+    return h.astype(np.float32, copy=False) @ wte.T
+
+
+def logits(params, ids, n_head: int, rows, variant: Variant = EXACT, columns=None, dtype=np.float32):
+    """The LM head on the chosen rows: [n_seq] -> [rows, n_vocab] (see lm_head)."""
+    return lm_head(params, hidden_states(params, ids, n_head, variant, dtype)[rows], columns)

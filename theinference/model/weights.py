@@ -1,5 +1,6 @@
 """Load and check a Hugging Face-layout GPT-2 `model.safetensors`."""
 
+import hashlib
 import json
 import struct
 import threading
@@ -28,6 +29,17 @@ class GPT2Config:
         return {k: getattr(self, k) for k in ("n_vocab", "n_ctx", "n_embd", "n_head", "n_layer")}
 
 
+@dataclass(frozen=True)
+class Synthetic:
+    """Weights `weights synth` made, as config.json's marker says: the preset and seed ("tiny preset, seed 0")."""
+
+    preset: str
+    seed: str
+
+    def __str__(self) -> str:
+        return f"{self.preset} preset, seed {self.seed}"
+
+
 @dataclass
 class Model:
     """Loaded weights: `params` is nested like the checkpoint keys (`h[i]["attn"]["c_attn"]["weight"]`)."""
@@ -35,14 +47,40 @@ class Model:
     path: Path
     config: GPT2Config
     params: Mapping  # a dict, or LazyParams reading the file on first use
-    synthetic: str | None = None  # e.g. "gpt2 preset, seed 0" for weights made by `weights synth`
+    synthetic: Synthetic | None = None  # for weights made by `weights synth`
     notices: list[str] = field(default_factory=list)
-    stamp: tuple = ()  # (mtime_ns, size) of the file when loaded: oracle outputs are cached per stamp
+    stamp: tuple = ()  # file_stamp of the file when loaded: oracle outputs are cached per stamp
 
     def is_stale(self) -> bool:
         """True when the file on disk is no longer the one these weights were loaded from."""
-        stat = self.path.stat()
-        return (stat.st_mtime_ns, stat.st_size) != self.stamp
+        return file_stamp(self.path) != self.stamp
+
+
+def file_stamp(path: Path) -> tuple:
+    """What changes whenever a file's content does: its identity, size and times, the change time included.
+
+    mtime alone is not enough where student code runs as the grader's user (the `subreaper` level): it can
+    rewrite the weights in place and set mtime back with os.utime. The kernel sets ctime on every write and
+    utime, and no one but root can set it."""
+    info = path.stat()
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+_DIGESTS: dict[tuple, str] = {}  # weights_digest's results in this process, by resolved path and file_stamp
+
+
+def weights_digest(path: Path) -> str:
+    """The one digest of a weights file: the sha256 of its bytes, hex (the presets' known digests, a batch's
+    records and the oracle store's keys all use it). Read once a process per version of the file (file_stamp);
+    a file written to while it was read is not remembered. Raises OSError."""
+    identity = (str(path.resolve()), *file_stamp(path))
+    if identity not in _DIGESTS:
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if (str(path.resolve()), *file_stamp(path)) != identity:
+            return digest
+        _DIGESTS[identity] = digest
+    return _DIGESTS[identity]
 
 
 _BLOCK_TENSORS = {
@@ -205,10 +243,12 @@ def read_config_json(path: Path) -> dict:
         raise WeightsError(f"{config_path}: cannot read: {e}") from e
 
 
-def synthetic_description(path: Path) -> str | None:
-    """'tiny preset, seed 0' if config.json says `weights synth` made the checkpoint, else None."""
+def synthetic_description(path: Path) -> Synthetic | None:
+    """The preset and seed if config.json says `weights synth` made the checkpoint, else None."""
     marker = read_config_json(path).get("theinference_synthetic")
-    return f"{marker['preset']} preset, seed {marker['seed']}" if isinstance(marker, dict) else None
+    if not isinstance(marker, dict):
+        return None
+    return Synthetic(str(marker.get("preset", "?")), str(marker.get("seed", "?")))
 
 
 def check_entries(path: Path, entries: dict, config: GPT2Config, data_len: int) -> None:
@@ -314,19 +354,20 @@ def inspect_checkpoint(path: Path) -> tuple[dict, GPT2Config, int]:
 def load_model(path: str | Path) -> Model:
     """Load and check a GPT-2 checkpoint; raise WeightsError with a clear message if unusable."""
     path = locate_checkpoint(path)
-    stat = path.stat()
+    stamp = file_stamp(path)
     entries, config, data_start = inspect_checkpoint(path)
     dtypes = {entries[name]["dtype"] for name in expected_shapes(config)}
     notices = [f"weights stored as {d}; converted to float32" for d in sorted(dtypes - {"F32"})]
-    stamp = (stat.st_mtime_ns, stat.st_size)
 
     def read() -> dict:
-        if path.stat().st_size != stat.st_size or path.stat().st_mtime_ns != stat.st_mtime_ns:
-            raise WeightsError(f"{path}: the weights file changed while it was in use; run again")
         flat = {}
         with path.open("rb") as f:
+            if file_stamp(path) != stamp:
+                raise WeightsError(f"{path}: the weights file changed while it was in use; run again")
             for name in expected_shapes(config):
                 flat[name] = _read_tensor(f, path, name, entries[name], data_start)
+        if file_stamp(path) != stamp:  # written while read
+            raise WeightsError(f"{path}: the weights file changed while it was in use; run again")
         return _nest(flat, config.n_layer)
 
     return Model(

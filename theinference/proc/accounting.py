@@ -13,6 +13,10 @@ budget) rests on what the grader reads here. Two ways, the first that works:
   (schedstat, in ns), each process's dead threads and reaped children (stat's utime, stime,
   cutime, cstime, in clock ticks). The monitor is a child subreaper, so orphans stay in the
   tree and are reaped by it. A dead monitor ends the measurement: `MonitorGone`.
+
+Memory is capped the same two ways: by the cgroup's memory controller where the group has one, else by
+`TreeMemory`, the grader's own sum over the process tree of what each process holds (its proportional
+share of anonymous and shared-memory pages, and its swap), checked while the run goes on.
 """
 
 import functools
@@ -26,6 +30,10 @@ from pathlib import Path
 
 _TICK = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 _PREFIX = "theinference-"
+
+
+class MemoryExceeded(Exception):
+    """The student's processes together held more memory than the limit (that run's error)."""
 
 
 class MonitorGone(Exception):
@@ -102,6 +110,7 @@ class Cgroup:
         self.groups = groups  # 'v2' or a v1 controller name -> its directory
         self.cpu_key = cpu_key  # which of them counts CPU: 'v2' or 'cpuacct'
         self.name = "cgroup v2 cpu.stat" if cpu_key == "v2" else "cgroup v1 cpuacct.usage"
+        self.caps_memory = False  # whether the kernel holds the tree to the memory limit (else TreeMemory does)
 
     @classmethod
     def create(cls, limits: TreeLimits = TreeLimits()) -> "Cgroup | None":
@@ -129,11 +138,12 @@ class Cgroup:
                 if where is not None:
                     _write(where / "pids.max", str(limits.max_pids))
         if limits.memory_bytes:
-            if v2 is not None:
-                _write(v2 / "memory.max", str(limits.memory_bytes))
+            if v2 is not None and _write(v2 / "memory.max", str(limits.memory_bytes)):
+                self.caps_memory = True
                 _write(v2 / "memory.swap.max", "0")
             if "memory" in self.groups:
-                _write(self.groups["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes))
+                if _write(self.groups["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes)):
+                    self.caps_memory = True
 
     @property
     def procs_files(self) -> list[str]:
@@ -249,21 +259,98 @@ class ProcTree:
         mine = table.get(self.monitor)
         if mine is None or mine[19] != self.started or mine[0] == b"Z":
             raise MonitorGone(f"the monitor (process {self.monitor}) is gone")
+        children: dict[int, list[int]] = {}
+        for pid, fields in table.items():
+            children.setdefault(int(fields[1]), []).append(pid)
         tree, frontier = {self.monitor: mine}, [self.monitor]
-        while frontier:
-            parent = frontier.pop()
-            for pid, fields in table.items():
-                if pid not in tree and int(fields[1]) == parent:
-                    tree[pid] = fields
+        while frontier:  # one pass over the table: a fork bomb's hundreds of processes cost no more per look
+            for pid in children.get(frontier.pop(), ()):
+                if pid not in tree:
+                    tree[pid] = table[pid]
                     frontier.append(pid)
         return tree
 
+    def descendants(self) -> list[int]:
+        """The monitor's descendants now (not the monitor: its memory and work are the grader's)."""
+        return [pid for pid in self._tree() if pid != self.monitor]
+
     def cpu_seconds(self) -> float:
-        return sum(_process_seconds(fields, pid, pid != self.monitor) for pid, fields in self._tree().items())
+        return self.sample()[0]
 
     def waiting_seconds(self) -> float:
         """Time the tree's live threads spent runnable but waiting for a CPU: the machine's load, not theirs."""
-        return sum(_live_threads_ns(pid, 1) for pid in self._tree() if pid != self.monitor) / 1e9
+        return self.sample()[1]
+
+    def sample(self) -> tuple[float, float]:
+        """(cpu_seconds, waiting_seconds) from one look at the tree."""
+        tree = self._tree()
+        cpu = sum(_process_seconds(fields, pid, pid != self.monitor) for pid, fields in tree.items())
+        return cpu, sum(_live_threads_ns(pid, 1) for pid in tree if pid != self.monitor) / 1e9
+
+
+def _kb_fields(text: bytes) -> dict[bytes, int]:
+    """The 'Name:  123 kB' lines of a /proc file, as {name: kB}."""
+    found = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(b":")
+        value = rest.split()
+        if value and value[0].isdigit():
+            found[name] = int(value[0])
+    return found
+
+
+def held_bytes(pid: int) -> int:
+    """Memory one process holds that the kernel cannot take back but by killing it: its proportional share of
+    anonymous and shared-memory pages (a page shared by forked copies counts once over them all) and of swap.
+
+    Mapped files (libraries, the weights) are not counted: the kernel reclaims those under pressure. Where the
+    detailed count cannot be read (a process the grader may not trace: non-dumpable, another uid without root)
+    or the kernel is too old for it, its whole resident anonymous and shared memory counts."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            rollup = _kb_fields(f.read())
+        if b"Pss_Anon" in rollup:
+            return (rollup[b"Pss_Anon"] + rollup.get(b"Pss_Shmem", 0) + rollup.get(b"SwapPss", 0)) * 1024
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = _kb_fields(f.read())
+    except OSError:
+        return 0  # gone meanwhile
+    return (status.get(b"RssAnon", 0) + status.get(b"RssShmem", 0) + status.get(b"VmSwap", 0)) * 1024
+
+
+def memory_message(held: int, limit: int) -> str:
+    return (
+        f"the adapter's processes together held {held / 2**20:.0f} MB of memory, over the {limit / 2**20:g} MB "
+        "limit (--memory-limit, for all of them at once): stopped there"
+    )
+
+
+class TreeMemory:
+    """The memory limit over a monitor's whole process tree where no cgroup sets one: the grader sums what its
+    descendants hold (held_bytes), read from /proc, and the run stops once that is over the limit.
+
+    Measured, so passed by what the tree allocates before the next look (each process is still held to the
+    limit by its own address-space cap, RLIMIT_AS)."""
+
+    def __init__(self, monitor_pid: int, limit: int):
+        self.tree, self.limit = ProcTree(monitor_pid), limit
+
+    def held(self) -> int:
+        """Bytes the monitor's descendants hold together now (0 once the monitor is gone: the run is over)."""
+        try:
+            pids = self.tree.descendants()
+        except MonitorGone:
+            return 0
+        return sum(held_bytes(pid) for pid in pids)
+
+    def check(self) -> None:
+        """MemoryExceeded if the tree holds more than the limit now."""
+        held = self.held()
+        if held > self.limit:
+            raise MemoryExceeded(memory_message(held, self.limit))
 
 
 def stale_groups() -> list[Path]:

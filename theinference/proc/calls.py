@@ -9,14 +9,14 @@ past its timeout (time not spent waiting for a CPU: runner.StepClock) times out;
 ends a call that a starved machine cannot finish, and says so.
 """
 
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from theinference.proc import accounting, protocol, strays
+from theinference.proc import accounting, protocol, strays, tempdirs
 from theinference.proc.rundir import QuotaExceeded
 from theinference.proc.runner import (
+    OVER_LIMIT,
     AdapterJob,
     CallOutcome,
     ProtocolError,
@@ -47,7 +47,8 @@ class CallSession:
     """One worker, started on entry, serving calls one at a time; killed with everything it started on exit."""
 
     def __init__(self, job: AdapterJob, load_budget: Budget):
-        self.work = Path(tempfile.mkdtemp(prefix="theinference-run-"))  # 0700; chowned to the submission's uid as root
+        self.work = Path(tempdirs.mkdtemp("run"))  # 0700; chowned to the submission's uid as root
+        self.launcher, self.course_root = job.launcher, str(job.course_root)
         self.monitor_lost = False  # the worker killed its monitor: none of the session's calls count
         self.child: _Child | None = _Child(job, 0, self.work, interactive=True)
         self.meter: accounting.Cgroup | accounting.ProcTree | None = None
@@ -71,6 +72,7 @@ class CallSession:
                 self.monitor_lost = True
             self.child = None
         remove_run_dir(str(self.work))  # never raises: a leftover is reported by the grader
+        self.launcher.finished(self.course_root)
 
     def output(self) -> CallOutcome:
         """Everything the worker wrote to stdout and stderr so far (capped), on an outcome-shaped record."""
@@ -100,7 +102,7 @@ class CallSession:
             except ProtocolError as e:
                 self._fail(_broken(e))
                 continue
-            except QuotaExceeded as e:
+            except OVER_LIMIT as e:
                 self._fail(CallOutcome(status=protocol.ERROR, message=str(e)))
                 continue
             if message is not None and message["event"] == protocol.LOADED:
@@ -167,6 +169,7 @@ class CallSession:
                 used = self.meter.cpu_seconds() - before
                 over = _over_budget(clock, budget, used)
                 if over is not None:
+                    over.clock = clock.reading()
                     return self._ended(over, output)
                 try:
                     message = self.child.next_message(min(clock.backstop, time.monotonic() + _POLL))
@@ -178,14 +181,14 @@ class CallSession:
                     begun, output = True, _offsets(message)
                     continue
                 if message["event"] == protocol.DONE and _is_call(message, index) and begun:
-                    self.child.check_quota(now=True)
+                    self.child.check_limits(now=True)
                     return self._done(message, index, cap, before, clock, output)
                 raise ProtocolError(f"an unexpected {str(message['event'])[:40]!r} message (call {index} was due)")
             except ProtocolError as e:
                 return self._ended(_broken(e), output)
             except accounting.MonitorGone as e:
                 return self._ended(_gone(e), output)
-            except QuotaExceeded as e:
+            except OVER_LIMIT as e:
                 return self._ended(CallOutcome(status=protocol.ERROR, message=str(e)), output)
 
     def _done(
@@ -196,7 +199,7 @@ class CallSession:
         used = self.meter.cpu_seconds() - before
         checked = cap if message.get("status") == protocol.OK else None
         outcome = _outcome_from_done(message, index, self.child.run_dir, checked)
-        outcome.cpu_seconds = used
+        outcome.cpu_seconds, outcome.clock = used, clock.reading()
         outcome.seconds = time.monotonic() - clock.wall
         outcome.defined_at = self.defined_at
         self.child.attach_output(outcome, output, _offsets(message))

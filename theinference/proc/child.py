@@ -23,6 +23,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from theinference.proc import protocol  # noqa: E402 - after the path is set, for the sandbox's copy
+from theinference.sizes import size_text  # noqa: E402 - the same
 
 _GRADER_DIR = str(Path(__file__).resolve().parents[1])
 
@@ -170,7 +171,9 @@ def _error_message(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}"
     cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if isinstance(error, OSError) and error.errno in _FULL and cap != resource.RLIM_INFINITY:
-        text += f" (the adapter's processes may write at most {_size(cap)} to their run directory, $TMPDIR, in all)"
+        text += f" (the adapter's processes may write at most {size_text(cap)} to their run directory, $TMPDIR, in all)"
+    if isinstance(error, OSError) and error.errno == errno.EAGAIN and _tasks_capped:
+        text += f" (the adapter may start at most {MAX_PROCESSES} processes and threads)"
     return text
 
 
@@ -179,9 +182,9 @@ def _save_problem(error: OSError, array) -> str:
     cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     # numpy's writer may report the short write without an errno: the array's size tells.
     if error.errno == errno.EFBIG or (cap != resource.RLIM_INFINITY and array.nbytes >= cap):
-        limit = "the file size limit" if cap == resource.RLIM_INFINITY else _size(cap)
+        limit = "the file size limit" if cap == resource.RLIM_INFINITY else size_text(cap)
         return (
-            f"the adapter's output exceeded {limit} (it returned {_size(array.nbytes)}, "
+            f"the adapter's output exceeded {limit} (it returned {size_text(array.nbytes)}, "
             f"shape {list(array.shape)}, {array.dtype})"
         )
     return f"the adapter's output could not be saved: {error}"
@@ -205,13 +208,6 @@ def _guard_grader_modules() -> None:
     sys.meta_path.insert(0, _OracleGuard())
 
 
-def _size(nbytes: int) -> str:
-    """Bytes in binary units, as the caps are set: '1 GB', '1.1 GB', '16 MB'."""
-    if nbytes >= 2**30:
-        return f"{nbytes / 2**30:.1f}".removesuffix(".0") + " GB"
-    return f"{nbytes / 2**20:.0f} MB"
-
-
 def _apply_limits(limits: protocol.Limits) -> None:
     """Cap the address space and the size of files written (the captured output included).
 
@@ -225,6 +221,48 @@ def _apply_limits(limits: protocol.Limits) -> None:
 
 
 MAX_PROCESSES = 256  # processes (threads included) a submission's uid may have at once
+_tasks_capped = False  # whether this process set that cap (RLIMIT_NPROC): a fork refused is then the cap's
+
+
+def _tasks_of(uid: int) -> int:
+    """Tasks (processes and threads) whose real uid is uid, as RLIMIT_NPROC counts them."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                total += int(fields[b"Threads"])
+        except (OSError, KeyError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _in_user_namespace() -> bool:
+    """Whether this process runs in a user namespace other than the machine's (its uid 0 is not root there)."""
+    try:
+        with open("/proc/self/uid_map", "rb") as f:
+            return f.read().split() != [b"0", b"0", b"4294967295"]
+    except OSError:
+        return False
+
+
+def _cap_tasks() -> None:
+    """Running as the grader's own user (limits' shares_uid): at most MAX_PROCESSES tasks more than that user runs now.
+
+    Nothing else bounds a fork bomb there (no uid, namespace or cgroup of its own): it would take every pid of the
+    machine, the grader's next process included, and outrun its own killing. Root is exempt from the cap, but not
+    the root of a user namespace a non-root grader made (unshare --user): the kernel counts and caps its tasks."""
+    if sys.platform != "linux" or (os.getuid() == 0 and not _in_user_namespace()):
+        return
+    cap = _tasks_of(os.getuid()) + MAX_PROCESSES
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    cap = cap if hard == resource.RLIM_INFINITY else min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
+    global _tasks_capped
+    _tasks_capped = True
 
 
 def _drop_privileges() -> None:
@@ -234,6 +272,8 @@ def _drop_privileges() -> None:
         # The uid is this submission's alone (launch.SubprocessLauncher._uid_for), so a cap on its processes is a cap
         # on the submission's tree: the fallback where no cgroup sets pids.max (root is exempt, hence after setuid).
         resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
+        global _tasks_capped
+        _tasks_capped = True
         os.setgroups([])
         os.setgid(int(run_as))
         os.setuid(int(run_as))
@@ -246,6 +286,8 @@ def main() -> None:
     os.set_inheritable(fd, False)  # processes the student starts do not get the grader's pipe
     proto = os.fdopen(fd, "w")
     _apply_limits(job["limits"])
+    if job["limits"].get("shares_uid"):
+        _cap_tasks()
     _guard_grader_modules()
     sys.path.insert(0, job["course_root"])
     func = _load(job, proto)

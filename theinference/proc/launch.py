@@ -16,14 +16,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from theinference.proc import protocol, strays
+from theinference.proc import protocol, strays, tempdirs
 from theinference.proc.interrupt import kill_group
 from theinference.proc.node import HARNESS, worker_for_job
 from theinference.proc.rundir import TMPFS_SLACK
@@ -33,7 +32,9 @@ from theinference.proc.sandbox import (
     basic_isolation,
     reachable_by_others,
     strongest_isolation,
-    submission_uids,
+    lease_uid,
+    files_of,
+    remove_files_of,
 )
 
 from theinference.trust import allowed_env
@@ -83,6 +84,10 @@ class Launcher(Protocol):
 
     def warm(self) -> None:
         """Start ahead whatever later runs need (a zygote importing numpy), without waiting for it."""
+        ...
+
+    def finished(self, cwd: str) -> None:
+        """A run of the course at cwd has ended and its processes are dead: clean up after its user, if it has one."""
         ...
 
     def close(self) -> None:
@@ -166,6 +171,8 @@ class SubprocessLauncher:
         self.isolation = isolation or basic_isolation()
         self._sandbox = Sandbox(self.isolation) if self.isolation.bwrap else None
         self._uids: dict[str, int] = {}
+        self._owned_before: dict[int, frozenset] = {}  # uid -> what it owned in the shared temp dirs at its lease
+        self._leases: list[int] = []  # lock files that hold self._uids against other graders (sandbox.lease_uid)
         self._lock = threading.Lock()
 
     def _command(self, args: list[str], cwd: str, env: dict, quota: int | None) -> list[str]:
@@ -196,11 +203,14 @@ class SubprocessLauncher:
 
     def _uid_for(self, course_root: str) -> int:
         """The uid a submission's processes run as: nobody for the first, then an unused one below it for each other
-        (a batch): one submission cannot signal another's processes or write into its run directory."""
+        (a batch), each leased against every other grading on this machine (sandbox.lease_uid): one submission cannot
+        signal another's processes or write into its run directory."""
         with self._lock:
             if course_root not in self._uids:
-                taken = set(self._uids.values())
-                self._uids[course_root] = next(u for u in submission_uids() if u not in taken)
+                uid, lease = lease_uid(set(self._uids.values()))
+                self._uids[course_root] = uid
+                self._owned_before[uid] = files_of(uid)
+                self._leases.append(lease)
             return self._uids[course_root]
 
     def start(
@@ -245,6 +255,14 @@ class SubprocessLauncher:
         tmpfs = quota is not None and self._sandbox is not None and self._sandbox.tmpfs
         return MonitoredProcess(ours, monitor, quota + TMPFS_SLACK if tmpfs and quota is not None else None)
 
+    def finished(self, cwd: str) -> None:
+        """A run of the course at cwd has ended, its processes all dead: remove what its uid left in /tmp, /var/tmp
+        and /dev/shm (outside the sandbox, the places besides its run directory where it may write)."""
+        with self._lock:
+            uid = self._uids.get(cwd)
+        if uid is not None and self._sandbox is None:
+            remove_files_of(uid, self._owned_before[uid])
+
     def warm(self) -> None:
         """Nothing to start ahead: every run starts its own interpreter."""
 
@@ -256,6 +274,11 @@ class SubprocessLauncher:
     def close(self) -> None:
         if self._sandbox is not None:
             self._sandbox.close()
+        with self._lock:
+            for lease in self._leases:
+                os.close(lease)
+            self._leases.clear()
+            self._uids.clear()
 
 
 def _check_readable(course_root: str, weights: str) -> None:
@@ -291,7 +314,7 @@ class ZygoteLauncher:
                 self._spawn()
 
     def _spawn(self) -> None:
-        self._dir = tempfile.mkdtemp(prefix="theinference-zygote-")
+        self._dir = tempdirs.mkdtemp("zygote")
         path = os.path.join(self._dir, "zygote.sock")
         strays.adopt_orphans()
         with strays.starting():
@@ -322,6 +345,9 @@ class ZygoteLauncher:
     def hide(self, path: Path) -> None:
         """Nothing to hide from: zygote workers are not sandboxed."""
 
+    def finished(self, cwd: str) -> None:
+        """Nothing to clean: zygote workers run as the grader's own user (their $TMPDIR is their run directory)."""
+
     def start(
         self,
         args: list[str],
@@ -342,7 +368,12 @@ class ZygoteLauncher:
             )
         path = self._ensure_started()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(path)
+        address, dir_fd = tempdirs.unix_address(path)  # a deep $TMPDIR makes the path too long for AF_UNIX
+        try:
+            conn.connect(address)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
         request = json.dumps({"args": args, "cwd": cwd, "env": env, "cgroup": list(cgroup)}).encode() + b"\n"
         fds = [stdout.fileno(), stderr.fileno(), proto_fd, *([calls_fd] if calls_fd is not None else [])]
         socket.send_fds(conn, [request], fds)

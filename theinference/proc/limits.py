@@ -39,11 +39,14 @@ class Limits:
     def run_dir_bytes(self) -> int:
         return self.run_dir_mb * 2**20
 
-    def for_worker(self, file_bytes: int) -> protocol.Limits:
-        """The caps the worker applies with setrlimit before any student code runs: no file over the quota either."""
+    def for_worker(self, file_bytes: int, shares_uid: bool = False) -> protocol.Limits:
+        """The caps the worker applies with setrlimit before any student code runs: no file over the quota either.
+
+        shares_uid: its processes count as the grader's user's, and nothing else caps how many there are."""
         return protocol.Limits(
             memory_bytes=self.memory_mb * 2**20 if self.memory_mb else None,
             file_bytes=min(file_bytes, self.run_dir_bytes),
+            shares_uid=shares_uid,
         )
 
     def tree(self) -> TreeLimits:

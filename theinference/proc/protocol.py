@@ -28,6 +28,9 @@ class Limits(TypedDict):
 
     memory_bytes: int | None
     file_bytes: int | None
+    # The student's processes run as the grader's own user, with nothing else counting them (no uid of their own, no
+    # namespace, no cgroup's pids.max): cap that user's tasks at what it runs now and child.MAX_PROCESSES more.
+    shares_uid: bool
 
 
 class Job(TypedDict):

@@ -17,7 +17,7 @@ kills every descendant before it exits.
 """
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 import json
 import os
 import signal
@@ -71,9 +71,9 @@ def guard(conn: socket.socket, parent: int) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def _children(parent: int) -> list[int]:
-    """The pids whose parent is `parent` (/proc scan: /proc/PID/task/*/children is optional in kernels)."""
-    found = []
+def _table() -> dict[int, tuple[int, bytes]]:
+    """Every process now: pid -> (its parent's pid, its state letter), from one pass over /proc."""
+    table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -84,9 +84,61 @@ def _children(parent: int) -> list[int]:
             continue
         # The command name may hold spaces and parentheses: fields resume after the last ')'.
         fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == parent:
-            found.append(int(entry))
-    return found
+        if len(fields) > 1:
+            table[int(entry)] = (int(fields[1]), fields[0])
+    return table
+
+
+def _children(parent: int) -> list[int]:
+    """The pids whose parent is `parent` (/proc scan: /proc/PID/task/*/children is optional in kernels)."""
+    return [pid for pid, (ppid, _) in _table().items() if ppid == parent]
+
+
+def _below(table: dict[int, tuple[int, bytes]], roots: Iterable[int]) -> set[int]:
+    """The roots and all their descendants in table that have not exited (zombies are for their parent to reap)."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, frontier = set(), [pid for pid in roots if pid in table]
+    while frontier:
+        pid = frontier.pop()
+        if pid not in found:
+            found.add(pid)
+            frontier.extend(children.get(pid, ()))
+    return {pid for pid in found if table[pid][1] not in (b"Z", b"X")}
+
+
+def _signal(pids: Iterable[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def kill_trees(roots: Callable[[dict[int, tuple[int, bytes]]], Iterable[int]]) -> int:
+    """SIGKILL the processes under roots(table) (roots included) and every descendant they have; how many.
+
+    A fork bomb replaces each process killed one at a time (it forks faster than a /proc scan finds it, and a
+    freed pid is one more it may take), and a tree killed layer by layer takes one scan per generation. So the
+    whole tree is found in one pass, stopped (SIGSTOP: a stopped process forks no more and frees no pid), and
+    looked at again until a pass finds no process of it that is not stopped yet; only then is all of it killed
+    at once. A process of the tree that sent a stopped sibling SIGCONT meanwhile is found on the next round."""
+    killed: set[int] = set()
+    for _ in range(1000):  # each round ends with all it found killed: only a resumed process forks on
+        stopped: set[int] = set()
+        while True:
+            table = _table()
+            new = _below(table, roots(table)) - stopped - killed  # killed: dying or dead, never reused unreaped
+            if not new:
+                break
+            _signal(new, signal.SIGSTOP)
+            stopped |= new
+        if not stopped:
+            break
+        _signal(stopped, signal.SIGKILL)
+        killed |= stopped
+    return len(killed)
 
 
 def _any_children() -> bool:
@@ -99,20 +151,17 @@ def _any_children() -> bool:
 
 
 def kill_descendants() -> None:
-    """SIGKILL and reap every descendant of this (subreaper) process, layer by layer."""
-    if sys.platform != "linux":
+    """SIGKILL and reap every descendant of this (subreaper) process (kill_trees)."""
+    if sys.platform != "linux" or not _any_children():
         return
     me = os.getpid()
-    while _any_children():
+    kill_trees(lambda table: [pid for pid, (ppid, _) in table.items() if ppid == me])
+    while _any_children():  # reap them as they re-parent to us, killing any that slipped through
         kids = _children(me)
         if not kids:
             return  # the only one was a zombie, reaped just now
+        _signal(kids, signal.SIGKILL)
         for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in kids:  # their children re-parent to us as they die: the next round finds them
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:

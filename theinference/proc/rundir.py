@@ -117,13 +117,15 @@ class RunDir:
             raise QuotaExceeded(quota_message(self.quota))
 
     def open_output(self, name: str) -> int:
-        """A read-only descriptor of the output file `name`, never through a link."""
+        """A read-only descriptor of the output file `name`, never through a link, and never waiting: a FIFO the
+        student left there opens at once (the caller then refuses what is not a regular file)."""
+        flags = os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK
         if self.sandbox is None:
-            return os.open(self.path / name, os.O_RDONLY | _NOFOLLOW)
+            return os.open(self.path / name, flags)
         outbox = self.tmpfs()
         if outbox is None:
             raise OSError(errno.ENOENT, "the sandbox's run directory cannot be reached")
-        return os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=outbox)
+        return os.open(name, flags, dir_fd=outbox)
 
     def remove_output(self, name: str) -> None:
         try:

@@ -15,7 +15,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,15 +22,20 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference.proc import accounting, interrupt, protocol, strays
+from theinference.proc import accounting, interrupt, protocol, strays, tempdirs
 from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
 from theinference.proc.rundir import QUOTA_POLL, QuotaExceeded, RunDir
+from theinference.sizes import size_text
 from theinference.trust import allowed_env
 
 OUTPUT_CAP = 30_000  # bytes of the student's stdout/stderr kept per process
 FILE_CAP = 1 << 30  # bytes any one file the student's process writes may reach (its output included; and the quota)
 MESSAGE_CAP = 1 << 20  # bytes of one protocol message
+# Seconds between two sums of the memory the tree holds (where no cgroup caps it): a look costs a pass over /proc.
+MEMORY_POLL = 0.1
+# What ends a run as that submission's error, in its own words: its run directory's quota, its memory together.
+OVER_LIMIT = (QuotaExceeded, accounting.MemoryExceeded)
 
 
 class ProtocolError(Exception):
@@ -62,6 +66,18 @@ class AdapterJob:
     on_event: Callable[[str, int], None] | None = None
 
 
+@dataclass(frozen=True)
+class StepTime:
+    """One step (importing the adapters, or one case) as the grader measured it, from outside the student's
+    processes: the time charged against its timeout, and what makes it up (wall-clock time less run-queue wait)."""
+
+    charged: float  # wall less waited, at least cpu over the cores (StepClock.charge): checked against the timeout
+    timeout: float
+    cpu: float  # CPU seconds the whole process tree used (the kernel's count)
+    waited: float  # seconds the tree's threads spent runnable, waiting for a CPU (the machine's load)
+    wall: float
+
+
 @dataclass
 class CallOutcome:
     # protocol.DONE_STATUSES, or TOO_LARGE | TIMEOUT | CRASH (the runner's own conclusions)
@@ -75,6 +91,8 @@ class CallOutcome:
     cpu_seconds: float | None = None  # interactive calls: the kernel's count for the whole process tree
     limit: str | None = None  # interactive calls cut short: "cpu" (its CPU budget) or "wall" (the backstop)
     defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
+    clock: StepTime | None = None  # the case's step as the grader timed it (None: it never ran)
+    loading: StepTime | None = None  # the import before it, on the first case its process ran
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -147,7 +165,7 @@ class _Child:
                         start=start,
                         out_dir=str(work),
                         interactive=interactive,
-                        limits=job.limits.for_worker(FILE_CAP),
+                        limits=job.limits.for_worker(FILE_CAP, job.launcher.isolation.shares_grader_uid),
                     )
                 )
             )
@@ -191,17 +209,29 @@ class _Child:
         self.buffer = b""
         tmpfs = getattr(self.proc, "tmpfs_size", None)
         self.run_dir = RunDir(work, job.limits.run_dir_bytes, (self.proc.pid, tmpfs) if tmpfs else None)
+        self.memory = self._memory_watch(job.limits.tree().memory_bytes)
+        self._memory_measured = 0.0
         try:
             interrupt.track(self.proc.pid)  # so that Ctrl-C or SIGTERM kills it from any thread
         except interrupt.Cancelled:
             self.finish(graceful=False)
             raise
 
+    def _memory_watch(self, limit: int | None) -> "accounting.TreeMemory | None":
+        """The grader's watch over what the tree holds together, where a limit is set and no cgroup enforces it."""
+        if limit is None or (self.cgroup is not None and self.cgroup.caps_memory):
+            return None
+        try:
+            return accounting.TreeMemory(self.proc.monitor_pid, limit)
+        except (accounting.MonitorGone, AttributeError):
+            return None  # no /proc, or the monitor is gone already (the run ends without a result)
+
     def next_message(self, deadline: float) -> dict | None:
         """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed,
-        QuotaExceeded once the run's directory holds more than its quota."""
+        QuotaExceeded once the run's directory holds more than its quota, MemoryExceeded once the tree holds more
+        memory than its limit."""
         while b"\n" not in self.buffer:
-            self.check_quota()
+            self.check_limits()
             if len(self.buffer) > MESSAGE_CAP:
                 raise ProtocolError(f"a message longer than {MESSAGE_CAP >> 20} MB")
             remaining = deadline - time.monotonic()
@@ -221,6 +251,14 @@ class _Child:
         if not isinstance(message, dict) or message.get("event") not in protocol.EVENTS:
             raise ProtocolError(f"a message that is not one of the protocol's: {line[:80]!r}")
         return message
+
+    def check_limits(self, now: bool = False) -> None:
+        """check_quota, then MemoryExceeded if the tree holds more memory than its limit (where the grader watches
+        it: measured at most every MEMORY_POLL seconds, unless now)."""
+        self.check_quota(now)
+        if self.memory is not None and (now or time.monotonic() - self._memory_measured >= MEMORY_POLL):
+            self._memory_measured = time.monotonic()
+            self.memory.check()
 
     def check_quota(self, now: bool = False) -> None:
         """QuotaExceeded if the run's directory holds more than its quota (measured at most so often, unless now)."""
@@ -294,10 +332,6 @@ def _offsets(message: dict) -> list[int]:
     return value
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
-
-
 def _read_header(f, name: str) -> tuple[tuple, np.dtype]:
     """Shape and dtype from a .npy header, without reading the data."""
     try:
@@ -331,7 +365,7 @@ def _load_output(file, index: int, run_dir: RunDir, cap: int | None) -> np.ndarr
             nbytes = math.prod(shape) * dtype.itemsize
             if cap is not None and nbytes > cap:
                 return CallOutcome(
-                    status=protocol.TOO_LARGE, message=f"returned {_size(nbytes)} (shape {list(shape)}, {dtype})"
+                    status=protocol.TOO_LARGE, message=f"returned {size_text(nbytes)} (shape {list(shape)}, {dtype})"
                 )
             if f.tell() + nbytes > info.st_size:
                 raise ProtocolError(f"{expected.name} is shorter than its header says")
@@ -403,12 +437,18 @@ class _Progress:
     current: int
     defined_at: tuple[str, int] | None = None
     loaded: bool = False
+    loading: StepTime | None = None  # the import's time, until the first case's outcome carries it
     started: bool = False
     case_output: list[int] = field(default_factory=lambda: [0, 0])
 
 
 def _handle(
-    message: dict, state: _Progress, child: "_Child", job: AdapterJob, outcomes: dict[int, CallOutcome]
+    message: dict,
+    state: _Progress,
+    child: "_Child",
+    job: AdapterJob,
+    outcomes: dict[int, CallOutcome],
+    clock: "StepClock",
 ) -> CallOutcome | None:
     """Apply one message in the order the protocol allows; return a load failure, raise ProtocolError otherwise."""
     event = message["event"]
@@ -417,13 +457,13 @@ def _handle(
             status=protocol.ERROR, message=_text(message, "message"), traceback=_text(message, "traceback")
         )
     if event == protocol.LOADED and not state.loaded:
-        state.loaded, state.defined_at = True, _defined_at(message)
+        state.loaded, state.defined_at, state.loading = True, _defined_at(message), clock.reading()
     elif event == protocol.START and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
         if job.on_event is not None:
             job.on_event(protocol.START, state.current)
     elif event == protocol.DONE and state.started and _is_case(message, state.current):
-        child.check_quota(now=True)  # a case that ends past the quota (its writes refused, say) is the quota's
+        child.check_limits(now=True)  # a case that ends past a limit (its writes refused, say) is the limit's
         assert child.run_dir is not None, "a started child has a run directory"
         returned = (
             message.get("status") == protocol.OK
@@ -431,7 +471,8 @@ def _handle(
         cap = job.output_cap(state.current) if job.output_cap and returned else None
         outcome = _outcome_from_done(message, state.current, child.run_dir, cap)
         child.attach_output(outcome, state.case_output, _offsets(message))
-        outcome.defined_at = state.defined_at
+        outcome.defined_at, outcome.clock, outcome.loading = state.defined_at, clock.reading(), state.loading
+        state.loading = None  # the import is shown once, on the first case after it
         outcomes[state.current] = outcome
         if job.consume is not None:
             job.consume(state.current, outcome)
@@ -453,10 +494,22 @@ class _Starved(Exception):
     """A step met its wall-clock backstop: the machine gave the student's processes too little CPU."""
 
 
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def charge(wall: float, waited: float, cpu: float) -> float:
+    """A step's charged seconds: wall-clock time less the tree's run-queue wait, but never less than its CPU spread
+    over every core. The wait is summed over threads, so runnable threads of the student's own (BLAS's, or spinners
+    forked to wait for a CPU) would otherwise sum it past the wall clock and stretch a timeout to its backstop; the
+    CPU they use is what the code would have taken on a quiet machine at the least."""
+    return max(wall - waited, cpu / _CORES)
+
+
 class StepClock:
     """A step's time as the student is charged for it: wall-clock time less the time the student's processes
     spent runnable but waiting for a CPU (the kernel's run-queue delay, theinference.proc.accounting), so a
-    busy machine does not eat the budget while sleeping or blocking does. A wall-clock backstop of BACKSTOP
+    busy machine does not eat the budget while sleeping or blocking does; never less than the CPU used over the
+    cores (charge). A wall-clock backstop of BACKSTOP
     times the timeout still ends a step that a starved machine cannot finish, and says so."""
 
     def __init__(self, child: "_Child", timeout: float):
@@ -467,19 +520,20 @@ class StepClock:
             self.tree = None  # no /proc (or no monitor): plain wall-clock time
         self._begin()
 
-    def _waiting(self) -> float:
-        if self.tree is None:
-            return 0.0
-        try:
-            self.last_waiting = self.tree.waiting_seconds()
-        except (accounting.MonitorGone, OSError):
-            pass
-        return self.last_waiting
+    def _sample(self) -> tuple[float, float]:
+        """(CPU, run-queue wait) of the tree so far, from one look; the last good look once the tree is gone."""
+        if self.tree is not None:
+            try:
+                self.last = self.tree.sample()
+            except (accounting.MonitorGone, OSError):
+                pass
+        return self.last
 
     def _begin(self) -> None:
         """Start timing a step from now."""
-        self.last_waiting = 0.0
-        self.wall, self.waited = time.monotonic(), self._waiting()
+        self.last = (0.0, 0.0)
+        self.wall = time.monotonic()
+        self.cpu_before, self.waited = self._sample()
         self.backstop = self.wall + BACKSTOP * self.timeout + BACKSTOP_SLACK
 
     def restart(self) -> None:
@@ -488,7 +542,13 @@ class StepClock:
         self._begin()
 
     def charged(self) -> float:
-        return time.monotonic() - self.wall - (self._waiting() - self.waited)
+        return self.reading().charged
+
+    def reading(self) -> StepTime:
+        """The step so far, as the student is charged for it and what makes that up."""
+        (cpu, waiting), wall = self._sample(), time.monotonic() - self.wall
+        cpu, waited = cpu - self.cpu_before, waiting - self.waited
+        return StepTime(charge(wall, waited, cpu), self.timeout, max(0.0, cpu), waited, wall)
 
     def total(self) -> float:
         """The charged time of every step of this child so far."""
@@ -496,10 +556,7 @@ class StepClock:
 
     def cpu(self) -> float:
         """CPU seconds the tree has used (for the backstop's message)."""
-        try:
-            return self.tree.cpu_seconds() if self.tree is not None else 0.0
-        except (accounting.MonitorGone, OSError):
-            return 0.0
+        return self._sample()[0]
 
 
 @dataclass
@@ -518,6 +575,18 @@ def starved_message(clock: StepClock) -> str:
         f"the machine was too busy: after {time.monotonic() - clock.wall:.0f} s of wall-clock time the adapter's "
         f"processes had had {clock.cpu():.2g} s of CPU in all; re-run when it is quieter (not a verdict on the code)"
     )
+
+
+def _backstop_outcome(clock: StepClock) -> CallOutcome:
+    """A step at its wall-clock backstop: too busy a machine, unless the step had used its timeout in CPU.
+
+    Run-queue wait is summed over the tree's threads, so several runnable threads (BLAS's, the student's) can
+    hide a step's own time from its charged clock on a loaded machine; the CPU they used still says it is slow."""
+    used = clock.reading().cpu
+    if used >= clock.timeout:
+        message = f"timed out after {clock.timeout:g} s while running (it had used {used:.3g} s of CPU)"
+        return CallOutcome(status=protocol.TIMEOUT, message=message)
+    return CallOutcome(status=protocol.TIMEOUT, message=starved_message(clock), limit="wall")
 
 
 def _next_message(child: _Child, clock: StepClock, stage: tuple[float, _StageBudget]) -> dict | None:
@@ -552,7 +621,7 @@ def _run_child(
             if message is None:
                 break
             step = (state.loaded, state.current)
-            failure = _handle(message, state, child, job, outcomes)
+            failure = _handle(message, state, child, job, outcomes, clock)
             if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
                 clock.restart()
     except TimeoutError:
@@ -561,17 +630,18 @@ def _run_child(
             True,
         )
     except _Starved:
-        failure, kill_now = CallOutcome(status=protocol.TIMEOUT, message=starved_message(clock), limit="wall"), True
+        failure, kill_now = _backstop_outcome(clock), True
     except ProtocolError as e:
         failure, kill_now = (
             CallOutcome(status=protocol.ERROR, message=f"the adapter's process broke the result protocol: {e}"),
             True,
         )
-    except QuotaExceeded as e:
+    except OVER_LIMIT as e:
         failure, kill_now = CallOutcome(status=protocol.ERROR, message=str(e)), True
     except BaseException:  # Ctrl-C in watch mode, a grader bug: never leave the student's process running
         child.finish(graceful=False)
         raise
+    ended = clock.reading()  # the step that was running when the child ended (read while its processes live)
     returncode = child.finish(graceful=not kill_now)
     stage[1].spent += clock.total()
     if getattr(child.proc, "monitor_lost", False):
@@ -587,6 +657,7 @@ def _run_child(
         return state.current
     if failure is None:
         failure = CallOutcome(status=protocol.CRASH, message=_exit_message(returncode))
+    failure.clock, failure.loading = (ended, state.loading) if state.loaded else (None, ended)
     child.attach_output(failure, state.case_output, None)
     # A failure before any case started (import, load) would repeat for every case: record it for all.
     last = state.current + 1 if state.loaded else len(job.calls)
@@ -655,7 +726,7 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
     start = 0
     while start < len(job.calls) and time.monotonic() < stage_deadline and not budget.over():
         # A fresh run directory for each process: what one left there counts against no other's quota.
-        work = tempfile.mkdtemp(prefix="theinference-run-")  # 0700; chowned to the submission's own uid as root
+        work = tempdirs.mkdtemp("run")  # 0700; chowned to the submission's own uid as root
         try:
             start = _run_child(job, start, Path(work), outcomes, (stage_deadline, budget))
         except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
@@ -663,6 +734,7 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
             raise
         finally:
             remove_run_dir(work)
+            job.launcher.finished(str(job.course_root))
         over = time.monotonic() >= stage_deadline or budget.over()  # the rest are reported as over budget
         if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == protocol.TIMEOUT:
             name = job.case_names[start - 1] if job.case_names else start - 1

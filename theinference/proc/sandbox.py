@@ -15,15 +15,18 @@ Levels, strongest first (the report header names the one in use):
   descendant, whatever session it moved to, before results are accepted (Linux).
 - `process-group`: elsewhere (macOS): only the student's process group is killed.
 
-Run as root, the `sandbox` and `namespaces` levels also run the student as nobody. Untrusted grading
+Run as root, the `sandbox` and `namespaces` levels also run the student as nobody (or, while another
+grading on this machine holds nobody, an unused uid below it: `lease_uid`). Untrusted grading
 never runs student code as root: where no level can drop to nobody, it refuses (RootRefused, exit 2)
 unless the instructor sets THEINFERENCE_ALLOW_ROOT=1, which every report then names. Untrusted modes (`grade`, CI) use the
 strongest level available; `test` on a student's own machine keeps the fast zygote launcher.
 """
 
+import fcntl
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theinference.errors import ConfigError
+from theinference.proc import tempdirs
 from theinference.proc.rundir import TMPFS_SLACK, RunDir
 
 NOBODY = 65534  # the uid and gid of `nobody` on Debian, Ubuntu, Fedora, Alpine
@@ -41,10 +45,14 @@ ALLOW_ROOT_ENV = "THEINFERENCE_ALLOW_ROOT"
 _PACKAGE = Path(__file__).resolve().parents[1]
 # The stub package the student sees: weights_path() and the student-side runner; they import only the standard library and each other at module level
 # (tests/test_architecture.py checks it), so nothing else need be copied.
-STUB_FILES = ("__init__.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py")
+STUB_FILES = ("__init__.py", "sizes.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py")
 NODE_HARNESS = "proc/harness.mjs"  # the TypeScript edition's worker (theinference.proc.node), copied beside them
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+
+
+class NoUidFree(ConfigError):
+    """No uid for student processes can be leased here (exit 2): a private lease directory, or a free uid, is missing."""
 
 
 class RootRefused(ConfigError):
@@ -70,6 +78,13 @@ class Isolation:
         and write into its run directory."""
         return self.bwrap is not None or self.run_as is not None
 
+    @property
+    def shares_grader_uid(self) -> bool:
+        """Whether student processes count among the grader's user's own (no uid of their own, and no cgroup: a non-root
+        grader, sandboxed, in a namespace made with unshare or neither), so that capping that user's tasks
+        (RLIMIT_NPROC) is the one way to bound a fork bomb short of every pid of that user (or the machine)."""
+        return self.run_as is None
+
 
 def submission_uids() -> Iterator[int]:
     """Uids for student processes when the grader is root: nobody, then unused uids just below it (no passwd entry)."""
@@ -81,6 +96,88 @@ def submission_uids() -> Iterator[int]:
             pwd.getpwuid(uid)
         except KeyError:
             yield uid
+
+
+# Root's own directory of uid leases: one lock file per uid in use by a grader on this machine.
+_LEASE_DIRS = ("/run/theinference-uids", os.path.join(tempfile.gettempdir(), "theinference-uids-root"))
+
+
+def _lease_dir() -> str:
+    """The lease directory, made by root (0700) and checked to be root's own real directory, not a planted link."""
+    for path in _LEASE_DIRS:
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022:
+            return path
+    raise NoUidFree("no private directory for uid leases (tried " + ", ".join(_LEASE_DIRS) + ")")
+
+
+def lease_uid(taken: set[int]) -> tuple[int, int]:
+    """A uid no other grading on this machine is using, and the open lock file that holds it (close it to release).
+
+    Two graders at once (two `grade` runs, a CI job beside a `test --untrusted`) would otherwise both run their
+    first submission as nobody, and each could signal the other's processes and write into its run directory.
+    The lease is an exclusive flock, so the kernel releases it when this process ends, however it ends."""
+    directory = _lease_dir()
+    for uid in submission_uids():
+        if uid in taken:
+            continue
+        fd = os.open(os.path.join(directory, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return uid, fd
+    raise NoUidFree("every uid for student processes is in use by a grading on this machine; try again when one ends")
+
+
+# Where any user may write outside the sandbox: what a student's uid leaves there is removed after each run.
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _entries_of(uid: int, where: tuple[str, ...]):
+    """(entry, its lstat) for each top-level entry of the shared temp directories that uid owns."""
+    for directory in where:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if info.st_uid == uid:
+                yield entry, info
+
+
+def files_of(uid: int, where: tuple[str, ...] = SHARED_TMP) -> frozenset[tuple[int, int]]:
+    """(device, inode) of what uid owns in the shared temp directories now: taken when its lease begins, so that
+    only what appeared during the lease is removed after (uid nobody may own files there of somebody else's)."""
+    return frozenset((info.st_dev, info.st_ino) for _, info in _entries_of(uid, where))
+
+
+def remove_files_of(uid: int, before: frozenset[tuple[int, int]], where: tuple[str, ...] = SHARED_TMP) -> list[str]:
+    """Remove what uid (a submission's leased uid, all its processes dead) left in the shared temp directories: each
+    entry there it owns that was not there when its lease began (before, from files_of) and is no running grader's
+    (tempdirs.a_live_graders), whole; never through a link (lstat; rmtree follows none). What was removed."""
+    removed = []
+    for entry, info in _entries_of(uid, where):
+        if (info.st_dev, info.st_ino) in before or tempdirs.a_live_graders(entry.path):
+            continue
+        try:
+            if stat.S_ISDIR(info.st_mode):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(entry.path)
+    return removed
 
 
 def _is_root() -> bool:
@@ -117,7 +214,7 @@ def _working_bwrap() -> str | None:
 def tmpfs_reachable(bwrap: str) -> bool:
     """Whether the grader reaches a tmpfs made inside a sandbox through /proc (theinference.proc.rundir): where it
     cannot (a setuid bwrap), the run's directory on the grader's disk is bound in instead, and measured there."""
-    probe, size = tempfile.mkdtemp(prefix="theinference-probe-"), 1 << 20
+    probe, size = tempdirs.mkdtemp("probe"), 1 << 20
     command = [bwrap, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--die-with-parent", *_NAMESPACES]
     command += ["--size", str(size), "--tmpfs", probe, "--", "cat"]  # cat: alive until its stdin closes
     try:
@@ -240,14 +337,15 @@ def _python_dirs() -> list[str]:
         sys.base_exec_prefix,
         str(Path(sys.executable).resolve().parent.parent),
     }
-    dirs |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()}
+    # os.path.isdir, not Path.is_dir: False where this user may not look (a non-root grader, a private sys.path entry)
+    dirs |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and os.path.isdir(p)}
     return sorted(d for d in dirs if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in dirs))
 
 
 def _hidden_dirs(visible: list[str]) -> list[str]:
     """Where the grader's package (or its data) would be visible through the bound directories."""
     candidates = {str(_PACKAGE), *(str(Path(p) / "theinference") for p in sys.path if p)}
-    return sorted(c for c in candidates if Path(c).is_dir() and any(c.startswith(v.rstrip("/") + "/") for v in visible))
+    return sorted(c for c in candidates if os.path.isdir(c) and any(c.startswith(v.rstrip("/") + "/") for v in visible))
 
 
 def _parents(paths: list[str]) -> list[str]:
@@ -262,7 +360,7 @@ class Sandbox:
     def __init__(self, isolation: Isolation):
         self.isolation = isolation
         self.hidden: list[str] = []  # results files: not readable even where the course's tree shows them
-        self.stub_root = tempfile.mkdtemp(prefix="theinference-stub-")
+        self.stub_root = tempdirs.mkdtemp("stub")
         os.chmod(self.stub_root, 0o755)  # readable by nobody
         stub = Path(self.stub_root) / "theinference"
         stub.mkdir(mode=0o755)

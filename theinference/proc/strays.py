@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from theinference.proc.reaper import _children, become_subreaper
+from theinference.proc.reaper import _children, become_subreaper, kill_trees
 
 _lock = threading.RLock()
 _ours: set[int] = set()  # the grader's own children: zygotes and monitors
@@ -47,8 +47,10 @@ def forget(pid: int) -> None:
 
 def kill_strays() -> int:
     """SIGKILL and reap every child of this process that no launcher registered, until none is left; how many."""
-    killed = 0
     with _lock:
+        me = os.getpid()
+        # Stopped and killed whole first (a fork bomb outruns killing it a generation at a time), then reaped.
+        killed = kill_trees(lambda table: [pid for pid, (ppid, _) in table.items() if ppid == me and pid not in _ours])
         for _ in range(10_000):  # a process that keeps forking loses the race: each round takes its parents
             strays = [pid for pid in _children(os.getpid()) if pid not in _ours]
             if not strays:
@@ -63,5 +65,4 @@ def kill_strays() -> int:
                     os.waitpid(pid, 0)
                 except ChildProcessError:
                     pass
-            killed += len(strays)
     return killed

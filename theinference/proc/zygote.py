@@ -26,7 +26,7 @@ import numpy  # noqa: F401
 import safetensors.numpy  # noqa: F401
 
 import theinference.proc.child
-from theinference.proc import protocol
+from theinference.proc import protocol, tempdirs
 from theinference.proc.accounting import join
 from theinference.proc.reaper import become_subreaper, die_with_parent, guard, kill_descendants
 
@@ -105,7 +105,10 @@ def serve(path: str) -> None:
         return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped automatically
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
+    address, dir_fd = tempdirs.unix_address(path)
+    server.bind(address)
+    if dir_fd is not None:
+        os.close(dir_fd)
     server.listen(16)
     sys.stdout.write("ready\n")
     sys.stdout.flush()

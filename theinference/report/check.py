@@ -6,7 +6,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from theinference.grading.results import CheckCell, CheckResult
-from theinference.report.terminal import is_plain
+from theinference.terminals import plain_console
 
 
 def _bugs(bugs) -> str:
@@ -29,7 +29,7 @@ def _mismatch(cell: CheckCell) -> str:
 
 
 def render_check(console: Console, result: CheckResult) -> None:
-    table = Table(box=box.ASCII if is_plain(console) else box.SIMPLE, show_edge=False)
+    table = Table(box=box.ASCII if plain_console(console) else box.SIMPLE, show_edge=False)
     table.add_column("subject", no_wrap=True, min_width=max(map(len, result.subjects), default=7))
     for stage in result.stages:
         table.add_column(stage)

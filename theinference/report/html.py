@@ -9,6 +9,7 @@ failing case, and the diagnosis (shape, finding, hint). Every text from a submis
 import math
 from html import escape
 
+from theinference.report.text import timed_calls
 from theinference.grading.classview import ClassView, anchor, stage_results
 
 _CSS = """
@@ -188,9 +189,31 @@ def _diagnosis(d: dict | None, where: str) -> str:
     return "".join(parts) + "</div>"
 
 
+def _timed_calls(calls: list) -> str:
+    diagnostic = sum(1 for c in calls if isinstance(c, dict) and c.get("diagnostic") is True)
+    return timed_calls(len(calls), diagnostic)
+
+
 def _ms(value) -> str:
     v = _number(value)
     return "" if math.isnan(v) else f"{v:.3g}"
+
+
+def _figures(t: dict) -> list[str]:
+    """(a) and (b), each only once its calls ran (the document's ratio and fraction are null until then)."""
+    least = "at least " if t.get("stopped_at") == t["lengths"][-1] else ""  # the longest call was stopped
+    ratio, fraction, lines = _number(t.get("ratio")), _number(t.get("fraction_of_recompute")), []
+    if not math.isnan(ratio):
+        lines.append(
+            f"(a) per-token cost {least}×{ratio:.2f} from {t['lengths'][0]} to {t['lengths'][-1]} tokens "
+            f"(at most ×{_number(t.get('max_ratio')):g} passes)"
+        )
+    if not math.isnan(fraction):
+        lines.append(
+            f"(b) {t['lengths'][-1]} tokens cost {least}{fraction:.0%} of the oracle's full recompute here "
+            f"(at most {_number(t.get('max_fraction')):.0%} passes)"
+        )
+    return lines
 
 
 def _scaling(case: dict) -> str:
@@ -200,6 +223,8 @@ def _scaling(case: dict) -> str:
         return ""
     rows = []
     for n, per, marginal in zip(t["lengths"], t.get("ms_per_token") or [], t.get("marginal_ms_per_token") or []):
+        if per is None:  # the case ended before a call of this length ran
+            continue
         stopped = n == t.get("stopped_at")
         rows.append(
             f'<tr class="scaling-row" data-tokens="{escape(str(n))}" data-stopped="{str(stopped).lower()}">'
@@ -207,16 +232,10 @@ def _scaling(case: dict) -> str:
             f"<td>{'' if stopped or marginal is None else _ms(marginal)}</td></tr>"
         )
     head = "<tr><th>tokens</th><th>CPU ms/token</th><th>marginal ms/token</th></tr>"
-    fraction = _number(t.get("fraction_of_recompute"))
-    least = "at least " if t.get("stopped_at") == t["lengths"][-1] else ""  # the longest call was stopped
     lines = [
         f"counted by the grader ({escape(str(t.get('accounting', '')))}): CPU of the whole process tree in "
-        f"{len(t.get('calls') or [])} timed calls, the cheapest call of each length counting",
-        f"(a) per-token cost {least}×{_number(t.get('ratio')):.2f} from {t['lengths'][0]} to {t['lengths'][-1]} tokens "
-        f"(at most ×{_number(t.get('max_ratio')):g} passes)",
-        f"(b) {t['lengths'][-1]} tokens cost {least}{'?' if math.isnan(fraction) else f'{fraction:.0%}'} of the "
-        "oracle's "
-        f"full recompute here (at most {_number(t.get('max_fraction')):.0%} passes)",
+        f"{_timed_calls(t.get('calls') or [])}, the cheapest call of each length counting",
+        *_figures(t),
     ]
     if t.get("weights_note"):
         lines.insert(0, escape(str(t["weights_note"])))

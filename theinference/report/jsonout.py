@@ -14,7 +14,7 @@ from theinference.grading.batch import (
     SubmissionResult,
     first_errors,
 )
-from theinference.grading.results import CaseResult, RunResult, ScalingResult, StageResult
+from theinference.grading.results import CaseResult, Diagnosis, RunResult, ScalingResult, StageResult, StepTime
 from theinference.grading.stages import StageSpec
 
 SCHEMA = "theinference.results"
@@ -34,6 +34,19 @@ def _clean(obj):
     if isinstance(obj, (list, tuple)):
         return [_clean(v) for v in obj]
     return _number(obj)
+
+
+def step_document(step: StepTime | None) -> dict | None:
+    """A step as the grader timed it: charged against its timeout, and the CPU and run-queue wait behind it."""
+    if step is None:
+        return None
+    return {
+        "charged_seconds": step.charged,
+        "timeout": step.timeout,
+        "cpu_seconds": step.cpu,
+        "waited_seconds": step.waited,
+        "wall_seconds": step.wall,
+    }
 
 
 def scaling_document(scaling: ScalingResult | None) -> dict | None:
@@ -56,10 +69,23 @@ def scaling_document(scaling: ScalingResult | None) -> dict | None:
         "stopped_at": scaling.stopped_at,
         "weights_note": scaling.weights_note,
         "calls": [
-            {"n_new": c.n_new, "cpu_seconds": c.cpu_seconds, "wall_seconds": c.wall_seconds, "stopped": c.stopped}
+            {
+                "n_new": c.n_new,
+                "cpu_seconds": c.cpu_seconds,
+                "wall_seconds": c.wall_seconds,
+                "stopped": c.stopped,
+                "prompt_tokens": c.prompt_tokens,
+                "diagnostic": c.diagnostic,
+                "clock": step_document(c.clock),
+            }
             for c in scaling.calls
         ],
     }
+
+
+def _diagnosis(diagnosis: Diagnosis | None) -> dict | None:
+    """A diagnosis: its fields, `bugs` a list, and `bug` the same comma-separated (as documents have always had it)."""
+    return None if diagnosis is None else {**dataclasses.asdict(diagnosis), "bug": diagnosis.bug}
 
 
 def case_document(case: CaseResult) -> dict:
@@ -71,12 +97,14 @@ def case_document(case: CaseResult) -> dict:
         "inputs": case.inputs,
         "texts": case.texts,
         "seconds": case.seconds,
+        "clock": step_document(case.clock),
+        "loading": step_document(case.loading),
         "first_bad_row": case.first_bad_row,
         "rows": [dataclasses.asdict(r) for r in case.rows],
         "steps": [dataclasses.asdict(s) for s in case.steps],
         "expected_tokens": case.expected_tokens,
         "got_tokens": case.got_tokens,
-        "diagnosis": dataclasses.asdict(case.diagnosis) if case.diagnosis else None,
+        "diagnosis": _diagnosis(case.diagnosis),
         "traceback": case.traceback,
         "stdout": case.stdout,
         "stderr": case.stderr,
@@ -105,7 +133,7 @@ def stage_document(stage: StageResult) -> dict:
             else {"tolerance": {"atol": stage.atol, "rtol": stage.rtol}}
         ),
         "seconds": stage.seconds,
-        "diagnosis": dataclasses.asdict(stage.diagnosis) if stage.diagnosis else None,
+        "diagnosis": _diagnosis(stage.diagnosis),
         "cross_case": stage.cross_case is not None,
         "source": stage.origin,
         "visibility": stage.visibility,
@@ -129,7 +157,7 @@ def run_document(run: RunResult, version: str) -> dict:
                 "path": run.weights_path,
                 "source": run.weights_source,
                 "why": run.weights_why,
-                "synthetic": run.synthetic,
+                "synthetic": None if run.synthetic is None else str(run.synthetic),
                 "config": run.config,
             },
             "untrusted": run.untrusted,

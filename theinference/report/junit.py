@@ -9,8 +9,11 @@ from theinference.grading.results import NO_ANSWER, RunResult, Status
 
 def _scaling_properties(scaling) -> list[ET.Element]:
     values = [
-        ("cpu_ms_per_token", " ".join(f"{n}:{ms:.4g}" for n, ms in zip(scaling.lengths, scaling.ms_per_token))),
-        ("ratio", f"{scaling.ratio:.4g}"),
+        (
+            "cpu_ms_per_token",
+            " ".join(f"{n}:{ms:.4g}" for n, ms in zip(scaling.lengths, scaling.ms_per_token) if ms is not None),
+        ),
+        ("ratio", "" if scaling.ratio is None else f"{scaling.ratio:.4g}"),
         ("max_ratio", f"{scaling.max_ratio:g}"),
         ("fraction_of_recompute", "" if scaling.fraction is None else f"{scaling.fraction:.4g}"),
         ("max_fraction", f"{scaling.max_fraction:g}"),

@@ -2,6 +2,7 @@
 stage of one-row cases), a summary line and what to do next."""
 
 import math
+import textwrap
 from typing import Literal
 
 from rich import box
@@ -12,8 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from theinference.model import tokenizer
-from theinference.headline import headline
+from theinference.headline import headline_parts
 from theinference.untrusted import for_terminal
+from theinference.report.text import both_figures, timed_calls
+from theinference.terminals import plain_console
 from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, RowStats, RunResult, StageResult, Status
 
 FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
@@ -56,11 +59,6 @@ def token_label(token_id: int | None, width: int = 12) -> str:
     return f"{token_id} {text}"
 
 
-def is_plain(console: Console) -> bool:
-    """Plain output (no colour, ASCII tables and sparklines) off a terminal or with NO_COLOR."""
-    return not console.is_terminal or console.no_color
-
-
 def _box(plain: bool) -> box.Box:
     return box.ASCII if plain else box.SIMPLE
 
@@ -85,7 +83,8 @@ def sparkline(values: list[float], plain: bool = False) -> str:
 
 
 def _folded(console: Console, label: str, parts: list[str], style: str = "") -> None:
-    """`label part · part · …`, folded between parts at the console's width, continuation lines under the first part."""
+    """`label part · part · …`, folded between parts at the console's width, continuation lines under the first
+    part; a part too long for a line of its own is wrapped between words onto further lines under it."""
     indent = " " * cell_len(label)
     lines, line = [], label
     for part in parts:
@@ -95,8 +94,11 @@ def _folded(console: Console, label: str, parts: list[str], style: str = "") -> 
             joined = indent + part
         line = joined
     lines.append(line)
+    room = max(console.width - len(indent), 20)
     for text in lines:
-        console.print(Text(text, style=style), overflow="fold")
+        head, body = text[: len(indent)], text[len(indent) :]
+        for k, piece in enumerate(textwrap.wrap(body, room, break_on_hyphens=False) or [""]):
+            console.print(Text((head if k == 0 else indent) + piece, style=style), overflow="fold")
 
 
 def render_header(console: Console, run: RunResult, version: str, headline_shown: bool = False) -> None:
@@ -104,7 +106,7 @@ def render_header(console: Console, run: RunResult, version: str, headline_shown
 
     headline_shown: the first line is already on screen (theinference.cli.early printed it)."""
     if not headline_shown:
-        console.print(headline(version, run.course), overflow="fold")
+        console.print(Text.assemble(*headline_parts(version, run.course)), overflow="fold")
     synthetic = [f"synthetic ({run.synthetic})"] if run.synthetic else []
     _folded(console, "weights: ", [for_terminal(run.weights_path), *synthetic])
     config = [f"{k} {v}" for k, v in run.config.items()]
@@ -306,6 +308,8 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
     for n, per, marginal in zip(t.lengths, t.ms_per_token, t.marginal_ms):
+        if per is None:  # the case ended before a call of this length ran
+            continue
         if n == t.stopped_at:  # a lower bound: the call was stopped before it finished
             table.add_row(str(n), f"> {per:.2f} (stopped)", "")
         else:
@@ -313,25 +317,24 @@ def scaling_table(case: CaseResult, plain: bool = False) -> Table:
     return table
 
 
+def _timed_calls(t) -> str:
+    return timed_calls(len(t.calls), sum(1 for c in t.calls if c.diagnostic))
+
+
 def scaling_lines(case: CaseResult) -> list[Text]:
     """How the cost was counted, both tests' figures, and (on a pass) the speed-up over a recompute."""
     t = case.scaling
     assert t is not None, "called for cache-scaling cases only"
-    fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
-    bound = "at least " if t.stopped_at == t.lengths[-1] else ""  # the longest call was stopped: lower bounds
     lines = [
         Text(
-            f"  counted by the grader ({t.accounting}): CPU of your whole process tree in {len(t.calls)} timed "
-            "calls, each on a fresh random prompt (the cheapest call of each length counts)",
-            style="dim",
-        ),
-        Text(
-            f"  (a) per-token cost {bound}×{t.ratio:.2f} from {t.lengths[0]} to {t.lengths[-1]} tokens "
-            f"(at most ×{t.max_ratio:g} passes) · (b) {t.lengths[-1]} tokens cost {bound}{fraction} of the oracle's "
-            f"full recompute here (at most {t.max_fraction:.0%} passes)",
+            f"  counted by the grader ({t.accounting}): CPU of your whole process tree in {_timed_calls(t)}, "
+            "each on a fresh random prompt (the cheapest call of each length counts)",
             style="dim",
         ),
     ]
+    figures = both_figures(t)
+    if figures:
+        lines.append(Text(f"  {figures}", style="dim"))
     if t.weights_note:
         lines.insert(0, Text(f"  {t.weights_note}", style="dim"))
     if case.status == Status.PASS and t.speedup is not None:
@@ -500,7 +503,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
         if where is not None:
             repeats.setdefault(where, []).append(case)
         elif case.status != Status.PASS and not (across and case.rows):
-            body = _case_body(case, vocab, is_plain(console), console.width, shape_only=shared is not None)
+            body = _case_body(case, vocab, plain_console(console), console.width, shape_only=shared is not None)
             console.print(Group(*body))
             if key is not None:
                 seen[key] = (stage.id, case.name)
@@ -508,7 +511,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
             notes = "; ".join(f"step {s.step}: {_tie_note(s)}" for s in _near_ties(case))
             console.print(f"  case {case.name}: passed, {notes}", style="dim")
         if case.status == Status.PASS and case.scaling:
-            console.print(Group(scaling_table(case, is_plain(console)), *scaling_lines(case)))
+            console.print(Group(scaling_table(case, plain_console(console)), *scaling_lines(case)))
     for where, cases in repeats.items():
         console.print(_repeated_line(stage, where, cases), soft_wrap=True, markup=False)
     if shared is not None:
@@ -558,7 +561,7 @@ def _print_cross_case(console: Console, stage: StageResult, n_vocab: int) -> Non
             "ordered by position:"
         )
     )
-    console.print(cases_table(numeric, vocab, is_plain(console), console.width))
+    console.print(cases_table(numeric, vocab, plain_console(console), console.width))
     for line in diagnosis_lines(stage.cross_case) if stage.cross_case else []:
         console.print(line)
 

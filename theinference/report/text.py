@@ -11,6 +11,32 @@ def run_summary(run: RunResult) -> str:
     return f"{passed} of {len(run.stages)} stages passed, {earned:g}/{possible:g} points"
 
 
+def timed_calls(total: int, diagnostic: int) -> str:
+    """ "6 timed calls", and the diagnostic ones if any (they only tell no-cache from too-slow)."""
+    timed = f"{total - diagnostic} timed calls"
+    return f"{timed} (and {diagnostic} diagnostic ones, which tell no-cache from too-slow)" if diagnostic else timed
+
+
+def _bound(t) -> str:
+    return "at least " if t.stopped_at == t.lengths[-1] else ""  # the longest call was stopped: lower bounds
+
+
+def both_figures(t) -> str:
+    """(a) and (b) as the terminal states them, each only once its calls ran ("" if neither did)."""
+    bound, first, last = _bound(t), t.lengths[0], t.lengths[-1]
+    parts = []
+    if t.ratio is not None:
+        parts.append(
+            f"(a) per-token cost {bound}×{t.ratio:.2f} from {first} to {last} tokens (at most ×{t.max_ratio:g} passes)"
+        )
+    if t.fraction is not None:
+        parts.append(
+            f"(b) {last} tokens cost {bound}{t.fraction:.0%} of the oracle's full recompute here "
+            f"(at most {t.max_fraction:.0%} passes)"
+        )
+    return " · ".join(parts)
+
+
 def scaling_summary(case: CaseResult) -> str:
     """cache-scaling's numbers in one line: how counted, ms per token at each length, both tests' figures."""
     t = case.scaling
@@ -18,15 +44,22 @@ def scaling_summary(case: CaseResult) -> str:
     per = ", ".join(
         f"{n} tokens > {ms:.3g} ms/token (stopped)" if n == t.stopped_at else f"{n} tokens {ms:.3g} ms/token"
         for n, ms in zip(t.lengths, t.ms_per_token)
+        if ms is not None
     )
-    fraction = f"{t.fraction:.0%}" if t.fraction is not None else "?"
     note = f" ({t.weights_note})" if t.weights_note else ""
-    bound = "at least " if t.stopped_at == t.lengths[-1] else ""  # the longest call was stopped
+    bound = _bound(t)
     if bound:
         per += " (a lower bound: that call was stopped)"
+    figures = []
+    if t.ratio is not None:
+        figures.append(f"(a) ratio {bound}{t.ratio:.2f} (at most {t.max_ratio:g})")
+    if t.fraction is not None:
+        figures.append(f"(b) {bound}{t.fraction:.0%} of the oracle's full recompute (at most {t.max_fraction:.0%})")
+    if not figures:
+        figures.append(f"not judged: the case ended before its {t.lengths[-1]}-token call")
     return (
-        f"CPU time per token, counted by the grader ({t.accounting}){note}: {per}; (a) ratio {bound}{t.ratio:.2f} "
-        f"(at most {t.max_ratio:g}); (b) {bound}{fraction} of the oracle's full recompute (at most {t.max_fraction:.0%})"
+        f"CPU time per token, counted by the grader ({t.accounting}){note}: {per or 'no call finished'}; "
+        + "; ".join(figures)
     )
 
 

@@ -1,0 +1,131 @@
+"""A dead grader's temporary directories go, a live one's stay, and a link named like one is never followed."""
+
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from theinference.proc import tempdirs
+
+DEAD, LIVE = "g" + "0" * 12, "g" + "1" * 12
+
+
+def _owner(where: Path, token: str) -> int:
+    return os.open(where / f"theinference-owner-{token}", os.O_RDWR | os.O_CREAT, 0o600)
+
+
+def test_a_dead_graders_directories_go_and_a_live_ones_stay(tmp_path):
+    tmp_path = tmp_path / "tmp"
+    tmp_path.mkdir()
+    os.close(_owner(tmp_path, DEAD))  # nobody holds its lock: its grader is dead
+    live = _owner(tmp_path, LIVE)
+    fcntl.flock(live, fcntl.LOCK_EX)  # held, as a live grader holds its own
+    for token in (DEAD, LIVE):
+        (tmp_path / f"theinference-run-{token}-abcd1234").mkdir()
+        (tmp_path / f"theinference-run-{token}-abcd1234" / "out.npy").write_bytes(b"x")
+    (tmp_path / f"theinference-zygote-{DEAD}-x").mkdir()
+    (tmp_path / "theinference-run-abcd1234").mkdir()  # from before tokens: whose, nothing says
+    try:
+        tempdirs.remove_leftovers(str(tmp_path))
+        assert sorted(os.listdir(tmp_path)) == [
+            "theinference-owner-" + LIVE,
+            "theinference-run-abcd1234",
+            f"theinference-run-{LIVE}-abcd1234",
+        ]
+    finally:
+        os.close(live)
+
+
+def test_a_link_named_like_a_dead_graders_directory_is_not_followed(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "keep.txt").write_text("keep")
+    where = tmp_path / "tmp"
+    where.mkdir()
+    os.symlink(precious, where / f"theinference-run-{DEAD}-abcd1234")  # no owner file at all: its grader is gone
+    os.symlink(precious, where / f"theinference-owner-{DEAD}")
+    tempdirs.remove_leftovers(str(where))
+    assert (precious / "keep.txt").read_text() == "keep"
+
+
+def test_a_graders_first_directory_sweeps_and_is_named_for_it(tmp_path, monkeypatch):
+    tmp_path = tmp_path / "tmp"
+    tmp_path.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempdirs.tempfile, "tempdir", None)
+    (tmp_path / f"theinference-stub-{DEAD}-x").mkdir()
+    tempdirs._owner_token.cache_clear()
+    made = Path(tempdirs.mkdtemp("run"))
+    token = made.name.split("-")[2]
+    assert made.parent == tmp_path and tempdirs._TOKEN.fullmatch(token)
+    assert not (tmp_path / f"theinference-stub-{DEAD}-x").exists()
+    assert (tmp_path / f"theinference-owner-{token}").is_file()
+    assert not tempdirs._dead(str(tmp_path), token)  # this process holds its lock
+    tempdirs._owner_token.cache_clear()
+    monkeypatch.setattr(tempdirs.tempfile, "tempdir", None)
+
+
+def test_a_socket_in_a_deep_temp_directory_is_bound_and_reached_through_a_short_address(tmp_path):
+    """A $TMPDIR deep enough that its socket's path passes AF_UNIX's 107 bytes (pytest-xdist's, a CI runner's):
+    the zygote did not start there (the grader's exit 3). The address through the directory's descriptor works."""
+    import socket
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / "zygote.sock")
+    with pytest.raises(OSError):
+        socket.socket(socket.AF_UNIX).bind(path)  # the plain path is too long
+    address, fd = tempdirs.unix_address(path)
+    assert fd is not None and len(address) < 40
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(address)
+    os.close(fd)
+    server.listen(1)
+    client_address, client_fd = tempdirs.unix_address(path)
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(client_address)
+    assert client_fd is not None
+    os.close(client_fd)
+    assert os.path.exists(path)  # the socket is where it was asked for
+    client.close()
+    server.close()
+    assert tempdirs.unix_address("/tmp/short.sock") == ("/tmp/short.sock", None)
+
+
+def test_the_sweep_of_a_leased_uids_leftovers_keeps_what_it_owned_before_and_a_live_graders_files(tmp_path):
+    """As root without bubblewrap the first lease is uid nobody, which may also be a running grader's own uid: after
+    the run, only what that uid made during it goes, never a grader's owner file or directories (nor a file it had)."""
+    from theinference.proc.sandbox import files_of, remove_files_of
+
+    where = tmp_path / "tmp"
+    where.mkdir()
+    (where / "had-before.txt").write_text("x")
+    before = files_of(os.getuid(), (str(where),))
+    live = _owner(where, LIVE)
+    fcntl.flock(live, fcntl.LOCK_EX)  # a grader of the same uid, started during the lease
+    os.close(_owner(where, DEAD))
+    for token in (LIVE, DEAD):
+        (where / f"theinference-run-{token}-abcd1234").mkdir()
+    (where / "had-before.txt").write_text("written during the lease")
+    (where / "litter.bin").write_bytes(b"x")
+    (where / "litter-dir" / "deeper").mkdir(parents=True)
+    (where / f"theinference-run-{LIVE}-named-like-its-dir").write_bytes(b"x")  # a file: no directory of a grader's
+    (where / f"theinference-owner-{DEAD[:-1]}2").mkdir()  # a directory: no owner file (nor any lock held on it)
+    try:
+        removed = remove_files_of(os.getuid(), before, (str(where),))
+        assert sorted(os.listdir(where)) == [
+            "had-before.txt",
+            "theinference-owner-" + LIVE,
+            f"theinference-run-{LIVE}-abcd1234",
+        ]
+        assert sorted(Path(path).name for path in removed) == [
+            "litter-dir",
+            "litter.bin",
+            "theinference-owner-" + DEAD,
+            f"theinference-owner-{DEAD[:-1]}2",
+            f"theinference-run-{DEAD}-abcd1234",
+            f"theinference-run-{LIVE}-named-like-its-dir",
+        ]
+    finally:
+        os.close(live)
