@@ -275,6 +275,33 @@ def test_killing_its_monitor_is_the_students_error_not_the_graders(cli, tmp_path
     assert all("killed its monitor" in case["message"] for case in stage["cases"])
 
 
+@needs_linux
+def test_a_held_worker_runs_nothing_before_its_release_and_nothing_if_its_monitor_dies(tmp_path):
+    from theinference.proc.reaper import fork_held
+
+    def fork_writer(mark: Path):
+        pid, release = fork_held()
+        if pid == 0:
+            mark.write_text("ran")
+            os._exit(0)
+        return pid, release
+
+    pid, release = fork_writer(tmp_path / "released")
+    time.sleep(0.3)
+    held = (tmp_path / "released").exists()
+    release()
+    os.waitpid(pid, 0)
+    assert not held and (tmp_path / "released").read_text() == "ran"
+    # A monitor killed before its release: the parent's end of the hold closes, and the worker exits unrun.
+    monitor = os.fork()
+    if monitor == 0:
+        fork_writer(tmp_path / "orphan")
+        os._exit(0)
+    os.waitpid(monitor, 0)
+    time.sleep(0.3)
+    assert not (tmp_path / "orphan").exists()
+
+
 @needs_sandbox
 def test_the_results_file_is_hidden_even_inside_the_course(cli, tmp_path, tiny_path, monkeypatch):
     results = tmp_path / "c" / "results.json"

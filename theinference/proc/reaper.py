@@ -49,6 +49,33 @@ def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
     return os.getppid() == parent  # it died before the prctl: no signal will come
 
 
+def fork_held() -> tuple[int, Callable[[], None]]:
+    """os.fork, with the child held until the parent calls the returned release.
+
+    The monitor reports the worker's pid and only then lets it run: student code that kills its monitor
+    at once must still find the grader knowing whose group to kill. If the parent dies before the release,
+    the held child exits without running anything.
+    """
+    held, hold = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(hold)
+        go = os.read(held, 1)
+        os.close(held)
+        if go != b"1":
+            os._exit(1)
+        return 0, lambda: None
+    os.close(held)
+
+    def release() -> None:
+        try:
+            os.write(hold, b"1")
+        finally:
+            os.close(hold)
+
+    return pid, release
+
+
 def _kill_all_and_exit(*_) -> None:
     kill_descendants()
     os._exit(1)
@@ -186,7 +213,7 @@ def monitor(status_fd: int, command: list[str], cgroup: Sequence[str] = ()) -> N
     guard(conn, parent)
     join(cgroup)
     protocol_fd = os.environ.get(protocol.PROTOCOL_FD_ENV)
-    pid = os.fork()
+    pid, release = fork_held()
     if pid == 0:
         conn.close()
         os.setsid()  # its own group: a timeout's killpg reaches it but not this monitor
@@ -197,6 +224,7 @@ def monitor(status_fd: int, command: list[str], cgroup: Sequence[str] = ()) -> N
     if protocol_fd:
         os.close(int(protocol_fd))  # the grader sees end-of-stream when the student's side closes it
     _send(conn, pid=pid)
+    release()
     _, status = os.waitpid(pid, 0)
     kill_descendants()
     _send(conn, status=os.waitstatus_to_exitcode(status))

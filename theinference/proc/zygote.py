@@ -28,7 +28,7 @@ import safetensors.numpy  # noqa: F401
 import theinference.proc.child
 from theinference.proc import protocol, tempdirs
 from theinference.proc.accounting import join
-from theinference.proc.reaper import become_subreaper, die_with_parent, guard, kill_descendants
+from theinference.proc.reaper import become_subreaper, die_with_parent, fork_held, guard, kill_descendants
 
 _MAX_REQUEST = 1 << 20
 _GRADER_PID_ENV = "THEINFERENCE_GRADER_PID"  # the zygote's parent, as the grader saw itself before the fork
@@ -74,7 +74,7 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int], zygote: int) ->
     If the zygote or the grader dies meanwhile (guard), the monitor kills the worker's whole tree first."""
     become_subreaper()
     join(request.get("cgroup", []))  # before the fork: everything the worker starts is counted from its birth
-    pid = os.fork()
+    pid, release = fork_held()  # the worker runs only once its pid is reported
     if pid == 0:
         conn.close()
         _worker(request, fds)
@@ -82,6 +82,7 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int], zygote: int) ->
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid, "monitor": os.getpid()}).encode() + b"\n")
+    release()
     _, status = os.waitpid(pid, 0)
     kill_descendants()
     conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
