@@ -430,7 +430,7 @@ ZERO_WORK = "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.ze
 
 
 def test_a_poisoned_preset_is_refused_in_grading_and_remade_in_plain_test(cli, tmp_path, solution_course):
-    from theinference.model.synth import PRESET_DIGESTS
+    from theinference.model.synth import made_digest
     from theinference.model.weights_choice import synthetic_path
 
     write_adapters(tmp_path / "hostile", POISONER)
@@ -444,7 +444,7 @@ def test_a_poisoned_preset_is_refused_in_grading_and_remade_in_plain_test(cli, t
     assert "the file was changed" in refused.stderr
     # Plain test remakes it (the digest is known), and the honest solution passes again.
     assert cli("test", "--course", solution_course, *common).exit_code == 0
-    assert hashlib.sha256(made.read_bytes()).hexdigest() == PRESET_DIGESTS[("tiny", 0, 2)]
+    assert hashlib.sha256(made.read_bytes()).hexdigest() == made_digest("tiny", 0)
     # Without the check, the poisoned checkpoint gives the zero-work submission every point.
     cli("test", "--course", tmp_path / "hostile", *common)
     unverified = subprocess.run(
@@ -492,7 +492,21 @@ def np_any(path: Path) -> bool:
 def test_the_known_digest_of_the_tiny_preset_is_what_it_makes(tiny_path):
     from theinference.model.synth import PRESET_DIGESTS, SYNTH_VERSION
 
-    assert hashlib.sha256(tiny_path.read_bytes()).hexdigest() == PRESET_DIGESTS[("tiny", 0, SYNTH_VERSION)]
+    # One digest per OpenBLAS kernel family: this machine's must be among them (the table is not stale).
+    assert hashlib.sha256(tiny_path.read_bytes()).hexdigest() in PRESET_DIGESTS[("tiny", 0, SYNTH_VERSION)]
+
+
+@pytest.mark.parametrize("kernels", ["Haswell", "SkylakeX", "Sandybridge"])
+def test_the_tiny_preset_made_with_each_blas_kernel_family_is_in_the_known_digests(kernels):
+    """The same code makes other bytes with other BLAS kernels (a CPU without AVX-512, say): each is known."""
+    from theinference.model.synth import PRESET_DIGESTS, SYNTH_VERSION
+
+    made = subprocess.run(
+        [sys.executable, "-c", "from theinference.model.synth import made_digest; print(made_digest('tiny', 0))"],
+        env={**os.environ, "OPENBLAS_CORETYPE": kernels},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert made.stdout.strip() in PRESET_DIGESTS[("tiny", 0, SYNTH_VERSION)]
 
 
 def test_a_machine_that_makes_other_bytes_checks_against_its_own_digest(tmp_path, tiny_dir, monkeypatch):
@@ -502,7 +516,7 @@ def test_a_machine_that_makes_other_bytes_checks_against_its_own_digest(tmp_path
 
     from theinference.model import synth
 
-    monkeypatch.setitem(synth.PRESET_DIGESTS, ("tiny", 0, synth.SYNTH_VERSION), "0" * 64)
+    monkeypatch.setitem(synth.PRESET_DIGESTS, ("tiny", 0, synth.SYNTH_VERSION), ("0" * 64,))
     monkeypatch.setattr(synth, "_MADE", {})
     intact = tiny_dir / "model.safetensors"
     assert synth.preset_problem(intact, "tiny", 0) is None

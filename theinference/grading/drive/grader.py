@@ -1,0 +1,206 @@
+"""The Grader: what stays warm between runs (weights, model, oracle cache, launcher); it grades any course.
+
+`test`, `watch` and `demo` hold one for their course (through a Session), `grade` one for every
+submission, `stages check` one for every subject. It is a context manager: leaving it stops the
+launcher's pre-warmed processes.
+"""
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from theinference.course import Course
+from theinference.grading.judge import scaling
+from theinference.grading.judge.evidence import add_run_evidence
+from theinference.grading.judge.fingerprint import fingerprint_stage, needs_fingerprint
+from theinference.grading.drive.progress import load_progress, weights_name
+from theinference.grading.judge.grade import CaseEvent, GradeContext, check_case_fits, grade
+from theinference.grading.oracle.cache import OracleCache
+from theinference.grading.oracle.registry import resolve_oracle
+from theinference.grading.spec.randomcases import with_random_cases
+from theinference.grading.judge.results import RunResult, StageResult
+from theinference.grading.spec.stages import StageSpec
+from theinference.grading.drive.threads import blas_threads_for_load
+from theinference.model.weights import Model
+from theinference.model.weights_choice import WeightsChoice
+from theinference.proc.launch import Launcher, default_launcher
+from theinference.proc.limits import Limits
+from theinference.trust import stage_origin
+
+
+OracleProgress = Callable[[str, int, int], None]  # (stage id, cases done, cases in that stage)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to grade: the student processes' limits, random extra cases, fingerprinting, budgets."""
+
+    limits: Limits = field(default_factory=Limits)  # passed unchanged to every student process
+    seed: int | None = None
+    fingerprint: bool = True  # False: leave it to Grader.fingerprint (watch and `test` show the verdict first)
+    diagnosis: bool = True  # False (--no-diagnosis): no fingerprints at all, not even later
+    # Stop screening known bugs at the first exact match (`test`, `grade`: cheaper); False names every tie
+    # (`stages check` proves the manifests' lists of bugs).
+    first_exact: bool = False
+    all_cases: bool = False  # keep running a stage's cases after one timed out
+    submission_timeout: float | None = None  # wall seconds for the whole run, after which the rest times out
+
+
+@dataclass
+class Grader:
+    weights: WeightsChoice
+    model: Model
+    made_weights: bool = False  # the default synthetic weights were made for this run
+    cache: OracleCache = field(default_factory=OracleCache)
+    launcher: Launcher = field(default_factory=default_launcher)
+    untrusted: bool = False  # submissions choose nothing: not their stages, weights, stage dirs or timeout
+    extra_stage_dirs: list[Path] = field(default_factory=list)  # the instructor's --stages-dir
+
+    def __enter__(self) -> "Grader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the pre-warmed student-process launcher, if any."""
+        self.launcher.close()
+
+    def grade(
+        self,
+        course: Course,
+        stages: list[StageSpec],
+        options: RunOptions | None = None,
+        notices: Iterable[str] = (),
+        on_case: CaseEvent | None = None,
+        on_stage: Callable[[StageResult], None] | None = None,
+    ) -> RunResult:
+        """Grade the stages in order on the course (with the seed's random cases added, if any).
+
+        on_case is told as each case starts and ends in the student's process; on_stage gets each stage's
+        result as soon as its cases are compared (before the next stage runs).
+        """
+        options = options or RunOptions()
+        budget = options.submission_timeout
+        ctx = GradeContext(
+            course=course,
+            model=self.model,
+            cache=self.cache,
+            limits=options.limits,
+            launcher=self.launcher,
+            fingerprint=options.fingerprint,
+            diagnosis=options.diagnosis,
+            first_exact=options.first_exact,
+            all_cases=options.all_cases,
+            budget=budget,
+            deadline=time.monotonic() + budget if budget else None,
+            on_case=on_case,
+            untrusted=self.untrusted or options.limits.untrusted,
+        )
+        results = []
+        for stage in self.with_seed(stages, options):
+            results.append(
+                dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
+            )
+            if on_stage is not None:
+                on_stage(results[-1])
+        run = self.run_result(course, results, options, notices)
+        if options.fingerprint:
+            self._run_evidence(stages, run, run.stages)
+        return run
+
+    def run_result(
+        self,
+        course: Course,
+        results: list[StageResult],
+        options: RunOptions,
+        notices: Iterable[str] = (),
+        planned: list[StageSpec] | None = None,
+    ) -> RunResult:
+        """A run's result around these stage results; with planned (the stages about to be graded) and no results
+        yet, what a report's header says before grading, the course's own stages named as they will be."""
+        untrusted = self.untrusted or options.limits.untrusted
+        if planned is None:
+            ours = [(s.id, s.max_points) for s in results if s.origin == "course"]
+        else:
+            ours = [(s.id, s.points) for s in planned if stage_origin(s.source, self.extra_stage_dirs) == "course"]
+        return RunResult(
+            course=str(course.root),
+            weights_path=str(self.model.path),
+            weights_source=self.weights.source,
+            weights_why=self.weights.why,
+            synthetic=self.model.synthetic,
+            config=self.model.config.as_dict(),
+            stages=results,
+            notices=[*notices, *self.model.notices],
+            seed=options.seed,
+            untrusted=untrusted,
+            course_supplied=self._course_supplied(course, ours, options),
+            isolation=self.launcher.isolation.level,
+            isolation_summary=self.launcher.isolation.summary,
+        )
+
+    def _run_evidence(self, stages: list[StageSpec], run: RunResult, results: list[StageResult]) -> None:
+        """Each failing stage of results gets in its diagnosis what its passing cases and the other stages (this
+        run, or the course's recorded progress when the course is trusted) say."""
+        recorded = {} if run.untrusted else load_progress(Path(run.course))
+        oracles = {s.id: s.oracle for s in stages}
+        add_run_evidence(run, oracles, self.model.config.n_layer, recorded, weights_name(run), results)
+
+    def fingerprint(
+        self,
+        stages: list[StageSpec],
+        run: RunResult,
+        options: RunOptions | None = None,
+        on_stage: Callable[[StageResult], None] | None = None,
+    ) -> None:
+        """Fingerprint the failing stages of a run graded with fingerprint=False (same stages and options);
+        on_stage gets each stage that had failing outputs to match, once matched."""
+        options = options or RunOptions()
+        for stage, result in zip(self.with_seed(stages, options), run.stages):
+            matched = options.diagnosis and needs_fingerprint(stage, result)
+            if matched:
+                with blas_threads_for_load():  # one thread on a busy machine (grading/drive/threads.py)
+                    fingerprint_stage(stage, result, self.model, self.cache, options.first_exact)
+            else:
+                for case in result.cases:
+                    case.output = None
+            if options.diagnosis:
+                self._run_evidence(stages, run, [result])
+            if matched and on_stage is not None:
+                on_stage(result)
+
+    def with_seed(self, stages: list[StageSpec], options: RunOptions) -> list[StageSpec]:
+        """The stages with the seed's random cases added (the same ones for every course graded)."""
+        if options.seed is None:
+            return stages
+        return [with_random_cases(s, options.seed, self.model.config) for s in stages]
+
+    def warm(self, stages: list[StageSpec], on_case: OracleProgress | None = None) -> None:
+        """Compute every case's oracle output once, before student processes compete for the CPU."""
+        for stage in stages:
+            spec = resolve_oracle(stage.oracle, stage.source)
+            stage = scaling.fit_to_context(stage, self.model.config.n_ctx)  # as grade() does, before checking the fit
+            for done, case in enumerate(stage.cases, 1):
+                check_case_fits(stage, case, self.model)
+                if not stage.checks_tokens:  # greedy tokens are verified on each student's own path
+                    self.cache.get(self.model, stage, spec, case)
+                    if on_case:
+                        on_case(stage.id, done, len(stage.cases))
+
+    def _course_supplied(self, course: Course, ours: list[tuple[str, float]], options: RunOptions) -> list[str]:
+        """What in this run the course directory chose rather than the instructor, said in words for every report
+        (ours: the course directory's own stages, id and points)."""
+        lines = []
+        if ours:
+            lines.append(
+                "stages from the course directory: "
+                + ", ".join(f"{stage_id} ({points:g} points)" for stage_id, points in ours)
+            )
+        if self.weights.source == "theinference.toml":
+            lines.append(f"weights from the course's theinference.toml: {self.model.path}")
+        if course.timeout and options.limits.timeout is None:
+            lines.append(f"timeout from the course's theinference.toml: {course.timeout:g} s per call")
+        return lines

@@ -1,0 +1,117 @@
+"""Evidence from the run as a whole, added to a failing stage's diagnosis.
+
+Which of the stage's cases pass, read by prompt length and position ("only the one-token prompt
+passes"), and what other stages said on the same weights, in this run or in the course's recorded
+progress ("forward passes, so the difference is in code only the cached path runs"). Facts, each
+with the cases or stages behind it; the stage keeps one diagnosis, so every failing case gets the
+same sentences.
+"""
+
+import dataclasses
+
+from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, StageResult, Status
+
+CACHED_ORACLES = ("layer0-attn-last", "layer0-attn-sublayer", "decode-step-logits", "per-step-logits")
+
+
+def _length(case: CaseResult) -> int | None:
+    ids = case.inputs.get("prompt", case.inputs.get("seq"))
+    return len(ids) if isinstance(ids, list) else None
+
+
+def _names(cases: list[CaseResult]) -> str:
+    return ", ".join(c.name for c in cases)
+
+
+def passing_pattern(result: StageResult, n_layer: int) -> str:
+    """What the passing cases share that no failing one has, in words; "" if nothing (or nothing passes)."""
+    graded = [c for c in result.cases if c.status in (Status.PASS, Status.FAIL)]
+    passed = [c for c in graded if c.status == Status.PASS]
+    failed = [c for c in graded if c.status == Status.FAIL]
+    if not passed or not failed:
+        return ""
+    lengths = {_length(c) for c in passed}
+    if lengths == {1} and 1 not in {_length(c) for c in failed}:
+        if any("prompt" in c.inputs for c in passed):
+            return (
+                f"only the one-token prompt passes ({_names(passed)}): a position that ignores the prompt's length "
+                "is right only when the prompt has one token"
+            )
+        return (
+            f"only the one-token sequence passes ({_names(passed)}): with one position attention sees only itself, "
+            "so suspect what involves other positions (the causal mask, the positions, attention across rows)"
+        )
+    one_row = all(len(c.rows) == 1 for c in graded)
+    positions = {c.rows[0].position for c in passed} if one_row else set()
+    if len(positions) == 1 and not positions & {c.rows[0].position for c in failed}:
+        [p] = positions
+        also = f" ({p} is also n_layer, the number of layers: a len() that counts layers?)" if p == n_layer else ""
+        return (
+            f"only the case at position {p} passes ({_names(passed)}): a position fixed at {p}{also} "
+            "instead of the cache's length is right only there"
+        )
+    return ""
+
+
+def _passes(stage_id: str, run: RunResult, recorded: dict[str, dict], weights: str) -> str:
+    """'this run' or 'recorded progress' when the stage passed on these weights, else ""."""
+    for stage in run.stages:
+        if stage.id == stage_id:
+            return "in this run" if stage.status == Status.PASS else ""
+    entry = recorded.get(stage_id) or {}
+    return (
+        "in this course's recorded progress"
+        if entry.get("status") == "pass" and entry.get("weights") == weights
+        else ""
+    )
+
+
+def other_stages(result: StageResult, oracle: str, run: RunResult, recorded: dict[str, dict], weights: str) -> str:
+    """What the other stages' verdicts on the same weights say about where this stage's difference lies."""
+    if oracle in CACHED_ORACLES and (where := _passes("forward", run, recorded, weights)):
+        return (
+            f"forward passes on these weights ({where}), so the difference is in code only the cached path runs: "
+            "prefill/decode_step and the block they call"
+        )
+    if result.compare == "tokens" and (where := _passes("per-step-identity", run, recorded, weights)):
+        return (
+            f"per-step-identity passes on these weights ({where}), so every logit is right: the difference is in the "
+            "generation loop (the token fed back, its position, the choice, the length)"
+        )
+    return ""
+
+
+def _with(diagnosis: Diagnosis, sentences: list[str]) -> Diagnosis:
+    extra = "; ".join(sentences)
+    evidence = f"{diagnosis.evidence}; from the run: {extra}" if diagnosis.evidence else f"from the run: {extra}"
+    return dataclasses.replace(diagnosis, evidence=evidence)
+
+
+def add_run_evidence(
+    run: RunResult,
+    oracles: dict[str, str],
+    n_layer: int,
+    recorded: dict[str, dict],
+    weights: str,
+    results: list[StageResult] | None = None,
+) -> None:
+    """Add to each failing stage's diagnosis (of results, default every stage of the run) what its passing cases
+    and the other stages say (oracles: stage id -> oracle)."""
+    for result in run.stages if results is None else results:
+        if result.status != Status.FAIL:
+            continue
+        sentences = [
+            s
+            for s in (
+                passing_pattern(result, n_layer),
+                other_stages(result, oracles.get(result.id, ""), run, recorded, weights),
+            )
+            if s
+        ]
+        if not sentences:
+            continue
+        if result.cross_case is not None:
+            result.cross_case = _with(result.cross_case, sentences)
+        for case in result.cases:
+            if case.status == Status.FAIL and case.diagnosis is not None:
+                case.diagnosis = _with(case.diagnosis, sentences)

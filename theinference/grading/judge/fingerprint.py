@@ -1,0 +1,380 @@
+"""Fingerprinting: does a failing stage's output equal GPT-2 computed with one of the known bugs?
+
+Runs only for stages with failing cases that produced numbers. Each candidate bug (the stage's
+`bugs`) is computed with one forward per case, cheapest failing case first, so most candidates
+are ruled out by one small forward; outputs are cached like the oracle's. A bug matches when the
+student's output equals its output at the stage's tolerance in every case read, and its output
+differs from GPT-2's (otherwise the bug is not visible in these cases). A match becomes the
+diagnosis, stated with its numbers; no match keeps the shape's list of suspects and says that
+the bug is not one of the known ones.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from theinference.grading.judge import families
+
+from theinference.grading.judge import loops
+from theinference.grading.oracle.bugs import Bug, bug_output, bug_screen, is_inert, resolve_bug
+from theinference.grading.oracle.store import oracle_version
+from theinference.grading.oracle.registry import OracleSpec, resolve_oracle
+from theinference.grading.judge.results import CaseResult, Diagnosis, StageResult, Status
+from theinference.grading.spec.stages import StageSpec
+from theinference.model.weights import Model
+
+UNKNOWN = "not one of the known bugs"
+# A match this close (a tenth of the stage's atol) is exact: with first_exact, no further candidate is computed
+# (a later bug within a fifth of atol of it goes unnamed; `stages check` screens every one). float32 roundoff
+# on 12 layers stays well inside it; bugs the cases can tell apart differ by more than the whole atol.
+EXACT = 0.1
+SCREEN_COLUMNS = 256  # logits columns a family candidate is screened on before it is computed in full
+
+
+@dataclass(frozen=True)
+class Match:
+    bug: Bug
+    max_abs: float  # largest |your output - this bug's output| over the cases read
+
+
+def _frozen(inputs: dict) -> tuple:
+    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in inputs.items())
+
+
+def _key(model: Model, stage: StageSpec, bug: Bug, inputs: dict, history: list) -> tuple:
+    before = tuple(map(_frozen, history)) if bug.uses_history else ()
+    return (str(model.path), model.stamp, "bug", stage.oracle, bug.name, bug.stamp, _frozen(inputs), before)
+
+
+def _durable(stage: StageSpec, spec: OracleSpec, bug: Bug, inputs: dict, history: list) -> tuple:
+    """What besides the weights' content determines a bug's output, for the persistent store."""
+    return (
+        "bug",
+        stage.oracle,
+        oracle_version(spec.stamp),
+        bug.name,
+        oracle_version(bug.stamp),
+        inputs,
+        history if bug.uses_history else [],
+    )
+
+
+def _distance(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> float | None:
+    """The largest |got - target| when got is within the stage's tolerance of target everywhere (np.allclose, NaN
+    equal to NaN), else None; row by row, so a wrong candidate is rejected at its first bad row."""
+    if got.shape != target.shape:
+        return None
+    worst = 0.0
+    for g, t in zip(got, target) if got.ndim > 1 else ((got, target),):
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(g - t)
+            fine = diff <= stage.atol + stage.rtol * np.abs(t)
+        if not fine.all():  # NaN or inf: np.isclose decides, on those elements only
+            if not np.isclose(g[~fine], t[~fine], atol=stage.atol, rtol=stage.rtol, equal_nan=True).all():
+                return None
+            diff = diff[np.isfinite(diff)]  # equal infinities or NaNs: no distance
+        worst = max(worst, float(diff.max()) if diff.size else 0.0)
+    return worst
+
+
+def _close(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> bool:
+    return _distance(got, target, stage) is not None
+
+
+def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
+    """Failing cases first, smallest first: most candidates fail on the cheapest forward."""
+    return sorted(cases, key=lambda c: (c.status == Status.PASS, np.asarray(c.output).size))
+
+
+@dataclass(frozen=True)
+class _Screen:
+    """Where every candidate is compared first, at a fraction of a whole output's cost: one row of the cheapest
+    failing case, the earliest failing one with at least half as many elements off as the worst (computed over the
+    positions it depends on), and of logits the vocabulary columns furthest outside the tolerance. GPT-2 fails
+    there, so must any candidate that GPT-2 equals there."""
+
+    case: CaseResult
+    row: int | None
+    columns: np.ndarray | None
+    got: np.ndarray
+
+
+def _screen(stage: StageSpec, cheapest: CaseResult, expected: np.ndarray) -> _Screen:
+    got, row = np.asarray(cheapest.output), None
+    if got.ndim > 1 and cheapest.rows:
+        bad = np.array([0 if r.ok else max(r.n_bad, 1) for r in cheapest.rows])
+        row = int(np.argmax(bad >= bad.max() / 2))
+        got, expected = got[row], expected[row]
+    columns = None
+    if stage.oracle not in families.LAYER0:  # logits
+        wide = expected.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            excess = np.abs(got - wide) - (stage.atol + stage.rtol * np.abs(wide))
+        columns = np.sort(np.argsort(-np.nan_to_num(excess, nan=np.inf))[:SCREEN_COLUMNS])
+        got = got[columns]
+    return _Screen(cheapest, row, columns, got)
+
+
+def _match(
+    bug: Bug,
+    cases: list[CaseResult],
+    stage: StageSpec,
+    spec: OracleSpec,
+    model: Model,
+    cache,
+    histories: dict,
+    screen: _Screen,
+) -> Match | None:
+    if is_inert(bug, spec, screen.case.inputs):  # the cheapest failing case would be GPT-2's: not this bug
+        return None
+    quick = bug_screen(
+        bug, spec, stage.oracle, model, screen.case.inputs, screen.row, screen.columns, histories[screen.case.name]
+    )
+    if quick is not None and not _close(screen.got, quick, stage):
+        return None
+    worst, visible = 0.0, False
+    for case in cases:
+        got = np.asarray(case.output)
+        expected = cache.get(model, stage, spec, case)
+        history = histories[case.name]
+        out = (
+            expected
+            if is_inert(bug, spec, case.inputs)
+            else cache.memo(
+                _key(model, stage, bug, case.inputs, history),
+                lambda: bug_output(bug, spec, stage.oracle, model, case.inputs, history),
+                model=model,
+                durable=_durable(stage, spec, bug, case.inputs, history),
+                label=f"{stage.id}: {case.name} with {bug.name}",
+            )
+        )
+        distance = _distance(got, out, stage)
+        if distance is None:
+            return None
+        visible = visible or not _close(out, expected, stage)
+        worst = max(worst, distance)
+    return Match(bug, worst) if visible else None
+
+
+def find_matches(
+    stage: StageSpec, cases: list[CaseResult], model: Model, cache, histories: dict, first_exact: bool = False
+) -> list[Match]:
+    """The stage's known bugs whose output the student's output equals in every one of these cases (with
+    first_exact, the screening stops at the first exact match)."""
+    spec = resolve_oracle(stage.oracle, stage.source)
+    ordered = _read_order(cases)
+    wide = all(np.asarray(c.output).dtype == np.float64 for c in ordered)  # the families may compute in float64
+    for case in ordered:  # once, not once per candidate bug
+        case.output = np.asarray(case.output, dtype=np.float32)
+    failing = [c for c in ordered if c.status == Status.FAIL]
+    if not failing:
+        return []
+    screen = _screen(stage, failing[0], cache.get(model, stage, spec, failing[0]))
+    matches = []
+    for name in stage.bugs:
+        match = _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories, screen)
+        if match is not None:
+            matches.append(match)
+            if first_exact and match.max_abs <= EXACT * stage.atol:
+                break
+    return matches or find_family_matches(stage, ordered, model, cache, screen, wide)
+
+
+def _verify_family(
+    candidate: families.Candidate, cases: list[CaseResult], stage: StageSpec, model: Model, expected: dict, wide: bool
+) -> Match | None:
+    """The candidate reproduces every case, computed in float32 (the weights') or, failing that, in float64 when
+    the student's output was float64 (wide): an ill-conditioned mistake can separate the two beyond the tolerance."""
+    for float64 in (False, True) if wide else (False,):
+        worst, visible = 0.0, False
+        for case in cases:
+            got = np.asarray(case.output)
+            out = families.variant_output(
+                model, stage.oracle, case.inputs, candidate.make(case.inputs), float64=float64
+            )
+            distance = _distance(got, out, stage)
+            if distance is None:
+                break
+            visible = visible or not _close(out, expected[case.name], stage)
+            worst = max(worst, distance)
+        else:
+            if not visible:
+                return None
+            finding = (
+                f"{candidate.finding} (its layers computed in float64, as your output is)"
+                if float64
+                else candidate.finding
+            )
+            return Match(Bug(candidate.family, finding, ()), worst)
+    return None
+
+
+def find_family_matches(
+    stage: StageSpec, ordered: list[CaseResult], model: Model, cache, screen: _Screen, wide: bool = False
+) -> list[Match]:
+    """The parametric families (theinference.grading.judge.families) whose fitted parameter reproduces every case read.
+
+    Each candidate is screened first (candidates that coincide there are computed once); one that passes is
+    verified on every case. At most one parameter per family is claimed.
+    """
+    if stage.oracle not in families.SUPPORTED:
+        return []
+    spec = resolve_oracle(stage.oracle, stage.source)
+    expected = {c.name: cache.get(model, stage, spec, c) for c in ordered}
+    inputs = screen.case.inputs
+    matches: list[Match] = []
+
+    def consider(found: list[families.Candidate]) -> None:
+        variants = list(dict.fromkeys(candidate.make(inputs) for candidate in found))  # coinciding ones once
+        outs = families.variant_outputs(model, stage.oracle, inputs, variants, screen.row, screen.columns)
+        screened = {variant: _close(screen.got, out, stage) for variant, out in zip(variants, outs)}
+        for candidate in found:
+            if screened[candidate.make(inputs)] and all(m.bug.name != candidate.family for m in matches):
+                match = _verify_family(candidate, ordered, stage, model, expected, wide)
+                if match is not None:
+                    matches.append(match)
+
+    consider(families.candidates(model, stage.oracle))
+    if not matches:  # a scale that is no formula: fitted as a number on the cheapest case
+        enough = EXACT * stage.atol
+        consider(list(families.fit_scale(model, stage.oracle, inputs, screen.got, screen.row, screen.columns, enough)))
+    return matches
+
+
+def _finding(matches: list[Match], cases: list[CaseResult], stage: StageSpec) -> Diagnosis:
+    off = max((r.max_abs for c in cases for r in c.rows), default=0.0)
+    where = f"at every position of {len(cases)} case(s)"
+    if len(matches) == 1:
+        evidence = (
+            f"your output equals GPT-2 with {matches[0].bug.finding}, to {matches[0].max_abs:.2g} {where}; "
+            f"the correct output differs by up to {off:.3g}"
+        )
+    else:
+        each = "; ".join(f"{m.bug.finding} (to {m.max_abs:.2g})" for m in matches)
+        evidence = (
+            f"your output equals GPT-2 with each of these bugs {where}, which these cases cannot tell apart: "
+            f"{each}; the correct output differs by up to {off:.3g}"
+        )
+    hint = " ".join(stage.bug_hints[m.bug.name] for m in matches if stage.bug_hints.get(m.bug.name))
+    return Diagnosis(shape="", summary="", hint=hint, bugs=tuple(m.bug.name for m in matches), evidence=evidence)
+
+
+def _apply(diagnosis: Diagnosis, found: Diagnosis | None, checked: str) -> Diagnosis:
+    if found is None:
+        return dataclasses.replace(
+            diagnosis, evidence=f"{UNKNOWN} ({checked} checked): the shape alone cannot name the cause"
+        )
+    return dataclasses.replace(diagnosis, hint=found.hint or diagnosis.hint, bugs=found.bugs, evidence=found.evidence)
+
+
+def _histories(cases: list[CaseResult]) -> dict:
+    """The earlier cases whose calls ran in the same student process before each case's (the
+    runner starts a fresh process after a crash or a timeout)."""
+    histories: dict[str, list] = {}
+    earlier: list = []
+    for case in cases:
+        histories[case.name] = list(earlier)
+        earlier = [] if case.status in (Status.CRASH, Status.TIMEOUT) else [*earlier, case.inputs]
+    return histories
+
+
+def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache, first_exact: bool = False) -> None:
+    """Turn the failing diagnoses of a graded stage into findings where a known bug's output matches.
+
+    The students' arrays are dropped afterwards: a batch keeps every result until it ends.
+    """
+    try:
+        _fingerprint(stage, result, model, cache, first_exact)
+    finally:
+        for case in result.cases:
+            case.output = None
+
+
+def needs_fingerprint(stage: StageSpec, result: StageResult) -> bool:
+    """Whether fingerprint_stage has anything to match: a failing greedy stage (its loop mistakes), or a failing
+    case with numbers in a stage listing bugs (the listed bugs, then the families)."""
+    if stage.compare == "tokens":
+        return stage.tie_rtol is not None and any(c.status == Status.FAIL for c in result.cases)
+    failing = [c for c in result.cases if c.rows and c.output is not None and c.status == Status.FAIL]
+    return bool(stage.bugs and failing and stage.compare == "rows")
+
+
+def _token_list(output) -> list[int] | None:
+    got = np.asarray(output)
+    if got.ndim != 1 or got.dtype.kind not in "iuf" or not np.all(np.isfinite(got) & (got == np.round(got))):
+        return None
+    return [int(t) for t in got]
+
+
+def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> None:
+    """A greedy stage: is every case's token list exactly what a loop with one known mistake returns?"""
+    cases = [c for c in result.cases if c.status in (Status.PASS, Status.FAIL) and c.output is not None]
+    tokens = {c.name: _token_list(c.output) for c in cases}
+    cases = sorted(
+        (c for c in cases if tokens[c.name]), key=lambda c: (c.status == Status.PASS, len(tokens[c.name] or []))
+    )
+    failing = [c for c in result.cases if c.status == Status.FAIL]
+    if not failing or not cases or cases[0].status != Status.FAIL or stage.tie_rtol is None:
+        return
+    found: list[tuple[loops.LoopBug, str]] = []
+    for bug in loops.loop_bugs(model):
+        details = []
+        for case in cases:
+            detail = loops.reproduces(
+                bug, model, list(case.inputs["prompt"]), case.inputs["n_new"], tokens[case.name] or [], stage.tie_rtol
+            )
+            if detail is None:
+                break
+            details.append(detail)
+        else:
+            fitted = sorted({d for d in details if d})
+            if all(b.name != bug.name for b, _ in found):  # one parameter per family: the simplest that fits
+                found.append((bug, f" ({', '.join(fitted)})" if fitted else ""))
+    if not found:
+        for case in failing:
+            if case.diagnosis is not None:
+                case.diagnosis = _apply(case.diagnosis, None, f"{len(loops.loop_bugs(model))} greedy-loop mistakes")
+        return
+    where = f"in every one of the {len(cases)} case(s) that returned tokens"
+    each = "; ".join(f"{bug.finding}{fitted}" for bug, fitted in found)
+    evidence = f"your tokens are exactly those of a greedy loop that {each}, {where}"
+    if len(found) > 1:
+        evidence = f"your tokens are exactly those of a greedy loop with each of these mistakes {where}: {each}"
+    diagnosis = Diagnosis(
+        shape="", summary="", hint="", bugs=tuple(dict.fromkeys(b.name for b, _ in found)), evidence=evidence
+    )
+    for case in failing:
+        case.diagnosis = _apply(case.diagnosis, diagnosis, "") if case.diagnosis is not None else diagnosis
+
+
+def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache, first_exact: bool) -> None:
+    if stage.compare == "tokens":
+        _fingerprint_tokens(stage, result, model)
+        return
+    if not needs_fingerprint(stage, result):
+        return
+    numeric = [c for c in result.cases if c.rows and c.output is not None]
+    failing = [c for c in numeric if c.status == Status.FAIL]
+    # Read across cases, every case with numbers must match; otherwise the failing ones.
+    cases = numeric if result.cross_case is not None else failing
+    histories = _histories(result.cases)
+    matches = find_matches(stage, cases, model, cache, histories, first_exact)
+    found = _finding(matches, cases, stage) if matches else None
+    checked = f"{len(stage.bugs)}"
+    if stage.oracle in families.SUPPORTED:
+        checked += " listed bugs and the families: attention scale, positions, layer norms, mask diagonal, q/k/v split, head count"
+    if result.cross_case is not None:
+        result.cross_case = _apply(result.cross_case, found, checked)
+    for case in failing:
+        if case.diagnosis is not None:
+            case.diagnosis = _apply(case.diagnosis, found, checked)
+        elif (
+            found is not None and result.cross_case is None
+        ):  # a one-row case has no shape, but the bug explains it too
+            case.diagnosis = found
+    headline = result.diagnosis
+    if found is None and headline is not None:  # one stage, one list of suspects: the most telling case's
+        for case in failing:
+            if case.diagnosis is not None:
+                case.diagnosis = dataclasses.replace(case.diagnosis, hint=headline.hint)

@@ -1,0 +1,288 @@
+"""grade(stage, context): oracle + runner + compare + diagnose -> StageResult."""
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from theinference.grading.judge import scaling
+from theinference.grading.judge.compare import compare_rows, shape_problem
+from theinference.course import Course
+from theinference.grading.judge.diagnose import diagnose_rows
+from theinference.grading.judge.fingerprint import fingerprint_stage
+from theinference.grading.judge.frames import course_file, deepest_course_frame
+from theinference.grading.oracle.cache import OracleCache
+from theinference.proc.launch import Launcher, SubprocessLauncher
+from theinference.grading.spec.inputs import ID_INPUTS, consumed_sequence, positions_needed
+from theinference.grading.oracle.registry import OracleSpec, resolve_oracle
+from theinference.grading.judge.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
+from theinference.proc import protocol
+from theinference.proc.limits import Limits
+from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
+from theinference.grading.spec.stages import CaseSpec, StageSpec
+from theinference.grading.judge.verification import verify_tokens
+from theinference.model.weights import Model
+from theinference.errors import ConfigError
+
+
+class GradeError(ConfigError):
+    """The stage cannot be graded against these weights (a configuration error, exit 2)."""
+
+
+class CaseEvent(Protocol):
+    """Told as each case starts and ends in the student's process ("start" | "done"), and for a stage the
+    grader drives call by call (cache-scaling), as each call starts ("call", with what the call is)."""
+
+    def __call__(self, event: str, stage: StageSpec, index: int, detail: str = "") -> None: ...
+
+
+@dataclass
+class GradeContext:
+    course: Course
+    model: Model
+    cache: OracleCache = field(default_factory=OracleCache)
+    limits: Limits = field(default_factory=Limits)  # the student's process: timeout override, memory, environment
+    launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
+    fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
+    diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
+    first_exact: bool = False  # fingerprints stop at the first exact match (see fingerprint.EXACT)
+    # Told ("start" | "done", stage, case index) as the student's process starts and finishes each case.
+    on_case: CaseEvent | None = None
+    all_cases: bool = False  # keep running a stage's cases after one timed out
+    deadline: float | None = None  # time.monotonic() by which the whole submission must be done
+    budget: float | None = None  # the seconds that deadline allowed, for messages
+    untrusted: bool = False  # a made preset (the proof's too) that was altered is an error, not remade
+
+
+def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
+    """Raise GradeError if a case needs more context or a token id the model does not have."""
+    config = model.config
+    needed = positions_needed(case.inputs)
+    if needed > config.n_ctx:
+        raise GradeError(
+            f"{stage.source}: case '{case.name}' needs {needed} positions; the weights have n_ctx={config.n_ctx}"
+        )
+    for name, value in case.inputs.items():
+        ids = value if isinstance(value, list) else [value] if name in ID_INPUTS else []
+        if ids and max(ids) >= config.n_vocab:
+            raise GradeError(
+                f"{stage.source}: case '{case.name}': token id {max(ids)} in '{name}' is >= n_vocab={config.n_vocab}"
+            )
+
+
+def _consumed_tokens(inputs: dict, positions: list[int]) -> list[int | None]:
+    sequence = consumed_sequence(inputs)
+    return [sequence[p] if 0 <= p < len(sequence) else None for p in positions]
+
+
+def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expected: np.ndarray, got: np.ndarray) -> None:
+    problem = shape_problem(expected.shape, got)
+    if problem:
+        result.status, result.detail, result.message = Status.FAIL, "wrong-shape", problem
+        return
+    if stage.bugs:  # kept until fingerprinted: a match must hold on every case with numbers, passing ones too
+        result.output = got
+    positions = spec.positions(result.inputs) or list(range(len(expected)))
+    result.rows = compare_rows(
+        expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions)
+    )
+    if all(r.ok for r in result.rows):
+        result.status = Status.PASS
+        return
+    bad = sum(not r.ok for r in result.rows)
+    result.status, result.message = (
+        Status.FAIL,
+        f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}",
+    )
+    if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
+        result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
+
+
+_FAILED_OUTCOMES = NO_ANSWER | {Status.NOT_STARTED}
+# A returned array may hold this many times the expected output's float64 bytes (plus a floor)
+# before the grader refuses to read it: its memory stays bounded whatever the student returns.
+_OUTPUT_SLACK = 4
+_OUTPUT_FLOOR = 1 << 20
+
+
+def _expected_shape(stage: StageSpec, spec: OracleSpec, case: CaseSpec, ctx: GradeContext) -> tuple[int, ...]:
+    """The shape of the case's right answer (greedy token ids need no oracle output to know it)."""
+    if stage.checks_tokens:
+        return (case.inputs["n_new"],)
+    return ctx.cache.get(ctx.model, stage, spec, case).shape
+
+
+def _output_cap(shape: tuple[int, ...]) -> int:
+    return _OUTPUT_SLACK * int(np.prod(shape)) * 8 + _OUTPUT_FLOOR
+
+
+def _case_result(
+    stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec
+) -> CaseResult:
+    result = CaseResult(
+        name=case.name,
+        status=outcome.status,
+        message=outcome.message,
+        inputs=case.inputs,
+        texts=case.texts,
+        traceback=outcome.traceback,
+        stdout=outcome.stdout,
+        stderr=outcome.stderr,
+        seconds=outcome.seconds,
+        clock=outcome.clock,
+        loading=outcome.loading,
+        at=deepest_course_frame(outcome.traceback, ctx.course.root),
+    )
+    if outcome.status in _FAILED_OUTCOMES:
+        return result
+    if outcome.status == protocol.BAD_OUTPUT:
+        result.status, result.detail = Status.FAIL, "non-numeric"
+        return result
+    if outcome.status == protocol.TOO_LARGE:
+        result.status, result.detail = Status.FAIL, "wrong-shape"
+        result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
+        return result
+    assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
+    if stage.checks_tokens:  # verified on the student's own path: no oracle continuation needed
+        result.output = np.asarray(outcome.value)  # kept until fingerprinted against the greedy-loop mistakes
+        verify_tokens(
+            result,
+            outcome.value,
+            ctx.model,
+            stage.tolerance["tie_rtol"],
+            stage.hints,
+            ctx.cache,
+            f"{stage.id}: {case.name}",
+        )
+    else:
+        _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
+    return result
+
+
+def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis | None:
+    """For a stage whose cases each give one row: the shape of those rows ordered by position."""
+    compared = [c for c in cases if c.rows]  # cases that errored or returned no numbers say nothing
+    if stage.compare != "rows" or len(compared) < 3 or any(len(c.rows) != 1 for c in compared):
+        return None
+    if all(c.status == Status.PASS for c in compared):
+        return None
+    rows = sorted((c.rows[0] for c in compared), key=lambda r: r.position)
+    rows = [dataclasses.replace(r, row=i) for i, r in enumerate(rows)]
+    diagnosis = diagnose_rows(rows, stage.hints)
+    read = f" (read across the {len(compared)} of {len(cases)} cases that returned numbers)"
+    return dataclasses.replace(diagnosis, summary=diagnosis.summary + read)
+
+
+def _stage_status(cases: list[CaseResult]) -> str:
+    return next((c.status for c in cases if c.status != Status.PASS), Status.PASS)
+
+
+def _points(stage: StageSpec, cases: list[CaseResult]) -> float:
+    passed = sum(c.status == Status.PASS for c in cases)
+    if stage.credit == "per-case":
+        return stage.points * passed / len(cases)
+    return stage.points if passed == len(cases) else 0.0
+
+
+def adapter_definition(course: Course, outcomes: list[CallOutcome], names: tuple[str, ...]) -> tuple[str, int | None]:
+    """The file and line of the function the adapters module exports, as its process reported them (when
+    that file lies in the course directory); else the first `def NAME(` in the adapters file."""
+    root = course.root.resolve()
+    for found in (o.defined_at for o in outcomes if o.defined_at):
+        path = course_file(root, found[0])  # the child's word only
+        if path is not None:
+            return str(path), found[1]
+    return "", adapter_line(course.adapters, names)
+
+
+def adapter_line(path: Path, names: tuple[str, ...]) -> int | None:
+    """The line where the first of names is defined in the adapters file (for CI annotations)."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for name in names:
+        for number, line in enumerate(lines, 1):
+            if line.lstrip().startswith(f"def {name}("):
+                return number
+    return None
+
+
+def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
+    """Grade one stage of the course against the oracle; student faults become results, never exceptions."""
+    started = time.perf_counter()
+    spec = resolve_oracle(stage.oracle, stage.source)
+    weights_note = ""
+    if stage.scaling is not None:  # the cache proof runs where cost can tell a cache from a recompute
+        proof, weights_note = scaling.proof_model(stage, ctx.model, ctx.cache, ctx.untrusted)
+        ctx = dataclasses.replace(ctx, model=proof)
+    stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
+    for case in stage.cases:
+        check_case_fits(stage, case, ctx.model)
+    graded: dict[int, CaseResult] = {}
+    on_case = ctx.on_case
+
+    def output_cap(index: int) -> int:  # the oracle runs only for cases that returned something
+        return _output_cap(_expected_shape(stage, spec, stage.cases[index], ctx))
+
+    def consume(index: int, outcome: CallOutcome) -> None:  # compared as it arrives, then its array is dropped
+        graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
+
+    job = AdapterJob(
+        course_root=ctx.course.root,
+        adapters=ctx.course.adapters,
+        names=stage.adapter_names,
+        calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
+        weights=ctx.model.path,
+        timeout=ctx.limits.timeout or ctx.course.timeout or stage.timeout,
+        limits=ctx.limits,
+        launcher=ctx.launcher,
+        output_cap=output_cap,
+        consume=consume,
+        all_cases=ctx.all_cases,
+        case_names=tuple(c.name for c in stage.cases),
+        deadline=ctx.deadline,
+        deadline_budget=ctx.budget,
+        on_event=None if on_case is None else lambda event, index: on_case(event, stage, index),
+    )
+    if stage.scaling is not None:  # the grader drives each timed call itself
+        cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
+        ran = [scaling.grade_case(stage, ctx, i, job, cap, weights_note) for i in range(len(stage.cases))]
+        cases, outcomes = [r for r, _ in ran], [o for _, o in ran]
+    else:
+        outcomes = run_adapter(job)
+        cases = [
+            graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
+            for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))
+        ]
+    source, line = adapter_definition(ctx.course, outcomes, stage.adapter_names)
+    result = StageResult(
+        id=stage.id,
+        title=stage.title,
+        status=_stage_status(cases),
+        cases=cases,
+        points=_points(stage, cases),
+        max_points=stage.points,
+        adapter=stage.adapter,
+        adapters_file=str(ctx.course.adapters),
+        lesson=str(stage.lesson),
+        atol=stage.atol,
+        rtol=stage.rtol,
+        compare=stage.compare,
+        tie_rtol=stage.tie_rtol,
+        seconds=time.perf_counter() - started,
+        adapter_line=line,
+        adapter_source=source,
+        cross_case=cross_case_diagnosis(stage, cases),
+        visibility=stage.visibility,
+    )
+    if ctx.fingerprint and ctx.diagnosis:
+        fingerprint_stage(stage, result, ctx.model, ctx.cache, ctx.first_exact)
+        result.seconds = time.perf_counter() - started
+    elif not ctx.diagnosis:
+        for graded_case in result.cases:
+            graded_case.output = None
+    return result

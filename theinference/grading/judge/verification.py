@@ -1,0 +1,74 @@
+"""Greedy verification: the student's tokens checked in one teacher-forced forward of the oracle.
+
+Each step asks: is the student's token the oracle's argmax after prompt + the student's own
+earlier tokens, or within the stage's tie tolerance of it? One causal forward over
+prompt + tokens[:-1] gives every step's logits at once; the oracle's own continuation (for the
+side-by-side table) is computed only after a mismatch. Any stage whose adapter generates greedy
+tokens can call `verify_tokens`.
+"""
+
+import numpy as np
+
+from theinference.model import gpt2 as oracle
+from theinference.model import tokenizer
+from theinference.grading.judge.compare import token_summary, walk_summary
+from theinference.grading.oracle.store import oracle_version
+from theinference.grading.judge.diagnose import diagnose_tokens
+from theinference.grading.judge.results import CaseResult, TokenStep
+from theinference.model.weights import Model
+
+
+def token_problem(got: np.ndarray, n_new: int, n_vocab: int) -> str | None:
+    """Why `got` is not n_new token ids of this vocabulary, or None."""
+    if got.shape != (n_new,):
+        return f"expected {n_new} token ids (shape [{n_new}]), got shape {list(got.shape)}"
+    if got.dtype.kind == "f" and not np.all(np.isfinite(got) & (got == np.round(got))):
+        return "expected integer token ids, got non-integer values"
+    if np.any((got < 0) | (got >= n_vocab)):
+        return f"token ids must be in [0, {n_vocab}); got {got[(got < 0) | (got >= n_vocab)][0]}"
+    return None
+
+
+def check_steps(
+    model: Model, prompt: list[int], tokens: list[int], tie_rtol: float, cache=None, label: str = ""
+) -> list[TokenStep]:
+    """Walk the student's tokens over the oracle's logits on their own path, up to the first mismatch.
+
+    With an OracleCache, what the walk reads of those logits is cached like an oracle output.
+    """
+
+    def summary() -> np.ndarray:
+        return token_summary(tokens, oracle.per_step_logits(model.params, prompt, tokens, model.config.n_head))
+
+    if cache is not None:
+        key = ("token-path", str(model.path), model.stamp, tuple(prompt), tuple(tokens))
+        found = cache.memo(
+            key, summary, model=model, durable=("token-path", oracle_version(()), prompt, tokens), label=label
+        )
+    else:
+        found = summary()
+    return walk_summary(tokens, found, tie_rtol, len(prompt) - 1)
+
+
+def verify_tokens(
+    result: CaseResult, got: np.ndarray, model: Model, tie_rtol: float, hints: dict, cache=None, label: str = ""
+) -> None:
+    """Fill a case's status, steps, tokens, message and diagnosis from the ids the student generated."""
+    prompt, n_new = result.inputs["prompt"], result.inputs["n_new"]
+    problem = token_problem(got, n_new, model.config.n_vocab)
+    if problem:
+        result.status, result.detail, result.message = "fail", "wrong-shape", problem
+        return
+    result.got_tokens = [int(t) for t in got]
+    result.steps = check_steps(model, prompt, result.got_tokens, tie_rtol, cache, label)
+    if result.steps[-1].verdict != "mismatch":
+        result.status, result.expected_tokens = "pass", list(result.got_tokens)
+        return
+    k = len(result.steps)
+    result.expected_tokens = result.got_tokens[: k - 1] + [result.steps[-1].expected]
+    result.expected_tokens += oracle.greedy(
+        model.params, prompt + result.expected_tokens, n_new - k, model.config.n_head
+    )
+    result.status = "fail"
+    result.message = f"token {k - 1} of {n_new} differs from the oracle's greedy choice"
+    result.diagnosis = diagnose_tokens(result.steps, hints, lambda t: f"{t} {tokenizer.token_text(t)!r}")

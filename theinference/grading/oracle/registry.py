@@ -1,0 +1,210 @@
+"""The oracles a stage can name: built-in GPT-2 computations, or an instructor's function in a file.
+
+An instructor's oracle is `def name(model, **inputs) -> array`, where `model` is a
+`theinference.model.weights.Model` (`model.params` nested like the checkpoint keys, `model.config`
+with n_head, n_embd, ...) and the inputs are the case's token-id lists and counts. The functions
+of `theinference.model.gpt2` (layer_norm, mha, ffn, embed, ...) are there to build on.
+"""
+
+import importlib.util
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from theinference.model import defective
+from theinference.model import gpt2 as oracle
+from theinference.model.weights import Model
+from theinference.errors import ConfigError
+
+
+class OracleError(ConfigError):
+    """An instructor's oracle could not be loaded or run (a course-configuration error)."""
+
+
+@dataclass(frozen=True)
+class OracleSpec:
+    inputs: tuple[str, ...]
+    compute: Callable[..., np.ndarray]
+    positions: Callable[[dict], list[int]]  # position of each output row, for tables
+    stamp: tuple = ()  # an instructor's oracle: (file, mtime_ns, size), so an edit invalidates cached outputs
+    # How many leading rows the stage's incremental path computes as one block (bug oracles model
+    # every later row as a single-query decode step); built-in oracles only.
+    prefill: Callable[[dict], int] = lambda inputs: 0
+    # The same computation with a bug: (model, defects, **inputs), model/defective.py; the built-in bug
+    # oracles (theinference.grading.oracle.bugs) need it. Built-in oracles only.
+    defective: Callable[..., np.ndarray] | None = None
+
+
+def _seq_positions(inputs: dict) -> list[int]:
+    return list(range(len(inputs["seq"])))
+
+
+def _last_position(inputs: dict) -> list[int]:
+    return [len(inputs["seq"]) - 1] if "seq" in inputs else [len(inputs["prompt"])]
+
+
+def _step_positions(inputs: dict) -> list[int]:
+    start = len(inputs["prompt"]) - 1
+    return list(range(start, start + len(inputs.get("cont") or range(inputs.get("n_new", 0)))))
+
+
+BUILTIN_ORACLES = {
+    "layer0-attn-last": OracleSpec(
+        inputs=("seq",),
+        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head)[-1],
+        positions=_last_position,
+        prefill=lambda inputs: len(inputs["seq"]) - 1,
+        defective=lambda m, defects, seq: defective.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects)[-1],
+    ),
+    "decode-step-logits": OracleSpec(
+        inputs=("prompt", "next_id"),
+        compute=lambda m, prompt, next_id: oracle.logits(
+            m.params, [*prompt, next_id], m.config.n_head, rows=slice(len(prompt), len(prompt) + 1)
+        )[0],
+        positions=_last_position,
+        prefill=lambda inputs: len(inputs["prompt"]),
+        defective=lambda m, defects, prompt, next_id: defective.logits(
+            m.params, [*prompt, next_id], m.config.n_head, defects, rows=slice(len(prompt), len(prompt) + 1)
+        )[0],
+    ),
+    "logits": OracleSpec(
+        inputs=("seq",),
+        compute=lambda m, seq: oracle.logits(m.params, seq, m.config.n_head),
+        positions=_seq_positions,
+        prefill=lambda inputs: len(inputs["seq"]),  # one block: no decode steps
+        defective=lambda m, defects, seq: defective.logits(m.params, seq, m.config.n_head, defects),
+    ),
+    "layer0-attn-sublayer": OracleSpec(
+        inputs=("seq",),
+        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head),
+        positions=_seq_positions,
+        defective=lambda m, defects, seq: defective.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects),
+    ),
+    "per-step-logits": OracleSpec(
+        inputs=("prompt", "cont"),
+        compute=lambda m, prompt, cont: oracle.per_step_logits(m.params, prompt, cont, m.config.n_head),
+        positions=_step_positions,
+        prefill=lambda inputs: len(inputs["prompt"]),
+        defective=lambda m, defects, prompt, cont: defective.per_step_logits(
+            m.params, prompt, cont, m.config.n_head, defects
+        ),
+    ),
+    "greedy": OracleSpec(
+        inputs=("prompt", "n_new"),
+        compute=lambda m, prompt, n_new: np.asarray(oracle.greedy(m.params, prompt, n_new, m.config.n_head)),
+        positions=_step_positions,
+    ),
+}
+
+
+_FILE_ORACLES: dict[tuple, OracleSpec] = {}  # loaded instructor oracles, by file stamp and function
+
+
+def load_file_function(stage_source: Path, name: str) -> OracleSpec:
+    """Load `file.py:function` beside the stage file, once per version of the file."""
+    file_name, _, func_name = name.partition(":")
+    path = (stage_source.parent / file_name).resolve()
+    try:
+        stat = path.stat()
+    except OSError as e:
+        raise OracleError(f"{path}: cannot read the oracle file: {e.strerror or e}") from e
+    stamp = (str(path), stat.st_mtime_ns, stat.st_size)
+    if (stamp, func_name) not in _FILE_ORACLES:  # import once per version of the file, not per grade
+        _FILE_ORACLES[(stamp, func_name)] = _import_file_oracle(path, func_name, stage_source, stamp)
+    return _FILE_ORACLES[(stamp, func_name)]
+
+
+def _import_file_oracle(path: Path, func_name: str, stage_source: Path, stamp: tuple) -> OracleSpec:
+    module_name = f"theinference_course_oracle_{abs(hash(str(path)))}"
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None, "a .py path always has a loader"
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        spec.loader.exec_module(module)
+    except Exception as e:  # an instructor's file: any error is a course-configuration error
+        raise OracleError(f"{path}: cannot import the oracle file: {type(e).__name__}: {e}") from e
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise OracleError(f"{path}: defines no function '{func_name}' (named by {stage_source.name})")
+    return OracleSpec(inputs=(), compute=func, positions=lambda inputs: [], stamp=stamp)
+
+
+def resolve_oracle(name: str, stage_source: Path) -> OracleSpec:
+    """Return the built-in oracle of that name, or load `file.py:function` beside the stage file."""
+    return BUILTIN_ORACLES.get(name) or load_file_function(stage_source, name)
+
+
+def compute_expected(
+    spec: OracleSpec, model: Model, inputs: dict, owner: str = "", case: str = "", field: str = "oracle"
+) -> np.ndarray:
+    """Run an oracle; an instructor's oracle failing, or returning anything but a finite numeric array, is an
+    OracleError naming owner (e.g. "stage 'x'"), the case, the file and line."""
+    try:
+        raw = spec.compute(model, **inputs)
+    except Exception as e:
+        if spec.inputs:  # built-in: a failure here is a grader bug and must surface as one
+            raise
+        raise OracleError(_failure(spec, owner, e)) from e
+    if spec.inputs:
+        return np.asarray(raw)
+    problem, output = _output_problem(raw)
+    if problem:
+        name = getattr(spec.compute, "__name__", "oracle")
+        where = f"{owner}, case '{case}'" if case else owner
+        raise OracleError(
+            f"{where + ': ' if where else ''}the oracle {name}() in {spec.stamp[0] if spec.stamp else 'its file'} "
+            f"(named by the stage file's field '{field}') returned {problem}; an oracle must return a finite numeric "
+            "array of at least one dimension (every answer would be judged against it)"
+        )
+    return output
+
+
+def _output_problem(raw) -> tuple[str, np.ndarray]:
+    """What is wrong with an instructor oracle's return value ("" if nothing), and the value as an array."""
+    if raw is None:
+        return "None (a missing `return`?)", np.empty(0)
+    if isinstance(raw, (str, bytes)):
+        return f"a {type(raw).__name__} ({raw[:40]!r})", np.empty(0)
+    try:
+        output = np.asarray(raw)
+    except Exception as e:  # ragged lists and the like: numpy says what
+        return f"{type(raw).__name__} that is not an array ({type(e).__name__}: {e})", np.empty(0)
+    if output.dtype.kind not in "iuf":
+        return f"a {type(raw).__name__} of {output.dtype} values, not numbers", output
+    if output.ndim == 0:
+        return f"a single number ({output.item()!r}, a 0-d value), not an array with a row per position", output
+    if output.size == 0:
+        return f"an empty array (shape {list(output.shape)})", output
+    bad = ~np.isfinite(output)
+    if bad.any():
+        first = tuple(int(i) for i in np.argwhere(bad)[0])
+        return (
+            f"{int(bad.sum())} non-finite value(s) (NaN or inf) of {output.size}, the first at index {list(first)} "
+            f"({output[first]!r}): compared with NaN, any answer would pass",
+            output,
+        )
+    return "", output
+
+
+def _failure(spec: OracleSpec, owner: str, e: Exception) -> str:
+    """What failed where, then the instructor's traceback (the grader's own frames left out)."""
+    frames = traceback.extract_tb(e.__traceback__)[1:]  # [0] is compute_expected's call
+    path = spec.stamp[0] if spec.stamp else ""
+    in_file = [f for f in frames if f.filename == path]
+    where = f"{path}, line {in_file[-1].lineno}" if in_file else path
+    name = getattr(spec.compute, "__name__", "oracle")
+    head = f"{owner}: " if owner else ""
+    hint = _CONFIG_HINT if isinstance(e, TypeError) and "GPT2Config" in str(e) else ""
+    trace = "".join(traceback.format_list(frames)).rstrip()
+    return (
+        f"{head}the oracle {name}() failed at {where}: {type(e).__name__}: {e}{hint}\n"
+        f"the oracle's traceback (most recent call last):\n{trace}"
+    )
+
+
+_CONFIG_HINT = " (model.config is an object, not a dict: write model.config.n_layer, not model.config['n_layer'])"

@@ -1,0 +1,514 @@
+"""Stage files: discover `stages/*.toml`, validate them strictly, return StageSpec objects.
+
+A stage file (format_version 1) holds, at the top level:
+
+  format_version  int, must be 1
+  id              str, lowercase words joined by '-'; unique across every stage directory
+  title           str, one line shown in listings and headers
+  order           int, position in the course (lower first)
+  lesson          str, path of the lesson Markdown, relative to the stage file
+  adapter         str, the function in tests/adapters.py that the stage calls
+  aliases         list of str, other accepted names for that function (default: the camelCase name)
+  oracle          str, a built-in oracle name (see theinference.grading.oracle.registry) or "file.py:function"
+                  for an instructor's oracle defined in a file beside the stage file
+  inputs          list of input names the cases give and the adapter receives, in order;
+                  required for an instructor's oracle, implied by a built-in one
+  compare         "rows" (per-row allclose of arrays), "tokens" (greedy token ids) or "scaling"
+                  (greedy token ids, plus the cost per token timed at several lengths: see [scaling])
+  timeout         number > 0, seconds each case may take in the student's process
+  points          number >= 0, what the stage is worth
+  credit          "all-or-nothing" (default) or "per-case"
+  visibility      when Gradescope shows the stage's result to the student: "visible" (default),
+                  "after_due_date", "after_published" or "hidden" (its values for a test); other
+                  formats show every stage
+  [tolerance]     atol > 0, rtol >= 0: finite numbers (required, except for "tokens" and "scaling"
+                  stages, which reject it)
+  [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number >= 0. A
+                  generated token that is not the oracle's argmax is accepted as a near-tie when
+                  its logit is within rtol * max|logit| of that step's argmax (max|logit| sets
+                  float32's rounding error of the logits, so rtol ~1e-4 accepts genuine float ties only)
+  [hints]         failure shape -> hint text shown when a failing case has that shape and no
+                  known bug matches; it lists the suspects for that shape in this stage,
+                  never one cause stated as fact
+  bugs            list of bug oracles a failing output is fingerprinted against: built-in
+                  names (see theinference.grading.oracle.bugs; each must support the stage's oracle) or
+                  "file.py:function" beside the stage file, `function(model, **inputs)`
+                  returning the adapter's output with that bug
+  [bug_hints]     bug name (one of `bugs`) -> hint text shown when the output matches it
+  [scaling]       required with compare = "scaling" (oracle "greedy"), forbidden otherwise:
+                    lengths    list of >= 2 ints >= 1, ascending: the n_new values timed; every
+                               call's tokens are checked as the greedy stage checks them.
+                               Scaled down in proportion when a prompt plus the longest does
+                               not fit the weights' n_ctx.
+                    repeats    int >= 1: timed calls per length (the cheapest counts), after one
+                               untimed warm-up call on the case's prompt
+                    prompt_tokens  int >= 1: every timed call gets a fresh prompt of this many
+                               random token ids, sent only when the call starts
+                    max_ratio  number > 1: the most the CPU time per token at the longest length
+                               may be, as a multiple of that at the shortest
+                    max_fraction  number in (0, 1): the most the longest call's CPU time may be,
+                               as a fraction of what a full recompute of the same tokens costs
+                               the oracle on this machine (the floor that padding cannot fake)
+                    weights    "proof" (the synthetic preset the thresholds were measured on, made
+                               on first use) or "graded" (the weights being graded, unless a
+                               token's cost there is mostly the LM head: then "proof" all the same)
+                  CPU time is the kernel's count for the student's whole process tree, read by the
+                  grader (theinference.proc.accounting). Its cases give only `prompt` (the warm-up
+                  call's): n_new comes from `lengths`.
+  [[case]]        name (str, unique in the stage) plus the oracle's inputs: token inputs
+                  (seq, prompt, cont) as text or a list of ids, counts (n_new) as ints,
+                  single token ids (next_id) as an int or a text of exactly one token
+"""
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from theinference.model import tokenizer
+from theinference.grading.oracle.bugs import BUILTIN_BUGS
+from theinference.grading.spec.shapes import SHAPES
+from theinference.grading.spec.inputs import CASE_INPUTS, COUNT_INPUTS, ID_INPUTS, described
+from theinference.grading.oracle.registry import BUILTIN_ORACLES
+from theinference.bundled import data_dir
+from theinference.course import Course
+from theinference.errors import ConfigError
+
+FORMAT_VERSION = 1
+COMPARES = ("rows", "tokens", "scaling")
+TOKEN_COMPARES = ("tokens", "scaling")  # stages whose output is greedy token ids, checked with [tie]
+_ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_REQUIRED = {
+    "format_version": int,
+    "id": str,
+    "title": str,
+    "order": int,
+    "lesson": str,
+    "adapter": str,
+    "oracle": str,
+    "compare": str,
+    "timeout": (int, float),
+    "points": (int, float),
+    "case": list,
+}
+_OPTIONAL = {
+    "aliases": list,
+    "hints": dict,
+    "credit": str,
+    "inputs": list,
+    "tolerance": dict,
+    "tie": dict,
+    "scaling": dict,
+    "bugs": list,
+    "bug_hints": dict,
+    "visibility": str,
+}
+VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")  # Gradescope's, for a test
+
+
+class StageError(ConfigError):
+    """A stage file is invalid; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    name: str
+    inputs: dict  # input name -> list of token ids or int, in the oracle's argument order
+    texts: dict = field(default_factory=dict)  # input name -> the text it was given as, if any
+
+
+@dataclass(frozen=True)
+class ScalingSpec:
+    lengths: tuple[int, ...]  # n_new values timed, ascending
+    repeats: int
+    max_ratio: float  # (a) per-token cost at the longest length over the shortest's, at most
+    prompt_tokens: int = 4  # the length of each timed call's fresh random prompt
+    max_fraction: float = 0.35  # (b) the longest call's CPU over the oracle's full recompute of it, at most
+    weights: str = "proof"  # "proof": the synthetic proof preset; "graded": the graded weights where they separate
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    id: str
+    title: str
+    order: int
+    lesson: Path
+    adapter: str
+    aliases: tuple[str, ...]
+    oracle: str
+    inputs: tuple[str, ...]
+    compare: str
+    timeout: float
+    points: float
+    credit: str
+    atol: float
+    rtol: float
+    hints: dict
+    cases: tuple[CaseSpec, ...]
+    source: Path
+    scaling: ScalingSpec | None = None  # compare = "scaling" only
+    bugs: tuple[str, ...] = ()  # bug oracles to fingerprint failing outputs against
+    bug_hints: dict = field(default_factory=dict)  # bug name -> hint text
+    tie_rtol: float | None = None  # "tokens"/"scaling" stages: the near-tie tolerance, relative to max|logit|
+    visibility: str = "visible"  # when Gradescope shows the result to the student (VISIBILITIES)
+
+    @property
+    def adapter_names(self) -> tuple[str, ...]:
+        return (self.adapter, *self.aliases)
+
+    @property
+    def checks_tokens(self) -> bool:
+        """Whether the output is greedy token ids (compare "tokens" or "scaling"), checked with the [tie]
+        tolerance on the student's own path: the one test of a stage's kind every module asks."""
+        return self.compare in TOKEN_COMPARES
+
+    @property
+    def tolerance(self) -> dict[str, float]:
+        """The stage's tolerance as its file gives it: {"tie_rtol"} for a token stage, else {"atol", "rtol"}."""
+        if self.checks_tokens:
+            assert self.tie_rtol is not None, "the loader requires [tie] for token stages"
+            return {"tie_rtol": self.tie_rtol}
+        return {"atol": self.atol, "rtol": self.rtol}
+
+
+def valid_id(stage_id: str) -> bool:
+    """True for a stage id the loader accepts: lowercase words joined by '-'."""
+    return bool(_ID.match(stage_id))
+
+
+def camel_case(name: str) -> str:
+    """run_layer_equiv -> runLayerEquiv (the TypeScript edition's adapter names)."""
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _fail(path: Path, where: str, message: str) -> StageError:
+    return StageError(f"{path}: field '{where}': {message}")
+
+
+def _check_type(path: Path, where: str, value, expected) -> None:
+    # bool is an int in Python; a stage file saying `timeout = true` is a typo, not a number.
+    if isinstance(value, bool) or not isinstance(value, expected):
+        names = " or ".join(t.__name__ for t in (expected if isinstance(expected, tuple) else (expected,)))
+        raise _fail(path, where, f"expected {names}, got {type(value).__name__} {value!r}")
+
+
+def _check_keys(path: Path, data: dict) -> None:
+    for key in data:
+        if key not in _REQUIRED and key not in _OPTIONAL:
+            known = ", ".join(sorted([*_REQUIRED, *_OPTIONAL]))
+            raise _fail(path, key, f"unknown field (known fields: {known})")
+    for key, expected in _REQUIRED.items():
+        if key not in data:
+            raise _fail(path, key, "missing required field")
+        _check_type(path, key, data[key], expected)
+    for key, expected in _OPTIONAL.items():
+        if key in data:
+            _check_type(path, key, data[key], expected)
+
+
+def _token_input(path: Path, where: str, value) -> tuple[list[int], str | None]:
+    if isinstance(value, str):
+        ids = tokenizer.encode(value)
+        if not ids:
+            raise _fail(path, where, "text encodes to no tokens")
+        return ids, value
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if any(v < 0 for v in value):
+            raise _fail(path, where, "token ids must be >= 0")
+        return value, None
+    raise _fail(path, where, "expected text (a string) or a non-empty list of token ids")
+
+
+def _single_token(path: Path, where: str, value) -> tuple[int, str | None]:
+    if isinstance(value, str):
+        ids = tokenizer.encode(value)
+        if len(ids) != 1:
+            raise _fail(path, where, f"text {value!r} is {len(ids)} tokens; a single token is needed")
+        return ids[0], value
+    _check_type(path, where, value, int)
+    if value < 0:
+        raise _fail(path, where, "token ids must be >= 0")
+    return value, None
+
+
+def _parse_case(path: Path, index: int, raw, inputs: tuple[str, ...]) -> CaseSpec:
+    where = f"case[{index}]"
+    if not isinstance(raw, dict):
+        raise _fail(path, where, "each [[case]] must be a table")
+    if not isinstance(raw.get("name"), str) or not raw["name"]:
+        raise _fail(path, f"{where}.name", "missing or not a non-empty string")
+    for key in raw:
+        if key != "name" and key not in inputs:
+            raise _fail(path, f"{where}.{key}", f"unknown field (this stage's oracle takes: name, {', '.join(inputs)})")
+    values, texts = {}, {}
+    for key in inputs:
+        if key not in raw:
+            raise _fail(path, f"{where}.{key}", "missing required field")
+        if key in COUNT_INPUTS:
+            _check_type(path, f"{where}.{key}", raw[key], int)
+            if raw[key] < 1:
+                raise _fail(path, f"{where}.{key}", "must be >= 1")
+            values[key] = raw[key]
+        elif key in ID_INPUTS:
+            values[key], text = _single_token(path, f"{where}.{key}", raw[key])
+            if text is not None:
+                texts[key] = text
+        else:
+            values[key], text = _token_input(path, f"{where}.{key}", raw[key])
+            if text is not None:
+                texts[key] = text
+    return CaseSpec(name=raw["name"], inputs=values, texts=texts)
+
+
+def _oracle_inputs(path: Path, data: dict) -> tuple[str, ...]:
+    oracle = data["oracle"]
+    if oracle in BUILTIN_ORACLES:
+        builtin = BUILTIN_ORACLES[oracle].inputs
+        if "inputs" in data and tuple(data["inputs"]) != builtin:
+            raise _fail(path, "inputs", f"oracle '{oracle}' takes {list(builtin)}")
+        return builtin
+    if ":" not in oracle:
+        known = ", ".join(sorted(BUILTIN_ORACLES))
+        raise _fail(path, "oracle", f"unknown oracle '{oracle}' (built-in: {known}; or 'file.py:function')")
+    file_name, _, func = oracle.partition(":")
+    if not (path.parent / file_name).is_file():
+        raise _fail(path, "oracle", f"oracle file '{file_name}' not found beside the stage file")
+    if not func.isidentifier():
+        raise _fail(path, "oracle", f"'{func}' is not a function name")
+    if "inputs" not in data:
+        raise _fail(path, "inputs", 'an instructor\'s oracle needs `inputs`, e.g. inputs = ["seq"]')
+    for i, name in enumerate(data["inputs"]):
+        if name not in CASE_INPUTS:
+            raise _fail(path, f"inputs[{i}]", f"unknown input '{name}' (known: {described()})")
+    return tuple(data["inputs"])
+
+
+def _check_values(path: Path, data: dict) -> None:
+    if data["format_version"] != FORMAT_VERSION:
+        raise _fail(path, "format_version", f"this theinference reads format_version {FORMAT_VERSION}")
+    if not _ID.match(data["id"]):
+        raise _fail(path, "id", f"'{data['id']}' must be lowercase words joined by '-'")
+    if data["compare"] not in COMPARES:
+        raise _fail(path, "compare", f"must be one of {', '.join(COMPARES)}")
+    if data["timeout"] <= 0:
+        raise _fail(path, "timeout", "must be > 0 seconds")
+    if data["points"] < 0:
+        raise _fail(path, "points", "must be >= 0")
+    if data.get("credit", "all-or-nothing") not in ("all-or-nothing", "per-case"):
+        raise _fail(path, "credit", "must be 'all-or-nothing' or 'per-case'")
+    if data.get("visibility", "visible") not in VISIBILITIES:
+        raise _fail(path, "visibility", f"must be one of {', '.join(VISIBILITIES)} (Gradescope's)")
+    if not data["adapter"].isidentifier():
+        raise _fail(path, "adapter", f"'{data['adapter']}' is not a Python function name")
+    for i, alias in enumerate(data.get("aliases", [])):
+        if not isinstance(alias, str) or not alias.isidentifier():
+            raise _fail(path, f"aliases[{i}]", "must be a function name")
+    if not data["case"]:
+        raise _fail(path, "case", "a stage needs at least one [[case]]")
+
+
+def _tolerance(
+    path: Path, table: dict, name: str = "tolerance", keys: tuple[str, ...] = ("atol", "rtol")
+) -> tuple[float, ...]:
+    """The finite, positive numbers of a tolerance table ([tolerance] atol, rtol; [tie] rtol)."""
+    for key in table:
+        if key not in keys:
+            raise _fail(path, f"{name}.{key}", f"unknown field (known fields: {', '.join(keys)})")
+    for key in keys:
+        if key not in table:
+            raise _fail(path, f"{name}.{key}", "missing required field")
+        _check_type(path, f"{name}.{key}", table[key], (int, float))
+        # An atol of 0 would fail the reference solution itself on float rounding (read as the student's bug);
+        # beside a positive atol, an rtol of 0 is a plain absolute tolerance.
+        least = 0.0 if (name, key) == ("tolerance", "rtol") else None
+        if not math.isfinite(table[key]) or table[key] < 0 or (least is None and table[key] == 0):
+            bound = ">= 0" if least is not None else "> 0"
+            raise _fail(path, f"{name}.{key}", f"must be a finite number {bound}, not {table[key]}")
+    return tuple(float(table[key]) for key in keys)
+
+
+def _scaling(path: Path, data: dict) -> ScalingSpec | None:
+    if data["compare"] != "scaling":
+        if "scaling" in data:
+            raise _fail(path, "scaling", 'only a stage with compare = "scaling" takes a [scaling] table')
+        return None
+    if data["oracle"] != "greedy":
+        raise _fail(path, "oracle", 'compare = "scaling" times run_greedy-like adapters: the oracle must be "greedy"')
+    table = data.get("scaling")
+    if table is None:
+        raise _fail(path, "scaling", f'compare = "scaling" needs a [scaling] table ({", ".join(_SCALING_FIELDS)})')
+    for key in table:
+        if key not in _SCALING_FIELDS:
+            raise _fail(path, f"scaling.{key}", f"unknown field (known fields: {', '.join(sorted(_SCALING_FIELDS))})")
+    for key, kind in _SCALING_FIELDS.items():
+        if key not in table:
+            raise _fail(path, f"scaling.{key}", "missing required field")
+        _check_type(path, f"scaling.{key}", table[key], kind)
+    lengths = table["lengths"]
+    for i, n in enumerate(lengths):
+        _check_type(path, f"scaling.lengths[{i}]", n, int)
+    if len(lengths) < 2 or lengths[0] < 1 or any(a >= b for a, b in zip(lengths, lengths[1:])):
+        raise _fail(path, "scaling.lengths", "needs at least two lengths >= 1, in ascending order")
+    if table["repeats"] < 1:
+        raise _fail(path, "scaling.repeats", "must be >= 1")
+    if table["max_ratio"] <= 1:
+        raise _fail(path, "scaling.max_ratio", "must be > 1")
+    if table["prompt_tokens"] < 1:
+        raise _fail(path, "scaling.prompt_tokens", "must be >= 1")
+    if not 0 < table["max_fraction"] < 1:
+        raise _fail(path, "scaling.max_fraction", "must be between 0 and 1 (a fraction of a full recompute's cost)")
+    if table["weights"] not in ("proof", "graded"):
+        raise _fail(path, "scaling.weights", f'must be "proof" or "graded", not {table["weights"]!r}')
+    return ScalingSpec(
+        lengths=tuple(lengths),
+        repeats=table["repeats"],
+        max_ratio=float(table["max_ratio"]),
+        prompt_tokens=table["prompt_tokens"],
+        max_fraction=float(table["max_fraction"]),
+        weights=table["weights"],
+    )
+
+
+_SCALING_FIELDS = {
+    "lengths": list,
+    "repeats": int,
+    "prompt_tokens": int,
+    "max_ratio": (int, float),
+    "max_fraction": (int, float),
+    "weights": str,
+}
+
+
+def _parse_cases(path: Path, data: dict, inputs: tuple[str, ...], scaling: ScalingSpec | None) -> tuple[CaseSpec, ...]:
+    if scaling is None:
+        return tuple(_parse_case(path, i, raw, inputs) for i, raw in enumerate(data["case"]))
+    # A scaling stage's n_new comes from its lengths; a case gives only the prompt.
+    given = tuple(k for k in inputs if k != "n_new")
+    cases = (_parse_case(path, i, raw, given) for i, raw in enumerate(data["case"]))
+    return tuple(CaseSpec(c.name, {**c.inputs, "n_new": scaling.lengths[-1]}, c.texts) for c in cases)
+
+
+def _tolerances(path: Path, data: dict) -> tuple[float, float, float | None]:
+    """(atol, rtol, tie_rtol): a stage that checks greedy tokens has [tie] and no [tolerance], any other the reverse."""
+    kind = data["compare"]
+    if kind in TOKEN_COMPARES:
+        if "tolerance" in data:
+            raise _fail(path, "tolerance", f'a "{kind}" stage takes [tie] (near-tie tolerance), not [tolerance]')
+        if "tie" not in data:
+            raise _fail(path, "tie", f'missing required field (a "{kind}" stage needs [tie] rtol)')
+        return 0.0, 0.0, _tolerance(path, data["tie"], "tie", ("rtol",))[0]
+    if "tie" in data:
+        raise _fail(path, "tie", 'only a stage that checks greedy tokens (compare "tokens" or "scaling") takes [tie]')
+    if "tolerance" not in data:
+        raise _fail(path, "tolerance", "missing required field")
+    atol, rtol = _tolerance(path, data["tolerance"])
+    return atol, rtol, None
+
+
+def _hints(path: Path, table: dict) -> dict:
+    for key, text in table.items():
+        if key not in SHAPES:
+            raise _fail(path, f"hints.{key}", f"unknown failure shape (known: {', '.join(SHAPES)})")
+        _check_type(path, f"hints.{key}", text, str)
+    return dict(table)
+
+
+def _bugs(path: Path, data: dict) -> tuple[tuple[str, ...], dict]:
+    names = data.get("bugs", [])
+    for i, name in enumerate(names):
+        _check_type(path, f"bugs[{i}]", name, str)
+        if ":" in name:
+            file_name, _, func = name.partition(":")
+            if not (path.parent / file_name).is_file() or not func.isidentifier():
+                raise _fail(
+                    path, f"bugs[{i}]", f"'{name}': no file '{file_name}' beside the stage file, or not a function name"
+                )
+        elif name not in BUILTIN_BUGS:
+            raise _fail(
+                path, f"bugs[{i}]", f"unknown bug '{name}' (built-in: {', '.join(BUILTIN_BUGS)}; or 'file.py:function')"
+            )
+        elif data["oracle"] not in BUILTIN_BUGS[name].oracles:
+            raise _fail(path, f"bugs[{i}]", f"bug '{name}' cannot be computed for oracle '{data['oracle']}'")
+    hints = data.get("bug_hints", {})
+    for key, text in hints.items():
+        if key not in names:
+            raise _fail(path, f"bug_hints.{key}", "not one of this stage's `bugs`")
+        _check_type(path, f"bug_hints.{key}", text, str)
+    return tuple(names), dict(hints)
+
+
+def load_stage(path: Path) -> StageSpec:
+    """Parse and validate one stage file; raise StageError naming the file and field."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise StageError(f"{path}: cannot read: {e.strerror or e}") from e
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise StageError(f"{path}: not valid TOML: {e}") from e
+    _check_keys(path, data)
+    _check_values(path, data)
+    atol, rtol, tie_rtol = _tolerances(path, data)
+    inputs = _oracle_inputs(path, data)
+    scaling = _scaling(path, data)
+    cases = _parse_cases(path, data, inputs, scaling)
+    bugs, bug_hints = _bugs(path, data)
+    names = [c.name for c in cases]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise _fail(path, f"case[{i}].name", f"duplicate case name '{name}'")
+    return StageSpec(
+        id=data["id"],
+        inputs=inputs,
+        title=data["title"],
+        order=data["order"],
+        lesson=(path.parent / data["lesson"]).resolve(),
+        adapter=data["adapter"],
+        aliases=tuple(data.get("aliases", [camel_case(data["adapter"])])),
+        oracle=data["oracle"],
+        compare=data["compare"],
+        timeout=float(data["timeout"]),
+        points=float(data["points"]),
+        credit=data.get("credit", "all-or-nothing"),
+        atol=atol,
+        rtol=rtol,
+        hints=_hints(path, data.get("hints", {})),
+        cases=cases,
+        source=path.resolve(),
+        scaling=scaling,
+        bugs=bugs,
+        bug_hints=bug_hints,
+        tie_rtol=tie_rtol,
+        visibility=data.get("visibility", "visible"),
+    )
+
+
+def stage_dirs(course: Course | None, extra: tuple[Path, ...] | list[Path] = (), trusted: bool = True) -> list[Path]:
+    """Where every command finds stages: built-in, then the course's `stages/` and its own `stages_dirs`
+    (its theinference.toml; neither when grading is untrusted), then --stages-dir (the instructor's)."""
+    dirs = [data_dir("stages")]
+    if course is not None and trusted:
+        if (course.root / "stages").is_dir():
+            dirs.append(course.root / "stages")
+        dirs.extend(course.stages_dirs)
+    dirs.extend(Path(d) for d in extra)
+    unique: list[Path] = []
+    for d in dirs:
+        if d.resolve() not in [u.resolve() for u in unique]:
+            unique.append(d)
+    return unique
+
+
+def load_stages(dirs: list[Path]) -> list[StageSpec]:
+    """Load every `*.toml` in the directories, sorted by order; duplicate ids are errors."""
+    stages: dict[str, StageSpec] = {}
+    for directory in dirs:
+        if not directory.is_dir():
+            raise StageError(f"{directory}: stage directory not found")
+        for path in sorted(directory.glob("*.toml")):
+            stage = load_stage(path)
+            if stage.id in stages:
+                raise _fail(path, "id", f"duplicate stage id '{stage.id}' (also in {stages[stage.id].source})")
+            stages[stage.id] = stage
+    return sorted(stages.values(), key=lambda s: (s.order, s.id))

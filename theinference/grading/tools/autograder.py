@@ -1,0 +1,280 @@
+"""Autograder bundles: a Gradescope autograder.zip and a GitHub Actions workflow that grade a class.
+
+Both carry this very version of theinference as a wheel, the instructor's stage directories and
+the instructor's weights (a synthetic preset made where grading runs, or a file), and grade with
+`theinference grade`, which never reads a submission's own stages, weights or timeouts.
+"""
+
+import dataclasses
+import datetime
+import importlib.util
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from theinference.sizes import size_text
+from theinference.files import atomic_file
+from theinference import __version__
+from theinference.bundled import asset
+from theinference.model.weights import check_entries, infer_config, read_header
+from theinference.errors import ConfigError
+
+LARGE_WEIGHTS_MB = 100  # above this, bundling the file makes uploads slow: say so, suggest a preset
+EXECUTABLE, READABLE = 0o755 << 16, 0o644 << 16  # zip external_attr: Unix modes rwxr-xr-x, rw-r--r--
+
+
+class AutograderError(ConfigError):
+    """The bundle cannot be made (no wheel, unreadable weights, a path outside the repository)."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The instructor's weights: a synthetic preset made where grading runs, or a file carried along."""
+
+    preset: str = "gpt2"
+    seed: int = 0
+    file: Path | None = None
+
+
+@dataclass(frozen=True)
+class Grading:
+    """What every submission is graded with: the instructor's stages and limits."""
+
+    stages_dirs: list[Path] = field(default_factory=list)
+    stage_ids: list[str] = field(default_factory=list)
+    timeout: float | None = None
+    memory_mb: int | None = None
+    cases_seed: str | None = None
+
+    def grade_args(self, stages_dirs: list[str]) -> list[str]:
+        """`theinference grade` options, with the stage directories as they are named where grading runs."""
+        args = [arg for d in stages_dirs for arg in ("--stages-dir", d)]
+        args += [arg for s in self.stage_ids for arg in ("--stage", s)]
+        if self.timeout is not None:
+            args += ["--timeout", str(self.timeout)]
+        if self.memory_mb is not None:
+            args += ["--memory-limit", str(self.memory_mb)]
+        if self.cases_seed is not None:
+            args += ["--seed", self.cases_seed]
+        return args
+
+
+def source_tree() -> Path | None:
+    """The checkout theinference runs from (editable install or source tree), if it is one."""
+    root = Path(__file__).resolve().parents[3]  # theinference/grading/tools/ -> the checkout
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    try:
+        name = tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
+    except (OSError, tomllib.TOMLDecodeError):
+        return None
+    return root if name == "theinference" else None
+
+
+def build_wheel(dest: Path) -> Path:
+    """Build this very version's wheel from the source tree into dest."""
+    root = source_tree()
+    if root is None:
+        raise AutograderError(
+            "theinference is installed from a wheel, not from a source checkout, so it cannot rebuild itself: "
+            "pass --wheel PATH (the theinference wheel it was installed from)"
+        )
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(root)]
+    if importlib.util.find_spec("hatchling") is not None:
+        command.insert(4, "--no-build-isolation")  # the installed backend: no download needed
+    done = subprocess.run(command, capture_output=True, text=True)
+    wheels = sorted(dest.glob("theinference-*.whl"))
+    if done.returncode != 0 or not wheels:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        raise AutograderError(
+            f"building theinference's wheel from {root} failed ({' '.join(command[2:4])} ...):\n{tail}\n"
+            "Its build backend, hatchling, comes from PyPI unless installed: `pip install hatchling`, "
+            "or pass --wheel PATH."
+        )
+    return wheels[-1]
+
+
+def check_wheel(path: Path) -> list[str]:
+    """Raise if path is not a theinference wheel; return warnings (another version than this one)."""
+    parts = path.name.split("-")
+    if not path.is_file() or path.suffix != ".whl" or len(parts) < 3 or parts[0] != "theinference":
+        raise AutograderError(f"{path}: not a theinference wheel (theinference-VERSION-...whl)")
+    if parts[1] != __version__:
+        return [
+            f"{path.name} is theinference {parts[1]}, not this version ({__version__}): "
+            "the bundle's scripts are written for this version's command line"
+        ]
+    return []
+
+
+# What a wheel without the solution leaves out: the reference solution, and the mutants (edits of it).
+SOLUTION_PARTS = ("theinference/_data/course/solution/", "theinference/_data/course/mutants/")
+
+
+def strip_solution(wheel: Path, dest_dir: Path) -> Path:
+    """A copy of wheel in dest_dir (same name) without the reference solution and the mutants (RECORD updated).
+
+    A course graded for credit ships the grader to students' graders (Gradescope, CI): the bundled
+    solution would then be one copy away. `stages check` and `theinference demo` need it; `grade` does not.
+    """
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / wheel.name
+    if out.resolve() == wheel.resolve():
+        raise AutograderError(f"{wheel}: the wheel without the solution would overwrite it; choose another directory")
+    with zipfile.ZipFile(wheel) as src, atomic_file(out, binary=True) as f, zipfile.ZipFile(f, "w") as dst:
+        for info in src.infolist():
+            if info.filename.startswith(SOLUTION_PARTS):
+                continue
+            data = src.read(info)
+            if info.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode().splitlines(keepends=True)
+                data = "".join(line for line in lines if not line.startswith(SOLUTION_PARTS)).encode()
+            dst.writestr(info, data, compress_type=info.compress_type)
+    return out
+
+
+def obtain_wheel(wheel: Path | None, workdir: Path) -> tuple[Path, list[str]]:
+    """The given wheel (checked), else one built from the source tree into workdir."""
+    if wheel is not None:
+        return wheel, check_wheel(wheel)
+    return build_wheel(workdir), []
+
+
+def check_weights_file(path: Path) -> list[str]:
+    """Raise WeightsError if the file is not a usable GPT-2 checkpoint; warn if it is large."""
+    entries, data_start = read_header(path)
+    check_entries(path, entries, infer_config(path, entries), path.stat().st_size - data_start)
+    size = path.stat().st_size
+    if size > LARGE_WEIGHTS_MB << 20:
+        return [
+            f"the bundle carries {size_text(size)} of weights ({path}); uploads that large are slow and "
+            "may be refused: --preset makes synthetic weights during setup instead"
+        ]
+    return []
+
+
+def bundle_env(wheel_name: str, weights: Weights, grading: Grading, stages_dirs: list[str], time_budget: float) -> str:
+    """bundle.env: the settings setup.sh and run_autograder read (shell assignments)."""
+    lines = [
+        f"# Written by `theinference autograder gradescope` (theinference {__version__}).",
+        f"WHEEL={shlex.quote(wheel_name)}",
+        f"WEIGHTS_PRESET={shlex.quote(weights.preset if weights.file is None else '')}",
+        f"WEIGHTS_SEED={weights.seed}",
+        f"TIME_BUDGET={math.ceil(time_budget)}",
+        # The grader's own per-submission budget ends first, so the rest is reported as timed out.
+        f"SUBMISSION_BUDGET={max(1, int(time_budget * 0.9))}",
+        f"GRADE_ARGS=({shlex.join(grading.grade_args(stages_dirs))})",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _add_tree(bundle: zipfile.ZipFile, directory: Path, prefix: str) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            bundle.write(path, f"{prefix}/{path.relative_to(directory).as_posix()}")
+
+
+def _add_text(bundle: zipfile.ZipFile, name: str, text: str, mode: int) -> None:
+    info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+    info.external_attr = mode
+    info.compress_type = zipfile.ZIP_DEFLATED
+    bundle.writestr(info, text)
+
+
+def write_gradescope_bundle(out: Path, wheel: Path, weights: Weights, grading: Grading, time_budget: float) -> None:
+    """Write autograder.zip: setup.sh, run_autograder, bundle.env, the wheel, stages and weights."""
+    stage_names = [f"stages/{i}-{d.resolve().name}" for i, d in enumerate(grading.stages_dirs, 1)]
+    with atomic_file(out, binary=True) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as bundle:
+        for script in ("setup.sh", "run_autograder"):
+            _add_text(bundle, script, asset(f"autograder/{script}").read_text(), EXECUTABLE)
+        _add_text(bundle, "bundle.env", bundle_env(wheel.name, weights, grading, stage_names, time_budget), READABLE)
+        bundle.write(wheel, wheel.name, compress_type=zipfile.ZIP_STORED)
+        for directory, name in zip(grading.stages_dirs, stage_names):
+            _add_tree(bundle, directory, name)
+        if weights.file is not None:
+            # Random-looking floats do not compress: store them, and save the time.
+            bundle.write(weights.file, "weights/model.safetensors", compress_type=zipfile.ZIP_STORED)
+            config = weights.file.parent / "config.json"
+            if config.is_file():
+                bundle.write(config, "weights/config.json")
+
+
+def copy_wheel(wheel: Path, dest_dir: Path) -> Path:
+    """Put the wheel in dest_dir, replacing older theinference wheels there."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    for old in dest_dir.glob("theinference-*.whl"):
+        if old.name != wheel.name:
+            old.unlink()
+    target = dest_dir / wheel.name
+    if wheel.resolve() != target.resolve():
+        shutil.copyfile(wheel, target)
+    return target
+
+
+def repo_path(path: Path, repo: Path) -> str:
+    """path relative to the repository root, as a workflow names it; outside the repository is an error."""
+    try:
+        return path.resolve().relative_to(repo.resolve()).as_posix()
+    except ValueError:
+        raise AutograderError(
+            f"{path} is outside the repository ({repo}): the workflow can only use files committed to it"
+        ) from None
+
+
+def parse_deadline(text: str) -> str:
+    """An ISO 8601 date and time with its time zone ('2026-12-01T23:59:00+01:00', or Z for UTC), normalized."""
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise AutograderError(
+            f"--deadline {text!r}: not an ISO 8601 date and time (e.g. 2026-12-01T23:59:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        raise AutograderError(
+            f"--deadline {text}: give its time zone (e.g. {moment.isoformat()}Z for UTC, or {moment.isoformat()}+01:00)"
+        )
+    return moment.isoformat()
+
+
+def render_workflow(
+    repo: Path, shards: int, wheel: Path, weights: Weights, grading: Grading, roster: Path, deadline: str | None = None
+) -> str:
+    """The GitHub Actions workflow that grades the roster's repositories on `shards` machines; with a deadline
+    (see parse_deadline), each repository's last commit before it on its default branch."""
+    if weights.file is None:
+        weights_path = "weights/model.safetensors"
+        command = f"theinference weights synth --preset {weights.preset} --seed {weights.seed} --out weights"
+    else:
+        weights_path = repo_path(weights.file, repo)
+        command = f"theinference weights info {shlex.quote(weights_path)}"
+    stages = [repo_path(d, repo) for d in grading.stages_dirs]
+    if grading.cases_seed == "random":
+        # One seed for the whole run, so every shard grades the same random cases.
+        grading = dataclasses.replace(grading, cases_seed="${{ github.run_id }}")
+    values = {
+        "VERSION": __version__,
+        "SHARDS": str(shards),
+        "SHARD_LIST": ", ".join(map(str, range(1, shards + 1))),
+        "WHEEL_PATH": shlex.quote(repo_path(wheel, repo)),
+        "ROSTER": shlex.quote(repo_path(roster, repo)),
+        "WEIGHTS_COMMAND": command,
+        "GRADE_ARGS": shlex.join(["--weights", weights_path, *grading.grade_args(stages)]),
+        "DEADLINE": deadline or "",
+        "WHEN": (
+            f"Each repository is graded at the last commit of its default branch dated before\n# {deadline} "
+            "(the commit's own date: git records no push time)."
+            if deadline
+            else "Each repository's default branch is graded as it is when the\n# run starts."
+        ),
+    }
+    text = asset("autograder/grade.yml").read_text()
+    for name, value in values.items():
+        text = text.replace(f"@{name}@", value)
+    return text
