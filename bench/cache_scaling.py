@@ -47,10 +47,11 @@ from scaling_subjects import CAREFUL_RECOMPUTE, PADDING, SLOW_CACHE, TRICKS  # n
 
 from theinference.bundled import data_dir  # noqa: E402
 from theinference.course import load_course  # noqa: E402
-from theinference.grading import scaling  # noqa: E402
-from theinference.grading.grade import GradeContext, OracleCache, grade  # noqa: E402
-from theinference.grading.mutants import build_mutant, load_mutants  # noqa: E402
-from theinference.grading.stages import load_stages  # noqa: E402
+from theinference.grading.judge import scaling  # noqa: E402
+from theinference.grading.judge.grade import GradeContext, grade  # noqa: E402
+from theinference.grading.oracle.cache import OracleCache  # noqa: E402
+from theinference.grading.tools.mutants import build_mutant, load_mutants  # noqa: E402
+from theinference.grading.spec.stages import load_stages  # noqa: E402
 from theinference.model.synth import write_synthetic  # noqa: E402
 from theinference.model.weights import load_model  # noqa: E402
 from theinference.proc.launch import SubprocessLauncher  # noqa: E402

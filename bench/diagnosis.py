@@ -34,11 +34,11 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from theinference.bundled import data_dir
 from theinference.course import Course
-from theinference.grading.check import named_bugs
-from theinference.grading.grade import OracleCache
-from theinference.grading.grader import Grader, RunOptions
-from theinference.grading.oracle_registry import resolve_oracle
-from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.tools.check import named_bugs
+from theinference.grading.oracle.cache import OracleCache
+from theinference.grading.drive.grader import Grader, RunOptions
+from theinference.grading.oracle.registry import resolve_oracle
+from theinference.grading.spec.stages import load_stages, stage_dirs
 from theinference.model.synth import write_synthetic
 from theinference.model.weights import load_model
 from theinference.model.weights_choice import WeightsChoice

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from threadpoolctl import threadpool_info, threadpool_limits  # type: ignore[import-untyped]
 
-from theinference.grading.check import named_bugs
-from theinference.grading.grader import Grader, RunOptions
-from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.tools.check import named_bugs
+from theinference.grading.drive.grader import Grader, RunOptions
+from theinference.grading.spec.stages import load_stages, stage_dirs
 from theinference.model.synth import write_synthetic
 from theinference.model.weights import load_model
 from theinference.model.weights_choice import WeightsChoice

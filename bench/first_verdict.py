@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from theinference.bundled import data_dir
-from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.grading.tools.mutants import build_mutant, load_mutants
 
 
 def _cli(*args: object) -> list[str]:

@@ -25,10 +25,10 @@ import numpy as np
 
 from theinference.model import gpt2 as oracle
 from theinference.bundled import data_dir
-from theinference.grading.results import CaseResult
-from theinference.grading.stages import load_stages
+from theinference.grading.judge.results import CaseResult
+from theinference.grading.spec.stages import load_stages
 from theinference.model.synth import write_synthetic
-from theinference.grading.verification import verify_tokens
+from theinference.grading.judge.verification import verify_tokens
 from theinference.model.weights import load_model
 
 
@@ -63,7 +63,7 @@ def median_seconds(fn, repeat: int) -> float:
 _MEMORY_PROBE = """
 import json, resource, sys
 from pathlib import Path
-from theinference.grading.session import open_session, select_stages
+from theinference.grading.drive.session import open_session, select_stages
 session = open_session(Path(sys.argv[1]), sys.argv[2], [])
 run = session.run(select_stages(session.stages, ["per-step-identity"]))
 print(json.dumps({"status": run.stages[0].status, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))

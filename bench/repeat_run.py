@@ -34,7 +34,7 @@ def measure_child(out: str, argv: list[str]) -> None:
     import atexit
 
     from theinference.cli import app as cli
-    from theinference.grading import grade
+    from theinference.grading.judge import grade
 
     totals = {"inside": 0.0, "callbacks": 0.0, "stages": 0}
     real_run = grade.run_adapter

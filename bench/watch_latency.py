@@ -28,9 +28,9 @@ from rich.console import Console
 from theinference.proc.launch import SubprocessLauncher, ZygoteLauncher
 from theinference.report.terminal import render_run
 from theinference.bundled import data_dir
-from theinference.grading.session import open_session
+from theinference.grading.drive.session import open_session
 from theinference.model.synth import write_synthetic
-from theinference.grading.watch import Watch
+from theinference.grading.drive.watch import Watch
 
 STAGE = "prove-one-layer"
 

@@ -21,6 +21,21 @@ ALLOWED = {
 }
 
 
+# grading's rooms, lowest first: each may import only itself and the rooms before it (judging never the drivers).
+ROOMS = ("oracle", "spec", "judge", "drive", "tools")
+
+
+def room(module: str) -> str | None:
+    """The room of grading a dotted module name belongs to (None: not in a room, e.g. grading/__init__)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "grading" and parts[2] in ROOMS else None
+
+
+def room_allows(importer: str, target: str) -> bool:
+    mine, theirs = room(importer), room(target)
+    return mine is None or theirs is None or ROOMS.index(theirs) <= ROOMS.index(mine)
+
+
 def layer(module: str) -> str:
     """The layer a dotted module name of package belongs to."""
     parts = module.split(".")
@@ -66,6 +81,8 @@ def violations(root: Path, package: str) -> list[str]:
             theirs = layer(target)
             if theirs not in ALLOWED[mine] and target != package:
                 problems.append(f"{name} ({mine}) imports {target} ({theirs})")
+            elif not room_allows(name, target):
+                problems.append(f"{name} (grading's {room(name)} room) imports {target} ({room(target)} room)")
     return problems
 
 
@@ -81,13 +98,19 @@ def test_no_module_imports_a_higher_layer():
     [
         ("model/gpt2.py", "from pkg.grading import stages\n", True),
         ("proc/runner.py", "import pkg.report.terminal\n", True),
-        ("grading/grade.py", "def f():\n    from pkg.cli import app\n", True),
+        ("grading/judge/grade.py", "def f():\n    from pkg.cli import app\n", True),
         ("report/terminal.py", "from pkg import cli\n", True),
         ("proc/runner.py", "from ..grading import stages\n", True),
         ("model/__init__.py", "from .. import report\n", True),
         ("bundled.py", "from pkg.model import gpt2\n", True),
-        ("grading/grade.py", "from pkg.model import gpt2\n", False),
+        ("grading/judge/grade.py", "from pkg.model import gpt2\n", False),
         ("cli/app.py", "from pkg.report import terminal\n", False),
+        ("grading/judge/grade.py", "from pkg.grading.drive import grader\n", True),
+        ("grading/judge/grade.py", "def f():\n    from pkg.grading.tools.check import x\n", True),
+        ("grading/spec/stages.py", "from ..judge import grade\n", True),
+        ("grading/oracle/registry.py", "from pkg.grading.spec.stages import StageSpec\n", True),
+        ("grading/drive/grader.py", "from pkg.grading.judge import grade\n", False),
+        ("grading/judge/grade.py", "from pkg.grading.spec import stages\n", False),
     ],
 )
 def test_the_checker_finds_a_higher_layer_import(tmp_path, importer, line, bad):
@@ -100,12 +123,17 @@ def test_the_checker_finds_a_higher_layer_import(tmp_path, importer, line, bad):
     (root / "__init__.py").write_text("")
     for name in (
         "model/gpt2.py",
-        "grading/stages.py",
-        "grading/grade.py",
+        "grading/oracle/registry.py",
+        "grading/spec/stages.py",
+        "grading/judge/grade.py",
+        "grading/drive/grader.py",
+        "grading/tools/check.py",
         "report/terminal.py",
         "proc/runner.py",
         "cli/app.py",
     ):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).parent.joinpath("__init__.py").touch()
         (root / name).write_text("")
     (root / "bundled.py").write_text("")
     (root / importer).write_text(line)

@@ -16,9 +16,9 @@ import pytest
 from conftest import write_adapters
 from test_runner import QUICK_STAGE
 from theinference import __version__
-from theinference.grading import autograder
+from theinference.grading.tools import autograder
 from theinference.bundled import data_dir
-from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.spec.stages import load_stages, stage_dirs
 
 BIN = str(Path(sys.executable).parent)  # where this environment's `theinference` lives
 HANG = "import time\ndef run_layer_equiv(seq_ids):\n    time.sleep(600)\n"

@@ -139,8 +139,8 @@ def test_shards_merged_equal_the_unsharded_result(cli, batch, tiny_path, tmp_pat
 
 
 def test_csv_is_written_incrementally(tmp_path):
-    from theinference.grading.batch import CsvWriter, GradedWith, SubmissionResult
-    from theinference.grading.stages import load_stages, stage_dirs
+    from theinference.grading.drive.batch import CsvWriter, GradedWith, SubmissionResult
+    from theinference.grading.spec.stages import load_stages, stage_dirs
 
     out = tmp_path / "grades.csv"
     writer = CsvWriter(out, load_stages(stage_dirs(None))[:1], GradedWith("0", "sha256:0", "sha256:0", None))

@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 from conftest import write_quick_scaling_stage
-from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.bundled import data_dir
-from theinference.grading.stages import load_stages
+from theinference.grading.spec.stages import load_stages
 
 
 # Output stages: the timed stage is checked below at test-sized lengths (a recompute of the

@@ -14,7 +14,7 @@ import pytest
 from conftest import write_adapters, write_quick_scaling_stage
 from test_scaling import RECOMPUTE
 from theinference.bundled import data_dir
-from theinference.grading.mutants import build_mutant, load_mutant
+from theinference.grading.tools.mutants import build_mutant, load_mutant
 
 MUTANT = "missing-attn-scale"
 KINDS = {  # stage -> how it is diagnosed

@@ -13,7 +13,7 @@ from conftest import write_adapters, write_quick_scaling_stage
 from test_scaling import RECOMPUTE
 from theinference.bundled import data_dir
 from theinference.cli.app import app
-from theinference.grading.mutants import build_mutant, load_mutant
+from theinference.grading.tools.mutants import build_mutant, load_mutant
 
 MUTANTS = ("decode-wpe-off-by-one", "wpe-base-off-by-one", "missing-attn-scale")
 STAGES = ("prove-one-layer", "decode-step")  # a stage diagnosed per case, and one diagnosed across cases

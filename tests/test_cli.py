@@ -7,7 +7,7 @@ from safetensors.numpy import load_file
 
 from theinference.model import weights_choice as sources
 from theinference.bundled import data_dir
-from theinference.grading.stages import load_stages
+from theinference.grading.spec.stages import load_stages
 from theinference.model.synth import SYNTH_VERSION
 
 
@@ -169,7 +169,7 @@ def test_an_internal_error_says_it_is_a_grader_bug(monkeypatch, capsys, solution
     import sys
 
     from theinference.cli import app as cli_module
-    from theinference.grading import grade as grade_module
+    from theinference.grading.judge import grade as grade_module
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("oops")

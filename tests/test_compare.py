@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from theinference.grading.compare import compare_rows, shape_problem, walk_tokens
+from theinference.grading.judge.compare import compare_rows, shape_problem, walk_tokens
 
 
 def _rows(expected, got, atol=1e-3, rtol=1e-2):

@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from theinference.bundled import data_dir
-from theinference.grading.advice import next_stage_line
-from theinference.grading.stages import load_stages
+from theinference.grading.drive.advice import next_stage_line
+from theinference.grading.spec.stages import load_stages
 
 ALL_STAGES = tuple(s.id for s in load_stages([data_dir("stages")]))
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from theinference.grading.oracle_registry import BUILTIN_ORACLES
+from theinference.grading.oracle.registry import BUILTIN_ORACLES
 from theinference.model import defective
 from theinference.model import gpt2
 from theinference.model.defective import Defects

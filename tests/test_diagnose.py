@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from theinference.grading.diagnose import classify_rows, diagnose_rows
-from theinference.grading.results import RowStats
+from theinference.grading.judge.diagnose import classify_rows, diagnose_rows
+from theinference.grading.judge.results import RowStats
 
 ATOL = 1e-3
 

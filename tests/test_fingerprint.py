@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from conftest import write_adapters
-from theinference.grading.mutants import build_mutant, load_mutant
+from theinference.grading.tools.mutants import build_mutant, load_mutant
 from theinference.bundled import data_dir
-from theinference.grading.stages import load_stage
+from theinference.grading.spec.stages import load_stage
 
 MUTANTS = data_dir("course") / "mutants"
 

@@ -20,11 +20,11 @@ from theinference.bundled import data_dir
 from theinference.cli import early
 from theinference.cli.app import app
 from theinference.cli.live import RunProgress
-from theinference.grading import fingerprint
-from theinference.grading.mutants import build_mutant, load_mutants
-from theinference.grading.session import open_session
-from theinference.grading.stages import load_stages, stage_dirs
-from theinference.grading.watch import Watch
+from theinference.grading.judge import fingerprint
+from theinference.grading.tools.mutants import build_mutant, load_mutants
+from theinference.grading.drive.session import open_session
+from theinference.grading.spec.stages import load_stages, stage_dirs
+from theinference.grading.drive.watch import Watch
 
 from conftest import write_adapters
 

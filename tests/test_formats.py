@@ -144,8 +144,8 @@ def test_json_records_the_seed_and_random_cases(cli, courses, tiny_path):
 
 
 def test_hard_coded_answers_fail_the_random_cases(cli, courses, tiny_path, tmp_path):
-    from theinference.grading.export import oracle_arrays
-    from theinference.grading.stages import load_stages, stage_dirs
+    from theinference.grading.tools.export import oracle_arrays
+    from theinference.grading.spec.stages import load_stages, stage_dirs
     from theinference.model.weights import load_model
 
     stage = next(s for s in load_stages(stage_dirs(None)) if s.id == "prove-one-layer")

@@ -1,6 +1,6 @@
 """Reading the student's deepest frame in the course from a traceback their process sent (hostile text)."""
 
-from theinference.grading.frames import deepest_course_frame
+from theinference.grading.judge.frames import deepest_course_frame
 
 
 def frame(path, line: int) -> str:

@@ -224,9 +224,9 @@ def test_a_failing_bug_oracle_names_the_bug_and_its_stage_file(cli, instructor_c
 def test_editing_the_oracle_file_invalidates_cached_outputs(instructor_course, tiny_model):
     import numpy as np
 
-    from theinference.grading.grade import OracleCache
-    from theinference.grading.oracle_registry import resolve_oracle
-    from theinference.grading.stages import load_stage
+    from theinference.grading.oracle.cache import OracleCache
+    from theinference.grading.oracle.registry import resolve_oracle
+    from theinference.grading.spec.stages import load_stage
 
     stage = load_stage(instructor_course / "stages" / "mlp.toml")
     cache = OracleCache()

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from conftest import scaled, slowdown, write_adapters
 from test_runner import QUICK_STAGE, SOLUTION_IMPORTS
 from theinference.bundled import data_dir
-from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.spec.stages import load_stages, stage_dirs
 from theinference.trust import ENV_ALLOWED
 
 BUILT_IN_POINTS = sum(s.points for s in load_stages(stage_dirs(None)))
@@ -44,17 +44,17 @@ seq = [464]
 # An instructor-style oracle that, once imported into the grader, makes every case pass.
 PATCHING_ORACLE = """\
 import pathlib
-import theinference.grading.grade
+import theinference.grading.judge.grade
 
 pathlib.Path(__file__).with_name("IMPORTED").write_text("the grader imported me")
-_real = theinference.grading.grade._case_result
+_real = theinference.grading.judge.grade._case_result
 
 def _always_pass(*args, **kwargs):
     result = _real(*args, **kwargs)
     result.status = "pass"
     return result
 
-theinference.grading.grade._case_result = _always_pass
+theinference.grading.judge.grade._case_result = _always_pass
 
 def identity(model, seq):
     return [0.0]

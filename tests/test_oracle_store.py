@@ -8,10 +8,10 @@ import pytest
 
 from theinference.model import gpt2 as oracle
 from theinference.cli.common import OracleProgress
-from theinference.grading.oracle_store import OracleStore
+from theinference.grading.oracle.store import OracleStore
 from theinference.bundled import data_dir
 from theinference.model.weights_choice import user_cache_dir
-from theinference.grading.stages import load_stages
+from theinference.grading.spec.stages import load_stages
 from theinference.model.synth import write_synthetic
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from theinference import __version__
 from theinference.bundled import BUNDLED_MARK, data_dir
-from theinference.grading.stages import load_stages
+from theinference.grading.spec.stages import load_stages
 
 STAGES = [s.id for s in load_stages([data_dir("stages")])]
 

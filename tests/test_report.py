@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from theinference.grading.advice import advise
-from theinference.grading.diagnose import diagnose_rows, diagnose_tokens
-from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.grading.drive.advice import advise
+from theinference.grading.judge.diagnose import diagnose_rows, diagnose_tokens
+from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.model.weights import Synthetic
 from theinference.report.terminal import render_run, sparkline
 from theinference.bundled import data_dir
-from theinference.grading.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
-from theinference.grading.session import RunOptions, open_session
+from theinference.grading.judge.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
+from theinference.grading.drive.session import RunOptions, open_session
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 HINTS = {"error-grows": "Your position counter isn't advancing.", "token-mismatch": "Check the decode loop."}

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import scaled, write_adapters
 from test_runner import quick_stage_dir
-from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.spec.stages import load_stages, stage_dirs
 
 HUGE = "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.ones(600 * 2**20 // 8)\n"
 HANG = "import time\ndef run_layer_equiv(seq_ids):\n    time.sleep(600)\n"

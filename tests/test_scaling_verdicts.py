@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from theinference.bundled import data_dir
-from theinference.grading import scaling
-from theinference.grading.results import CaseResult, Status, TimedCall
-from theinference.grading.stages import load_stages
+from theinference.grading.judge import scaling
+from theinference.grading.judge.results import CaseResult, Status, TimedCall
+from theinference.grading.spec.stages import load_stages
 from theinference.proc.runner import CallOutcome
 
 STAGE = next(s for s in load_stages([data_dir("stages")]) if s.id == "cache-scaling")  # lengths 8 and 480

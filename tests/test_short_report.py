@@ -22,8 +22,8 @@ from theinference.cli import consoles
 from theinference.cli import stages as stages_cli
 from theinference.cli import test as test_cli
 from theinference.cli.live import RunProgress
-from theinference.grading.mutants import build_mutant, load_mutants
-from theinference.grading.results import CaseResult, StageResult, TokenStep
+from theinference.grading.tools.mutants import build_mutant, load_mutants
+from theinference.grading.judge.results import CaseResult, StageResult, TokenStep
 from theinference.report.terminal import render_stage
 
 from conftest import write_adapters

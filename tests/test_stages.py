@@ -6,7 +6,7 @@ import pytest
 
 from theinference.bundled import data_dir
 from theinference.course import Course
-from theinference.grading.stages import StageError, load_stage, load_stages, stage_dirs
+from theinference.grading.spec.stages import StageError, load_stage, load_stages, stage_dirs
 
 VALID = """\
 format_version = 1

@@ -7,7 +7,7 @@ import pytest
 from theinference.model import gpt2 as oracle
 from theinference.model.copycircuit import EOT
 from theinference.bundled import data_dir
-from theinference.grading.stages import load_stages
+from theinference.grading.spec.stages import load_stages
 from theinference.model.synth import write_synthetic
 from theinference.model.weights import load_model
 

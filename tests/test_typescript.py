@@ -17,8 +17,8 @@ import pytest
 from conftest import write_quick_scaling_stage
 
 from theinference.bundled import data_dir
-from theinference.grading.session import open_session
-from theinference.grading.watch import Watch
+from theinference.grading.drive.session import open_session
+from theinference.grading.drive.watch import Watch
 from theinference.proc.node import find_tsx, node_executable, strips_types
 
 TS = data_dir("course") / "ts"

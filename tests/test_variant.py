@@ -1,13 +1,15 @@
-"""The screening shortcuts give the same answer as the full computation: the families' (theinference.grading.families)
-and the listed bugs' (theinference.grading.bugs)."""
+"""The screening shortcuts give the same answer as the full computation: the families' (theinference.grading.judge.families)
+and the listed bugs' (theinference.grading.oracle.bugs)."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from theinference.grading import bugs, families
-from theinference.grading.oracle_registry import resolve_oracle
+from theinference.grading.oracle import bugs
+
+from theinference.grading.judge import families
+from theinference.grading.oracle.registry import resolve_oracle
 from theinference.model import variant as model_variant
 from theinference.model.variant import Variant
 
@@ -81,7 +83,7 @@ def test_a_listed_bug_screened_on_one_row_equals_that_row_of_its_whole_output(ti
 )
 def test_fingerprinting_uses_one_blas_thread_only_on_a_busy_machine(load, cores, limit):
     """bench/fingerprint_threads.py: one thread is slower on a quiet machine, twice as fast or more on a busy one."""
-    from theinference.grading.threads import busy_blas_limit
+    from theinference.grading.drive.threads import busy_blas_limit
 
     assert busy_blas_limit(load, cores) == limit
 
@@ -89,7 +91,7 @@ def test_fingerprinting_uses_one_blas_thread_only_on_a_busy_machine(load, cores,
 def test_fingerprinting_on_a_busy_machine_runs_blas_on_one_thread(monkeypatch):
     from threadpoolctl import threadpool_info
 
-    from theinference.grading import threads
+    from theinference.grading.drive import threads
 
     def blas() -> list[int]:
         return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]

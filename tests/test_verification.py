@@ -10,10 +10,10 @@ from safetensors.numpy import load_file, save_file
 from conftest import write_adapters
 from theinference.model import gpt2 as oracle
 from theinference.course import load_course
-from theinference.grading.grade import GradeContext, grade
-from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.grading.judge.grade import GradeContext, grade
+from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.bundled import data_dir
-from theinference.grading.stages import load_stages
+from theinference.grading.spec.stages import load_stages
 
 COURSE = data_dir("course")
 GREEDY = next(s for s in load_stages([data_dir("stages")]) if s.id == "greedy")

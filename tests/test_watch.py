@@ -10,8 +10,8 @@ import pytest
 
 from conftest import scaled, write_adapters
 from theinference.bundled import data_dir
-from theinference.grading.session import open_session
-from theinference.grading.watch import Watch, is_relevant
+from theinference.grading.drive.session import open_session
+from theinference.grading.drive.watch import Watch, is_relevant
 
 SLOW_ADAPTER = """\
 import pathlib, time
@@ -246,7 +246,7 @@ def test_ctrl_c_exits_cleanly_with_code_0(solution_course, tiny_path):
 
 
 def test_a_failing_native_observer_suggests_polling(solution_course, tiny_path, monkeypatch, capsys):
-    from theinference.grading import watch as watch_module
+    from theinference.grading.drive import watch as watch_module
     from theinference.cli.watch import run_watch
 
     def refuse(self):
@@ -283,7 +283,7 @@ def test_changed_weights_are_reloaded_at_the_next_regrade(solution_course, tiny_
 
 def test_the_waiting_screen_says_what_happened(capsys, tmp_path):
     from theinference.cli.watch import render_regrade
-    from theinference.grading.watch import Regrade
+    from theinference.grading.drive.watch import Regrade
 
     render_regrade(
         Regrade(
@@ -299,7 +299,7 @@ def test_the_waiting_screen_says_what_happened(capsys, tmp_path):
 
 
 def test_the_verdict_shows_before_the_fingerprint(tmp_path, tiny_path):
-    from theinference.grading.mutants import build_mutant, load_mutant
+    from theinference.grading.tools.mutants import build_mutant, load_mutant
 
     mutant = load_mutant(data_dir("course") / "mutants" / "wpe-base-off-by-one" / "manifest.toml")
     course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / "course")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from theinference.grading.autograder import (
+from theinference.grading.tools.autograder import (
     strip_solution,
     AutograderError,
     Grading,
@@ -23,10 +23,10 @@ from theinference.grading.autograder import (
 from theinference.cli.consoles import err_console
 from theinference.cli.common import write_atomic
 from theinference.cli.weights import Preset
-from theinference.grading.randomcases import resolve_seed
+from theinference.grading.spec.randomcases import resolve_seed
 from theinference.errors import UsageError
-from theinference.grading.session import select_stages
-from theinference.grading.stages import StageError, load_stages, stage_dirs
+from theinference.grading.drive.session import select_stages
+from theinference.grading.spec.stages import StageError, load_stages, stage_dirs
 from theinference.model.weights import WeightsError
 
 autograder_app = typer.Typer(help="Write what grades a class on Gradescope or GitHub Actions.", no_args_is_help=True)

@@ -13,10 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from theinference.cli.consoles import err_console
 from theinference.terminals import in_ci, is_plain
-from theinference.grading.randomcases import resolve_seed
+from theinference.grading.spec.randomcases import resolve_seed
 from theinference.errors import ConfigError, UsageError
 from theinference import files
-from theinference.grading.session import RunOptions
+from theinference.grading.drive.session import RunOptions
 from theinference.proc.limits import Limits
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INTERNAL = 0, 1, 2, 3

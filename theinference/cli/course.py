@@ -12,14 +12,14 @@ import typer
 from theinference import __version__
 from theinference.cli.common import EXIT_FAIL, synth_progress
 from theinference.cli.consoles import console_for
-from theinference.grading.mutants import build_mutant, load_mutants
+from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.report.terminal import render_run
 from theinference.bundled import data_dir
-from theinference.grading.session import RunOptions, open_session, select_stages
+from theinference.grading.drive.session import RunOptions, open_session, select_stages
 from theinference.errors import ConfigError
 from theinference.cli.options import WeightsOpt
 from theinference.course import load_course
-from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.spec.stages import load_stages, stage_dirs
 
 # A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
 # a jump under the copy heads of synthetic weights v2; see the README).

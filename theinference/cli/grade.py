@@ -16,7 +16,7 @@ from typer.core import TyperCommand
 
 from theinference import __version__
 from theinference.proc import interrupt
-from theinference.grading.batch import (
+from theinference.grading.drive.batch import (
     BatchError,
     BatchInterrupted,
     mark_copies,
@@ -39,10 +39,10 @@ from theinference.proc.launch import blas_env, default_launcher
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.untrusted import for_terminal
 from theinference.proc.runner import DEFAULT_MEMORY_MB, LEFTOVERS
-from theinference.grading.session import select_stages
-from theinference.grading.shards import merge_shards
+from theinference.grading.drive.session import select_stages
+from theinference.grading.tools.shards import merge_shards
 from theinference.model.weights_choice import obtain_weights
-from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.spec.stages import load_stages, stage_dirs
 from theinference.cli.options import (
     DEFAULT_JOBS,
     AllowRootOpt,
@@ -53,7 +53,7 @@ from theinference.cli.options import (
     TimeoutOpt,
     WeightsOpt,
 )
-from theinference.grading.grader import Grader
+from theinference.grading.drive.grader import Grader
 from theinference.report.jsonout import batch_document
 
 

@@ -14,8 +14,8 @@ from rich.markup import escape
 
 from theinference.cli import early
 from theinference.cli.common import OracleProgress
-from theinference.grading.results import RunResult, StageResult
-from theinference.grading.stages import StageSpec
+from theinference.grading.judge.results import RunResult, StageResult
+from theinference.grading.spec.stages import StageSpec
 from theinference.report.terminal import render_finding, render_footer, render_header, render_stage
 
 

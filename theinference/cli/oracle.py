@@ -9,13 +9,13 @@ import typer
 from theinference.cli.common import synth_progress
 from theinference.cli.consoles import err_console
 from theinference.course import find_course
-from theinference.grading import scaling
-from theinference.grading.export import oracle_arrays
-from theinference.grading.grade import OracleCache
+from theinference.grading.judge import scaling
+from theinference.grading.tools.export import oracle_arrays
+from theinference.grading.oracle.cache import OracleCache
 from theinference.errors import UsageError
-from theinference.grading.session import select_stages
+from theinference.grading.drive.session import select_stages
 from theinference.model.weights_choice import obtain_weights
-from theinference.grading.stages import load_stages, stage_dirs
+from theinference.grading.spec.stages import load_stages, stage_dirs
 from theinference.cli.options import CourseOpt, StagesDirOpt, WeightsOpt
 
 

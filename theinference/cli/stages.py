@@ -8,25 +8,25 @@ import typer
 from rich.markdown import Markdown
 from rich.text import Text
 
-from theinference.grading.check import check_course
+from theinference.grading.tools.check import check_course
 from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, ItemProgress, synth_progress
 from theinference.cli.consoles import console_for
 from theinference.course import find_course
 from theinference.proc.launch import default_launcher
-from theinference.grading.grade import OracleCache
-from theinference.grading.oracle_store import default_store
-from theinference.grading.progress import describe_entry, load_progress, next_stage
+from theinference.grading.oracle.cache import OracleCache
+from theinference.grading.oracle.store import default_store
+from theinference.grading.drive.progress import describe_entry, load_progress, next_stage
 from theinference.report.check import render_check
 from theinference.report.stages import StageLine, stage_lines
 from theinference.trust import stage_origin
 from theinference.untrusted import for_terminal
 from theinference.bundled import data_dir
-from theinference.grading.scaffold import adapter_snippets, scaffold_stage
-from theinference.grading.session import select_stages
+from theinference.grading.tools.scaffold import adapter_snippets, scaffold_stage
+from theinference.grading.drive.session import select_stages
 from theinference.model.weights_choice import obtain_weights
-from theinference.grading.stages import StageError, load_stages, stage_dirs
+from theinference.grading.spec.stages import StageError, load_stages, stage_dirs
 from theinference.cli.options import CourseOpt, DEFAULT_JOBS, JobsOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
-from theinference.grading.grader import Grader
+from theinference.grading.drive.grader import Grader
 
 stages_app = typer.Typer(help="List, show, check and scaffold stages.", no_args_is_help=True)
 
@@ -122,7 +122,7 @@ def check(
     console = console_for(sys.stdout)
     console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
     progress = ItemProgress("checking", "cells")
-    # The instructor's own subjects: the persistent oracle store may serve them (see grading.oracle_store).
+    # The instructor's own subjects: the persistent oracle store may serve them (see grading.oracle.store).
     with Grader(
         weights=choice, model=model, launcher=default_launcher(), cache=OracleCache(store=default_store())
     ) as grader:

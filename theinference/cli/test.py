@@ -32,10 +32,10 @@ from theinference.cli.options import (
 from theinference.cli.live import RunProgress, StreamedReport
 from theinference.cli.watch import render_regrade, run_watch
 from theinference.errors import UsageError
-from theinference.grading.advice import advise
-from theinference.grading.progress import record_progress
-from theinference.grading.session import choose_stages, open_session
-from theinference.grading.watch import Watch
+from theinference.grading.drive.advice import advise
+from theinference.grading.drive.progress import record_progress
+from theinference.grading.drive.session import choose_stages, open_session
+from theinference.grading.drive.watch import Watch
 from theinference.proc.runner import DEFAULT_MEMORY_MB
 from theinference.report import TEXT_FORMATS
 from theinference.report.github import render_summary

@@ -10,7 +10,7 @@ from rich.markup import escape
 from theinference import __version__
 from theinference.cli.consoles import console_for, err_console
 from theinference.report.terminal import render_run
-from theinference.grading.watch import Regrade, Watch
+from theinference.grading.drive.watch import Regrade, Watch
 
 
 def render_regrade(report: Regrade, root) -> None:

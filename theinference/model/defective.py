@@ -1,6 +1,6 @@
 """GPT-2 with a student's bug: model/gpt2.py's forward pass with named departures (`Defects`) from it.
 
-The bug oracles of fingerprinting (theinference.grading.bugs names and documents each bug) are computed
+The bug oracles of fingerprinting (theinference.grading.oracle.bugs names and documents each bug) are computed
 here. With no defect set the result is bit-identical to gpt2.py (tests/test_defective.py proves it). Some
 defects only exist in an incremental computation (a prefill block, then one row per decode step):
 `Defects.prefill` says how many leading rows form the block; every later row is modelled as a

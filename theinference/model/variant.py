@@ -1,4 +1,4 @@
-"""GPT-2 with a student's mistake given by parameters: the families diagnosis fits (grading/families.py).
+"""GPT-2 with a student's mistake given by parameters: the families diagnosis fits (grading/judge/families.py).
 
 `defective.Defects` names single bugs; a `Variant` holds one parameter per family of mistakes: the
 attention scale of the prefill block and of the decode steps, the wpe row of every position, which

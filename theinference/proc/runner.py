@@ -173,7 +173,7 @@ class _Child:
         base = allowed_env(os.environ) if job.limits.untrusted else dict(os.environ)
         # Temporary files go to the run's directory, which the quota covers (and, sandboxed, the one writable place).
         env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights), "TMPDIR": str(work)}
-        if interactive:  # timed: one BLAS thread, as the oracle's cost is measured (theinference.grading.scaling)
+        if interactive:  # timed: one BLAS thread, as the oracle's cost is measured (theinference.grading.judge.scaling)
             env.update({name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
         (out_fd, self.stdout_id), (err_fd, self.stderr_id) = _create(self.stdout_path), _create(self.stderr_path)

@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from theinference.grading.results import CheckCell, CheckResult
+from theinference.grading.judge.results import CheckCell, CheckResult
 from theinference.terminals import plain_console
 
 

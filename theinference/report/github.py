@@ -11,7 +11,7 @@ from theinference.report.text import (
     run_summary,
 )
 from theinference.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
-from theinference.grading.results import RunResult, StageResult, Status
+from theinference.grading.judge.results import RunResult, StageResult, Status
 
 
 def _relative(path: str) -> str:

@@ -4,8 +4,8 @@ import dataclasses
 import json
 
 from theinference.report.text import run_summary, stage_summary
-from theinference.grading.results import RunResult, Status
-from theinference.grading.stages import StageSpec
+from theinference.grading.judge.results import RunResult, Status
+from theinference.grading.spec.stages import StageSpec
 
 
 def render_gradescope(run: RunResult, version: str) -> str:

@@ -10,7 +10,7 @@ import math
 from html import escape
 
 from theinference.report.text import timed_calls
-from theinference.grading.classview import ClassView, anchor, stage_results
+from theinference.grading.tools.classview import ClassView, anchor, stage_results
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:70em;padding:0 1em;color:#222}

@@ -5,7 +5,7 @@ import json
 import math
 
 from theinference import __version__
-from theinference.grading.batch import (
+from theinference.grading.drive.batch import (
     BATCH_SCHEMA,
     BATCH_SCHEMA_VERSION,
     SHARD_COLUMNS,
@@ -14,8 +14,8 @@ from theinference.grading.batch import (
     SubmissionResult,
     first_errors,
 )
-from theinference.grading.results import CaseResult, Diagnosis, RunResult, ScalingResult, StageResult, StepTime
-from theinference.grading.stages import StageSpec
+from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, ScalingResult, StageResult, StepTime
+from theinference.grading.spec.stages import StageSpec
 
 SCHEMA = "theinference.results"
 SCHEMA_VERSION = 1

@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 from theinference.report.text import case_summary, cross_case_summary, scaling_summary
 from theinference.untrusted import for_terminal
-from theinference.grading.results import NO_ANSWER, RunResult, Status
+from theinference.grading.judge.results import NO_ANSWER, RunResult, Status
 
 
 def _scaling_properties(scaling) -> list[ET.Element]:

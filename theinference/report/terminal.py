@@ -17,7 +17,15 @@ from theinference.headline import headline_parts
 from theinference.untrusted import for_terminal
 from theinference.report.text import both_figures, timed_calls
 from theinference.terminals import plain_console
-from theinference.grading.results import NO_ANSWER, CaseResult, Diagnosis, RowStats, RunResult, StageResult, Status
+from theinference.grading.judge.results import (
+    NO_ANSWER,
+    CaseResult,
+    Diagnosis,
+    RowStats,
+    RunResult,
+    StageResult,
+    Status,
+)
 
 FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a long case
 FOLD_LIMIT = 16  # cases with more rows than this are folded

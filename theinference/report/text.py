@@ -1,7 +1,7 @@
 """Short plain-text summaries of results, shared by the CI renderers."""
 
 from theinference.untrusted import for_terminal
-from theinference.grading.results import CaseResult, Diagnosis, RunResult, StageResult, Status
+from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, StageResult, Status
 
 
 def run_summary(run: RunResult) -> str:

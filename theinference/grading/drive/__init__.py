@@ -1,0 +1,9 @@
+"""What runs many stages and many runs: the Grader, a course's Session, watch mode, batch grading, progress.
+
+Imports the oracle, spec and judge rooms; the tools room is above it.
+"""
+
+from theinference.grading.drive.grader import Grader, RunOptions
+from theinference.grading.drive.session import Session, open_session
+
+__all__ = ["Grader", "RunOptions", "Session", "open_session"]

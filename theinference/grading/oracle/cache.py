@@ -1,0 +1,86 @@
+"""OracleCache: every oracle output a session computes, once per (weights file, oracle, case inputs)."""
+
+import threading
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from theinference.grading.oracle.registry import OracleSpec, compute_expected
+from theinference.grading.oracle.store import OracleStore, oracle_version
+from theinference.model.weights import Model
+
+
+class _Stage(Protocol):  # what of a stage spec (theinference.grading.spec.stages.StageSpec) the cache reads
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def oracle(self) -> str: ...
+
+
+class _Case(Protocol):  # and of one of its cases (CaseSpec)
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def inputs(self) -> dict: ...
+
+
+@dataclass
+class OracleCache:
+    """Oracle outputs per (weights file, oracle, case inputs); lives as long as a watch or batch session.
+
+    With a store (trusted runs only: see theinference.grading.oracle.store), outputs also outlive the session.
+    """
+
+    entries: dict = field(default_factory=dict)
+    store: OracleStore | None = None
+    progress: object = None  # told when an output is computed (slow on the gpt2 shape): start(label), finish(label)
+    _locks: dict = field(default_factory=dict, repr=False)  # key -> the lock of the one computing it
+    _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def get(self, model: Model, stage: _Stage, spec: OracleSpec, case: _Case) -> np.ndarray:
+        inputs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items())
+        key = (str(model.path), model.stamp, stage.oracle, spec.stamp, inputs)
+        return self.memo(
+            key,
+            lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'", case.name),
+            model=model,
+            durable=("oracle", stage.oracle, oracle_version(spec.stamp), case.inputs),
+            label=f"{stage.id}: {case.name}",
+        )
+
+    def memo(self, key: tuple, compute, model: Model | None = None, durable: tuple = (), label: str = "") -> np.ndarray:
+        """Any output computed from these weights (the oracle's, a bug oracle's), once per key.
+
+        durable: what besides the weights' content determines the output (the oracle's name and version, the
+        inputs); given with model, the output is also kept in the store across runs. Submissions graded in
+        parallel (`grade --jobs`) that need the same output wait for the one computing it.
+        """
+        if key in self.entries:
+            return self.entries[key]
+        with self._locks_lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self.entries:
+                counted = self._counted(compute, label) if label else compute
+                if self.store is not None and model is not None and durable:
+                    self.entries[key] = self.store.output(model, durable, counted)
+                else:
+                    self.entries[key] = counted()
+        with self._locks_lock:
+            self._locks.pop(key, None)
+        return self.entries[key]
+
+    def _counted(self, compute, label: str):
+        def run():
+            if self.progress is None:
+                return compute()
+            self.progress.start(label)
+            try:
+                return compute()
+            finally:
+                self.progress.finish(label)
+
+        return run

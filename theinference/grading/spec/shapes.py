@@ -1,0 +1,19 @@
+"""The names of the failure shapes a diagnosis can give: the keys a stage file's [hints] may use.
+
+theinference.grading.judge.diagnose names the first eight from the rows (its docstring says what each means);
+theinference.grading.judge.scaling names the last three from the cost of cache-scaling's calls.
+"""
+
+SHAPES = (
+    "nonfinite-row",
+    "shifted-by-one",
+    "all-rows-off",
+    "error-grows",
+    "first-ok-then-flat",
+    "first-decode-row-off",
+    "token-mismatch",
+    "no-pattern",
+    "no-cache",
+    "too-slow",
+    "machine-busy",
+)
