@@ -6,6 +6,7 @@ credit or damage anything, and, where the protection can be switched off, that i
 """
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import as_nobody
 
 from conftest import my_children, scaled, write_adapters
 from test_runner import SOLUTION_IMPORTS
-from theinference.proc.sandbox import ALLOW_ROOT_ENV, NOBODY, reachable_by_others
+from theinference.proc.sandbox import ALLOW_ROOT_ENV, NOBODY, reachable_by_others, submission_uids
 
 STAGE = "prove-one-layer"
 needs_linux = pytest.mark.skipif(sys.platform != "linux", reason="the subreaper monitor is Linux-only")
@@ -1278,14 +1279,15 @@ def _reap_orphans_of(uid: int) -> None:
 LITTERER = (
     SOLUTION_IMPORTS
     + """\
-import os
+import glob, os
 
 def run_layer_equiv(seq_ids):
-    try:  # a file its uid owned before its run (uid nobody's files are not all the student's)
-        with open(f"/tmp/{MARKER}-before.txt", "a") as f:
-            f.write(" touched")
-    except OSError:
-        pass
+    for path in glob.glob(f"/tmp/{MARKER}-before-*.txt"):  # files of the uids it may run as: its own is writable
+        try:  # a file its uid owned before its run (uid nobody's files are not all the student's)
+            with open(path, "a") as f:
+                f.write(" touched")
+        except OSError:
+            pass
     try:  # links to root's directory, one inside a directory of its own, and a FIFO: removed, never followed
         os.symlink(f"/tmp/{MARKER}-victim", f"/tmp/{MARKER}-link")
         os.makedirs(f"/tmp/{MARKER}-ldir", exist_ok=True)
@@ -1319,9 +1321,12 @@ def test_without_bubblewrap_what_the_submissions_uid_leaves_in_shared_temp_dirs_
     write_adapters(work / "c", LITTERER.replace("MARKER", repr(marker)))
     bystander = Path("/tmp") / f"{marker}-root.txt"  # the same name pattern, but not the student's
     bystander.write_text("root's")
-    before = Path("/tmp") / f"{marker}-before.txt"
-    before.write_text("nobody's")
-    os.chown(before, NOBODY, NOBODY)
+    # One for each uid the run may lease (a grading in another test process may hold nobody): each its uid's.
+    uids = list(itertools.islice(submission_uids(), 4))
+    before = {uid: Path("/tmp") / f"{marker}-before-{uid}.txt" for uid in uids}
+    for uid, path in before.items():
+        path.write_text("its uid's")
+        os.chown(path, uid, uid)
     left = [
         Path(where) / f"{marker}{suffix}" for where in ("/tmp", "/var/tmp", "/dev/shm") for suffix in (".bin", "-dir")
     ] + [Path("/tmp") / f"{marker}{suffix}" for suffix in ("-link", "-ldir", "-fifo")]
@@ -1336,12 +1341,17 @@ def test_without_bubblewrap_what_the_submissions_uid_leaves_in_shared_temp_dirs_
         assert json.loads(done.stdout)["isolation"]["level"] == level
         assert [path for path in left if os.path.lexists(path)] == []
         assert bystander.read_text() == "root's"
-        assert before.read_text().startswith("nobody's touched")  # the student ran as its owner; it stayed
+        # (Another test process's grading, at another uid, may sweep that uid's file: only the touched one counts.)
+        touched = [
+            uid for uid, path in before.items() if path.exists() and path.read_text().startswith("its uid's touched")
+        ]
+        assert len(touched) == 1, touched  # the student ran as its owner, wrote to it, and it stayed
         assert (victim / "keep.txt").read_text() == "root's"
     finally:
         shutil.rmtree(victim)
         bystander.unlink()
-        before.unlink(missing_ok=True)
+        for path in before.values():
+            path.unlink(missing_ok=True)
         for path in left:
             if path.is_dir():
                 shutil.rmtree(path)
@@ -1353,14 +1363,17 @@ def test_without_bubblewrap_what_the_submissions_uid_leaves_in_shared_temp_dirs_
 def test_with_every_uid_for_students_leased_the_grader_says_so_and_exits_2(cli, tmp_path, tiny_path, monkeypatch):
     from theinference.proc import sandbox
 
-    monkeypatch.setattr(sandbox, "submission_uids", lambda: iter([sandbox.NOBODY]))  # one uid, held below
+    # One uid, held below: the last of the pool, so a grading in another test process (which takes nobody
+    # first) neither holds it nor finds its own pool empty.
+    last = list(sandbox.submission_uids())[-1]
+    monkeypatch.setattr(sandbox, "submission_uids", lambda: iter([last]))
     held, lease = sandbox.lease_uid(set())
     try:
         write_adapters(tmp_path / "c", UID_REPORTER)
         result = cli("test", "--course", tmp_path / "c", "--weights", tiny_path, "--stage", STAGE, "--untrusted")
     finally:
         os.close(lease)
-    assert held == sandbox.NOBODY
+    assert held == last
     assert result.exit_code == 2, result.output
     assert "every uid for student processes is in use by a grading on this machine" in result.output
     assert "Traceback" not in result.output
