@@ -114,7 +114,7 @@ def ts_subjects(work: Path) -> list[tuple[str, Path, bool]]:
 
 def stage_for(args):
     stage = next(s for s in load_stages([data_dir("stages")]) if s.id == "cache-scaling")
-    spec = stage.scaling
+    spec = stage.check.params
     if args.graded:
         spec = dataclasses.replace(spec, weights="graded")
     if args.lengths:
@@ -122,7 +122,7 @@ def stage_for(args):
     if args.repeats:
         spec = dataclasses.replace(spec, repeats=args.repeats)
     cases = tuple(dataclasses.replace(c, inputs={**c.inputs, "n_new": spec.lengths[-1]}) for c in stage.cases)
-    return dataclasses.replace(stage, scaling=spec, cases=cases)
+    return dataclasses.replace(stage, check=dataclasses.replace(stage.check, params=spec), cases=cases)
 
 
 def _margin(value: float | None, threshold: float, must_pass: bool, lower_bound: bool) -> str:
@@ -228,7 +228,7 @@ def main() -> None:
         shape = args.graded or "tiny"
         write_synthetic(work / shape, preset=shape, seed=0)
         model = load_model(work / shape / "model.safetensors")
-        spec = stage.scaling
+        spec = stage.check.params
         print(
             f"cache-scaling on {'graded ' + shape if args.graded else 'the proof preset'}: lengths {list(spec.lengths)}, "
             f"repeats {spec.repeats}, (a) max_ratio {spec.max_ratio:g}, (b) max_fraction {spec.max_fraction:g}"

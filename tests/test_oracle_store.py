@@ -13,6 +13,7 @@ from theinference.bundled import data_dir
 from theinference.model.weights_choice import user_cache_dir
 from theinference.grading.spec.stages import load_stages
 from theinference.model.synth import write_synthetic
+from theinference.grading.spec.checks import ScalingCheck
 
 
 @pytest.fixture
@@ -44,7 +45,12 @@ def _entries() -> list:
 def test_a_second_run_computes_no_oracle_output(cli, solution_course, tiny_path, forwards):
     # Every stage whose outputs the store keeps: cache-scaling checks fresh random prompts and measures the
     # oracle's cost on this machine in every run, by design (tests/test_scaling.py).
-    stages = [arg for s in load_stages([data_dir("stages")]) if s.scaling is None for arg in ("--stage", s.id)]
+    stages = [
+        arg
+        for s in load_stages([data_dir("stages")])
+        if not isinstance(s.check, ScalingCheck)
+        for arg in ("--stage", s.id)
+    ]
     first = _verdicts(cli, solution_course, tiny_path, *stages)
     computed = forwards["n"]
     second = _verdicts(cli, solution_course, tiny_path, *stages)

@@ -20,6 +20,7 @@ from theinference.report.terminal import render_run, sparkline
 from theinference.bundled import data_dir
 from theinference.grading.judge.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
 from theinference.grading.drive.session import RunOptions, open_session
+from theinference.grading.spec.checks import RowsCheck, TokensCheck
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 HINTS = {"error-grows": "Your position counter isn't advancing.", "token-mismatch": "Check the decode loop."}
@@ -41,6 +42,9 @@ def _row(i: int, err: float) -> RowStats:
         got=1.5 + (0 if ok else err),
         ok=ok,
     )
+
+
+ROWS = RowsCheck(atol=1e-3, rtol=1e-2)
 
 
 def sample_run() -> RunResult:
@@ -76,7 +80,7 @@ def sample_run() -> RunResult:
         traceback='Traceback (most recent call last):\n  File "tests/adapters.py", line 3, in run\nValueError: bad shape\n',
         stdout="debug print\n",
     )
-    common = dict(adapters_file="tests/adapters.py", lesson="lessons/x.md", atol=1e-3, rtol=1e-2, seconds=1.25)
+    common = dict(adapters_file="tests/adapters.py", lesson="lessons/x.md", seconds=1.25)
     stages = [
         StageResult(
             id="per-step-identity",
@@ -86,7 +90,7 @@ def sample_run() -> RunResult:
             points=0,
             max_points=20,
             adapter="run_per_step_logits",
-            compare="rows",
+            check=ROWS,
             **common,
         ),
         StageResult(
@@ -97,7 +101,7 @@ def sample_run() -> RunResult:
             points=0,
             max_points=10,
             adapter="run_greedy",
-            compare="tokens",
+            check=TokensCheck(1e-4),
             **common,
         ),
         StageResult(
@@ -108,7 +112,7 @@ def sample_run() -> RunResult:
             points=0,
             max_points=10,
             adapter="run_layer_equiv",
-            compare="rows",
+            check=ROWS,
             **common,
         ),
     ]
@@ -237,7 +241,7 @@ def failure_run() -> RunResult:
         for name, pos, err in zip(names, positions, across)
     ]
     ordered = [dataclasses.replace(c.rows[0], row=i) for i, c in enumerate(one_row)]
-    common = dict(adapters_file="tests/adapters.py", lesson="lessons/x.md", atol=1e-3, rtol=1e-2, seconds=0.4)
+    common = dict(adapters_file="tests/adapters.py", lesson="lessons/x.md", seconds=0.4)
     stages = [
         StageResult(
             id="single-step-attention",
@@ -247,7 +251,7 @@ def failure_run() -> RunResult:
             points=0,
             max_points=5,
             adapter="run_single_step",
-            compare="rows",
+            check=ROWS,
             cross_case=diagnose_rows(ordered, {"first-decode-row-off": "Append k and v before attention."}),
             **common,
         ),
@@ -259,7 +263,7 @@ def failure_run() -> RunResult:
             points=0,
             max_points=20,
             adapter="run_per_step_logits",
-            compare="rows",
+            check=ROWS,
             **common,
         ),
     ]

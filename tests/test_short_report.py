@@ -25,6 +25,7 @@ from theinference.cli.live import RunProgress
 from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.grading.judge.results import CaseResult, StageResult, TokenStep
 from theinference.report.terminal import render_stage
+from theinference.grading.spec.checks import TokensCheck
 
 from conftest import write_adapters
 from test_report import SNAPSHOTS, assert_snapshot
@@ -169,9 +170,7 @@ def test_a_long_wrong_generation_shows_only_the_steps_around_its_first_mismatch(
         adapter="run_greedy",
         adapters_file="tests/adapters.py",
         lesson="",
-        atol=0,
-        rtol=0,
-        compare="tokens",
+        check=TokensCheck(1e-4),
     )
     buffer = io.StringIO()
     render_stage(Console(file=buffer, width=80, no_color=True, highlight=False), stage, 50257)

@@ -7,6 +7,7 @@ import pytest
 from theinference.bundled import data_dir
 from theinference.course import Course
 from theinference.grading.spec.stages import StageError, load_stage, load_stages, stage_dirs
+from theinference.grading.spec.checks import RowsCheck, ScalingCheck, TokensCheck
 
 VALID = """\
 format_version = 1
@@ -57,16 +58,16 @@ def test_builtin_stages_follow_the_course():
         "cache-scaling",
         "greedy",
     ]
-    assert (stages["single-step-attention"].atol, stages["single-step-attention"].rtol) == (1e-4, 1e-3)
-    assert (stages["decode-step"].atol, stages["decode-step"].rtol) == (1e-3, 1e-2)
-    assert (stages["prove-one-layer"].atol, stages["prove-one-layer"].rtol) == (1e-4, 1e-3)
-    assert (stages["per-step-identity"].atol, stages["per-step-identity"].rtol) == (1e-3, 1e-2)
-    assert stages["greedy"].tie_rtol == 1e-4
+    assert stages["single-step-attention"].check == RowsCheck(atol=1e-4, rtol=1e-3)
+    assert stages["decode-step"].check == RowsCheck(atol=1e-3, rtol=1e-2)
+    assert stages["prove-one-layer"].check == RowsCheck(atol=1e-4, rtol=1e-3)
+    assert stages["per-step-identity"].check == RowsCheck(atol=1e-3, rtol=1e-2)
+    assert stages["greedy"].check == TokensCheck(tie_rtol=1e-4)
     assert stages["per-step-identity"].adapter_names == ("run_per_step_logits", "runPerStepLogits")
     assert stages["cache-scaling"].adapter == stages["greedy"].adapter  # nothing new for students to write
     for stage in stages.values():
-        if stage.compare == "scaling":  # one timed generation; its lengths are what matter
-            assert stage.scaling.lengths[-1] >= 7 * stage.scaling.lengths[0]
+        if isinstance(stage.check, ScalingCheck):  # one timed generation; its lengths are what matter
+            assert stage.check.params.lengths[-1] >= 7 * stage.check.params.lengths[0]
             continue
         assert len(stage.cases) >= 3
         lengths = [len(c.inputs.get("seq") or c.inputs["prompt"]) for c in stage.cases]
@@ -83,7 +84,7 @@ def test_text_inputs_are_tokenized_and_kept_for_display(tmp_path):
 
 def test_a_tokens_stage_has_a_tie_tolerance(tmp_path):
     stage = load_stage(write_stage(tmp_path, tokens_stage()))
-    assert (stage.compare, stage.tie_rtol) == ("tokens", 1e-4)
+    assert (stage.compare, stage.check) == ("tokens", TokensCheck(1e-4))
 
 
 def test_default_alias_is_camel_case(tmp_path):
@@ -175,8 +176,10 @@ prompt = [464]
 
 def test_a_scaling_stage_takes_n_new_from_its_lengths(tmp_path):
     stage = load_stage(write_stage(tmp_path, SCALING))
-    assert stage.scaling.lengths == (8, 64) and stage.scaling.repeats == 2 and stage.scaling.max_ratio == 2.0
-    assert stage.scaling.max_fraction == 0.35 and stage.scaling.prompt_tokens == 4 and stage.scaling.weights == "proof"
+    assert isinstance(stage.check, ScalingCheck) and stage.check.tie_rtol > 0
+    params = stage.check.params
+    assert params.lengths == (8, 64) and params.repeats == 2 and params.max_ratio == 2.0
+    assert params.max_fraction == 0.35 and params.prompt_tokens == 4 and params.weights == "proof"
     assert stage.cases[0].inputs == {"prompt": [464], "n_new": 64}
 
 

@@ -27,7 +27,7 @@ def _recomputed_verdicts(model, prompt: list[int], tokens: list[int]) -> list[st
         ids = prompt + tokens[:k]
         row = oracle.logits(model.params, ids, model.config.n_head, rows=slice(len(ids) - 1, len(ids)))[0]
         best = int(np.argmax(row))
-        tie = float(row[best]) - float(row[token]) <= GREEDY.tie_rtol * float(np.abs(row).max())
+        tie = float(row[best]) - float(row[token]) <= GREEDY.check.tie_rtol * float(np.abs(row).max())
         verdicts.append("match" if token == best else "near-tie" if tie else "mismatch")
         if verdicts[-1] == "mismatch":
             break

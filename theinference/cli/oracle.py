@@ -16,6 +16,7 @@ from theinference.errors import UsageError
 from theinference.grading.drive.session import select_stages
 from theinference.model.weights_choice import obtain_weights
 from theinference.grading.spec.stages import load_stages, stage_dirs
+from theinference.grading.spec.checks import ScalingCheck
 from theinference.cli.options import CourseOpt, StagesDirOpt, WeightsOpt
 
 
@@ -46,7 +47,9 @@ def oracle_command(
         synth_progress(),
         course_setting=course_obj.weights_setting if course_obj else None,
     )
-    if spec.scaling is not None:  # cache-scaling runs on its own weights (the proof preset): its tokens are those
+    if isinstance(
+        spec.check, ScalingCheck
+    ):  # cache-scaling runs on its own weights (the proof preset): its tokens are those
         model, _ = scaling.proof_model(spec, model, OracleCache())
     arrays = oracle_arrays(spec, model, cases)
     np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub does not take **arrays

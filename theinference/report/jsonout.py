@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+from typing import assert_never
 
 from theinference import __version__
 from theinference.grading.drive.batch import (
@@ -16,6 +17,7 @@ from theinference.grading.drive.batch import (
 )
 from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, ScalingResult, StageResult, StepTime
 from theinference.grading.spec.stages import StageSpec
+from theinference.grading.spec.checks import Check, RowsCheck, ScalingCheck, TokensCheck
 
 SCHEMA = "theinference.results"
 SCHEMA_VERSION = 1
@@ -114,6 +116,17 @@ def case_document(case: CaseResult) -> dict:
     return doc
 
 
+def _tolerance(check: Check) -> dict:
+    """The stage's tolerance, as its file gives it: [tie] for greedy tokens, [tolerance] for rows."""
+    match check:
+        case RowsCheck(atol=atol, rtol=rtol):
+            return {"tolerance": {"atol": atol, "rtol": rtol}}
+        case TokensCheck(tie_rtol=tie) | ScalingCheck(tie_rtol=tie):
+            return {"tie": {"rtol": tie}}
+        case _:
+            assert_never(check)
+
+
 def stage_document(stage: StageResult) -> dict:
     return {
         "id": stage.id,
@@ -126,12 +139,8 @@ def stage_document(stage: StageResult) -> dict:
         "adapter": stage.adapter,
         "adapters_file": stage.adapters_file,
         "lesson": stage.lesson,
-        "compare": stage.compare,
-        **(
-            {"tie": {"rtol": stage.tie_rtol}}
-            if stage.tie_rtol is not None
-            else {"tolerance": {"atol": stage.atol, "rtol": stage.rtol}}
-        ),
+        "compare": stage.check.kind,
+        **_tolerance(stage.check),
         "seconds": stage.seconds,
         "diagnosis": _diagnosis(stage.diagnosis),
         "cross_case": stage.cross_case is not None,

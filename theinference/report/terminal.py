@@ -17,6 +17,7 @@ from theinference.headline import headline_parts
 from theinference.untrusted import for_terminal
 from theinference.report.text import both_figures, timed_calls
 from theinference.terminals import plain_console
+from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.judge.results import (
     NO_ANSWER,
     CaseResult,
@@ -586,9 +587,8 @@ def render_run(console: Console, run: RunResult, version: str) -> None:
 def render_footer(console: Console, run: RunResult) -> None:
     """The report's closing lines: what output stages cannot prove, the points, what to do next."""
     passed = sum(s.status == Status.PASS for s in run.stages)
-    if any(s.status == Status.PASS and s.compare != "scaling" for s in run.stages) and not any(
-        s.status == Status.PASS and s.compare == "scaling" for s in run.stages
-    ):
+    proofs = [isinstance(s.check, ScalingCheck) for s in run.stages if s.status == Status.PASS]
+    if any(not proof for proof in proofs) and not any(proofs):
         console.print(
             "Matching outputs prove the cached path equals a recompute, not that a cache exists "
             "(a recompute gives the same numbers): the cache-scaling stage proves the cache by its cost.",

@@ -2,6 +2,7 @@
 
 from theinference.grading.drive.progress import next_stage
 from theinference.grading.judge.results import RunResult, Status
+from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.model.synth import PRESETS
 
@@ -57,7 +58,7 @@ def next_stage_line(stages: list[StageSpec], progress: dict[str, dict]) -> str:
 def on_own_weights(stage: StageSpec) -> bool:
     """A stage graded on weights of its own whatever the graded ones (cache-scaling's `proof` preset): where it
     passed says nothing about the weights it was graded with."""
-    return stage.scaling is not None and stage.scaling.weights == "proof"
+    return isinstance(stage.check, ScalingCheck) and stage.check.params.weights == "proof"
 
 
 def advise(run: RunResult, stages: list[StageSpec], progress: dict[str, dict] | None) -> list[str]:

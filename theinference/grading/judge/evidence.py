@@ -10,6 +10,7 @@ same sentences.
 import dataclasses
 
 from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, StageResult, Status
+from theinference.grading.spec.checks import TokensCheck
 
 CACHED_ORACLES = ("layer0-attn-last", "layer0-attn-sublayer", "decode-step-logits", "per-step-logits")
 
@@ -73,7 +74,7 @@ def other_stages(result: StageResult, oracle: str, run: RunResult, recorded: dic
             f"forward passes on these weights ({where}), so the difference is in code only the cached path runs: "
             "prefill/decode_step and the block they call"
         )
-    if result.compare == "tokens" and (where := _passes("per-step-identity", run, recorded, weights)):
+    if isinstance(result.check, TokensCheck) and (where := _passes("per-step-identity", run, recorded, weights)):
         return (
             f"per-step-identity passes on these weights ({where}), so every logit is right: the difference is in the "
             "generation loop (the token fed back, its position, the choice, the length)"

@@ -11,16 +11,16 @@ the bug is not one of the known ones.
 
 import dataclasses
 from dataclasses import dataclass
+from typing import assert_never
 
 import numpy as np
 
-from theinference.grading.judge import families
-
-from theinference.grading.judge import loops
+from theinference.grading.judge import families, loops
 from theinference.grading.oracle.bugs import Bug, bug_output, bug_screen, is_inert, resolve_bug
 from theinference.grading.oracle.store import oracle_version
 from theinference.grading.oracle.registry import OracleSpec, resolve_oracle
 from theinference.grading.judge.results import CaseResult, Diagnosis, StageResult, Status
+from theinference.grading.spec.checks import RowsCheck, ScalingCheck, TokensCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.model.weights import Model
 
@@ -60,18 +60,24 @@ def _durable(stage: StageSpec, spec: OracleSpec, bug: Bug, inputs: dict, history
     )
 
 
+def _rows(stage: StageSpec) -> RowsCheck:
+    """The tolerance of a stage whose cases return rows (the only ones fingerprinted against bug oracles)."""
+    assert isinstance(stage.check, RowsCheck), "bug oracles fingerprint rows only"
+    return stage.check
+
+
 def _distance(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> float | None:
     """The largest |got - target| when got is within the stage's tolerance of target everywhere (np.allclose, NaN
     equal to NaN), else None; row by row, so a wrong candidate is rejected at its first bad row."""
     if got.shape != target.shape:
         return None
-    worst = 0.0
+    worst, tol = 0.0, _rows(stage)
     for g, t in zip(got, target) if got.ndim > 1 else ((got, target),):
         with np.errstate(invalid="ignore", over="ignore"):
             diff = np.abs(g - t)
-            fine = diff <= stage.atol + stage.rtol * np.abs(t)
+            fine = diff <= tol.atol + tol.rtol * np.abs(t)
         if not fine.all():  # NaN or inf: np.isclose decides, on those elements only
-            if not np.isclose(g[~fine], t[~fine], atol=stage.atol, rtol=stage.rtol, equal_nan=True).all():
+            if not np.isclose(g[~fine], t[~fine], atol=tol.atol, rtol=tol.rtol, equal_nan=True).all():
                 return None
             diff = diff[np.isfinite(diff)]  # equal infinities or NaNs: no distance
         worst = max(worst, float(diff.max()) if diff.size else 0.0)
@@ -110,7 +116,7 @@ def _screen(stage: StageSpec, cheapest: CaseResult, expected: np.ndarray) -> _Sc
     if stage.oracle not in families.LAYER0:  # logits
         wide = expected.astype(np.float64)
         with np.errstate(invalid="ignore"):
-            excess = np.abs(got - wide) - (stage.atol + stage.rtol * np.abs(wide))
+            excess = np.abs(got - wide) - (_rows(stage).atol + _rows(stage).rtol * np.abs(wide))
         columns = np.sort(np.argsort(-np.nan_to_num(excess, nan=np.inf))[:SCREEN_COLUMNS])
         got = got[columns]
     return _Screen(cheapest, row, columns, got)
@@ -176,7 +182,7 @@ def find_matches(
         match = _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories, screen)
         if match is not None:
             matches.append(match)
-            if first_exact and match.max_abs <= EXACT * stage.atol:
+            if first_exact and match.max_abs <= EXACT * _rows(stage).atol:
                 break
     return matches or find_family_matches(stage, ordered, model, cache, screen, wide)
 
@@ -237,7 +243,7 @@ def find_family_matches(
 
     consider(families.candidates(model, stage.oracle))
     if not matches:  # a scale that is no formula: fitted as a number on the cheapest case
-        enough = EXACT * stage.atol
+        enough = EXACT * _rows(stage).atol
         consider(list(families.fit_scale(model, stage.oracle, inputs, screen.got, screen.row, screen.columns, enough)))
     return matches
 
@@ -294,10 +300,16 @@ def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache
 def needs_fingerprint(stage: StageSpec, result: StageResult) -> bool:
     """Whether fingerprint_stage has anything to match: a failing greedy stage (its loop mistakes), or a failing
     case with numbers in a stage listing bugs (the listed bugs, then the families)."""
-    if stage.compare == "tokens":
-        return stage.tie_rtol is not None and any(c.status == Status.FAIL for c in result.cases)
-    failing = [c for c in result.cases if c.rows and c.output is not None and c.status == Status.FAIL]
-    return bool(stage.bugs and failing and stage.compare == "rows")
+    match stage.check:
+        case TokensCheck():
+            return any(c.status == Status.FAIL for c in result.cases)
+        case RowsCheck():
+            failing = [c for c in result.cases if c.rows and c.output is not None and c.status == Status.FAIL]
+            return bool(stage.bugs and failing)
+        case ScalingCheck():  # judged on cost; its tokens are the greedy stage's to fingerprint
+            return False
+        case _:
+            assert_never(stage.check)
 
 
 def _token_list(output) -> list[int] | None:
@@ -307,7 +319,7 @@ def _token_list(output) -> list[int] | None:
     return [int(t) for t in got]
 
 
-def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> None:
+def _fingerprint_tokens(stage: StageSpec, check: TokensCheck, result: StageResult, model: Model) -> None:
     """A greedy stage: is every case's token list exactly what a loop with one known mistake returns?"""
     cases = [c for c in result.cases if c.status in (Status.PASS, Status.FAIL) and c.output is not None]
     tokens = {c.name: _token_list(c.output) for c in cases}
@@ -315,14 +327,14 @@ def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> 
         (c for c in cases if tokens[c.name]), key=lambda c: (c.status == Status.PASS, len(tokens[c.name] or []))
     )
     failing = [c for c in result.cases if c.status == Status.FAIL]
-    if not failing or not cases or cases[0].status != Status.FAIL or stage.tie_rtol is None:
+    if not failing or not cases or cases[0].status != Status.FAIL:
         return
     found: list[tuple[loops.LoopBug, str]] = []
     for bug in loops.loop_bugs(model):
         details = []
         for case in cases:
             detail = loops.reproduces(
-                bug, model, list(case.inputs["prompt"]), case.inputs["n_new"], tokens[case.name] or [], stage.tie_rtol
+                bug, model, list(case.inputs["prompt"]), case.inputs["n_new"], tokens[case.name] or [], check.tie_rtol
             )
             if detail is None:
                 break
@@ -349,8 +361,8 @@ def _fingerprint_tokens(stage: StageSpec, result: StageResult, model: Model) -> 
 
 
 def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache, first_exact: bool) -> None:
-    if stage.compare == "tokens":
-        _fingerprint_tokens(stage, result, model)
+    if isinstance(stage.check, TokensCheck):
+        _fingerprint_tokens(stage, stage.check, result, model)
         return
     if not needs_fingerprint(stage, result):
         return

@@ -4,7 +4,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, assert_never
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from theinference.grading.judge.results import NO_ANSWER, CaseResult, Diagnosis,
 from theinference.proc import protocol
 from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
+from theinference.grading.spec.checks import RowsCheck, ScalingCheck, TokensCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
 from theinference.grading.judge.verification import verify_tokens
 from theinference.model.weights import Model
@@ -78,7 +79,11 @@ def _consumed_tokens(inputs: dict, positions: list[int]) -> list[int | None]:
     return [sequence[p] if 0 <= p < len(sequence) else None for p in positions]
 
 
-def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expected: np.ndarray, got: np.ndarray) -> None:
+def _judge_rows(
+    result: CaseResult, check: RowsCheck, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext, spec: OracleSpec
+) -> None:
+    """A rows stage's case: every row of the adapter's array allclose to the oracle's."""
+    expected, got = ctx.cache.get(ctx.model, stage, spec, case), value
     problem = shape_problem(expected.shape, got)
     if problem:
         result.status, result.detail, result.message = Status.FAIL, "wrong-shape", problem
@@ -87,7 +92,7 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
         result.output = got
     positions = spec.positions(result.inputs) or list(range(len(expected)))
     result.rows = compare_rows(
-        expected, got, stage.atol, stage.rtol, positions, _consumed_tokens(result.inputs, positions)
+        expected, got, check.atol, check.rtol, positions, _consumed_tokens(result.inputs, positions)
     )
     if all(r.ok for r in result.rows):
         result.status = Status.PASS
@@ -95,10 +100,31 @@ def _rows_result(result: CaseResult, stage: StageSpec, spec: OracleSpec, expecte
     bad = sum(not r.ok for r in result.rows)
     result.status, result.message = (
         Status.FAIL,
-        f"{bad} of {len(result.rows)} rows outside atol={stage.atol:g} rtol={stage.rtol:g}",
+        f"{bad} of {len(result.rows)} rows outside atol={check.atol:g} rtol={check.rtol:g}",
     )
     if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
-        result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, stage.atol, stage.rtol)
+        result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, check.atol, check.rtol)
+
+
+def _judge_tokens(
+    result: CaseResult, check: TokensCheck | ScalingCheck, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext
+) -> None:
+    """A greedy stage's case: its tokens verified on the student's own path (no oracle continuation needed)."""
+    result.output = np.asarray(value)  # kept until fingerprinted against the greedy-loop mistakes
+    verify_tokens(result, value, ctx.model, check.tie_rtol, stage.hints, ctx.cache, f"{stage.id}: {case.name}")
+
+
+def _judge_value(
+    result: CaseResult, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext, spec: OracleSpec
+) -> None:
+    """The one table of judges: a returned value judged by the kind of check its stage makes."""
+    match stage.check:
+        case RowsCheck() as check:
+            _judge_rows(result, check, stage, case, value, ctx, spec)
+        case (TokensCheck() | ScalingCheck()) as check:
+            _judge_tokens(result, check, stage, case, value, ctx)
+        case _:
+            assert_never(stage.check)
 
 
 _FAILED_OUTCOMES = NO_ANSWER | {Status.NOT_STARTED}
@@ -110,9 +136,13 @@ _OUTPUT_FLOOR = 1 << 20
 
 def _expected_shape(stage: StageSpec, spec: OracleSpec, case: CaseSpec, ctx: GradeContext) -> tuple[int, ...]:
     """The shape of the case's right answer (greedy token ids need no oracle output to know it)."""
-    if stage.checks_tokens:
-        return (case.inputs["n_new"],)
-    return ctx.cache.get(ctx.model, stage, spec, case).shape
+    match stage.check:
+        case TokensCheck() | ScalingCheck():
+            return (case.inputs["n_new"],)
+        case RowsCheck():
+            return ctx.cache.get(ctx.model, stage, spec, case).shape
+        case _:
+            assert_never(stage.check)
 
 
 def _output_cap(shape: tuple[int, ...]) -> int:
@@ -146,26 +176,14 @@ def _case_result(
         result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
         return result
     assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
-    if stage.checks_tokens:  # verified on the student's own path: no oracle continuation needed
-        result.output = np.asarray(outcome.value)  # kept until fingerprinted against the greedy-loop mistakes
-        verify_tokens(
-            result,
-            outcome.value,
-            ctx.model,
-            stage.tolerance["tie_rtol"],
-            stage.hints,
-            ctx.cache,
-            f"{stage.id}: {case.name}",
-        )
-    else:
-        _rows_result(result, stage, spec, ctx.cache.get(ctx.model, stage, spec, case), outcome.value)
+    _judge_value(result, stage, case, outcome.value, ctx, spec)
     return result
 
 
 def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis | None:
     """For a stage whose cases each give one row: the shape of those rows ordered by position."""
     compared = [c for c in cases if c.rows]  # cases that errored or returned no numbers say nothing
-    if stage.compare != "rows" or len(compared) < 3 or any(len(c.rows) != 1 for c in compared):
+    if not isinstance(stage.check, RowsCheck) or len(compared) < 3 or any(len(c.rows) != 1 for c in compared):
         return None
     if all(c.status == Status.PASS for c in compared):
         return None
@@ -216,7 +234,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     started = time.perf_counter()
     spec = resolve_oracle(stage.oracle, stage.source)
     weights_note = ""
-    if stage.scaling is not None:  # the cache proof runs where cost can tell a cache from a recompute
+    if isinstance(stage.check, ScalingCheck):  # the cache proof runs where cost can tell a cache from a recompute
         proof, weights_note = scaling.proof_model(stage, ctx.model, ctx.cache, ctx.untrusted)
         ctx = dataclasses.replace(ctx, model=proof)
     stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
@@ -248,7 +266,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         deadline_budget=ctx.budget,
         on_event=None if on_case is None else lambda event, index: on_case(event, stage, index),
     )
-    if stage.scaling is not None:  # the grader drives each timed call itself
+    if isinstance(stage.check, ScalingCheck):  # the grader drives each timed call itself
         cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
         ran = [scaling.grade_case(stage, ctx, i, job, cap, weights_note) for i in range(len(stage.cases))]
         cases, outcomes = [r for r, _ in ran], [o for _, o in ran]
@@ -269,10 +287,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         adapter=stage.adapter,
         adapters_file=str(ctx.course.adapters),
         lesson=str(stage.lesson),
-        atol=stage.atol,
-        rtol=stage.rtol,
-        compare=stage.compare,
-        tie_rtol=stage.tie_rtol,
+        check=stage.check,
         seconds=time.perf_counter() - started,
         adapter_line=line,
         adapter_source=source,

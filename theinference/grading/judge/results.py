@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from theinference.grading.spec.checks import Check
 from theinference.model.weights import Synthetic
 from theinference.proc.runner import StepTime
 
@@ -174,17 +175,19 @@ class StageResult:
     adapter: str
     adapters_file: str
     lesson: str
-    atol: float
-    rtol: float
-    compare: str
+    check: Check  # what the stage checked: its kind and tolerance (theinference.grading.spec.checks)
     seconds: float = 0.0
-    tie_rtol: float | None = None  # "tokens" stages: the near-tie tolerance, relative to max|logit|
     adapter_line: int | None = None  # where the adapter function starts in adapter_source, for annotations
     adapter_source: str = ""  # the file defining the function the adapters module exports ("": adapters_file)
     # For stages whose cases return one row each: the shape read across cases, ordered by position.
     cross_case: Diagnosis | None = None
     origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course
     visibility: str = "visible"  # when Gradescope shows it to the student (the stage file's `visibility`)
+
+    @property
+    def compare(self) -> str:
+        """The stage file's `compare`: the kind's name, as JSON carries it."""
+        return self.check.kind
 
     @property
     def passed_cases(self) -> int:

@@ -24,6 +24,7 @@ import random
 import time
 
 from theinference.grading.judge.results import CaseResult, Diagnosis, ScalingResult, Status, TimedCall
+from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.judge.verification import check_steps, token_problem
 from theinference.model import gpt2 as oracle
@@ -100,13 +101,18 @@ def separates(model: Model) -> bool:
     return 12 * config.n_layer * config.n_embd >= _SEPARATES * config.n_vocab
 
 
+def _check(stage: StageSpec) -> ScalingCheck:
+    assert isinstance(stage.check, ScalingCheck), "cache-scaling stages only"
+    return stage.check
+
+
 def proof_model(stage: StageSpec, model: Model, cache, untrusted: bool = False) -> tuple[Model, str]:
     """The weights the stage runs on, and why: the proof preset, or the graded weights where asked and they separate.
 
     untrusted: a proof preset found altered (a student's earlier plain `test` could write the cache) is an error
     naming the file, as for the graded preset; trusted runs make it again."""
-    assert stage.scaling is not None, "cache-scaling stages only"
-    if stage.scaling.weights == "graded" and separates(model):
+    weights = _check(stage).params.weights
+    if weights == "graded" and separates(model):
         return model, ""
 
     def load() -> Model:
@@ -116,7 +122,7 @@ def proof_model(stage: StageSpec, model: Model, cache, untrusted: bool = False) 
         return load_model(choice.path)
 
     proof = cache.memo(("proof-model",), load)
-    if stage.scaling.weights == "proof":
+    if weights == "proof":
         why = (
             f"run on the synthetic '{PROOF_PRESET}' preset, the cache proof's own weights (its thresholds were "
             "measured there; a cache is a cache on any weights)"
@@ -133,9 +139,9 @@ def proof_model(stage: StageSpec, model: Model, cache, untrusted: bool = False) 
 
 def fit_to_context(stage: StageSpec, n_ctx: int) -> StageSpec:
     """The stage with its lengths scaled down in proportion where a prompt would overflow n_ctx."""
-    spec = stage.scaling
-    if spec is None:
+    if not isinstance(stage.check, ScalingCheck):
         return stage
+    spec = stage.check.params
     longest_prompt = max([spec.prompt_tokens, *(len(case.inputs["prompt"]) for case in stage.cases)])
     room = n_ctx - longest_prompt + 1
     if spec.lengths[-1] <= room:
@@ -145,7 +151,8 @@ def fit_to_context(stage: StageSpec, n_ctx: int) -> StageSpec:
     if len(lengths) < 2:
         return stage  # too little room to scale into: check_case_fits reports the overflow
     cases = tuple(dataclasses.replace(c, inputs={**c.inputs, "n_new": lengths[-1]}) for c in stage.cases)
-    return dataclasses.replace(stage, scaling=dataclasses.replace(spec, lengths=tuple(lengths)), cases=cases)
+    check = dataclasses.replace(stage.check, params=dataclasses.replace(spec, lengths=tuple(lengths)))
+    return dataclasses.replace(stage, check=check, cases=cases)
 
 
 def _single_thread_cpu(fn, repeats: int = 3) -> float:
@@ -188,8 +195,7 @@ class _Costs:
 
 
 def _costs(stage: StageSpec, model: Model, cache) -> _Costs:
-    spec = stage.scaling
-    assert spec is not None, "cache-scaling stages only"
+    spec = _check(stage).params
 
     def measure() -> _Costs:
         return _Costs({n: recompute_seconds(model, spec.prompt_tokens, n) for n in spec.lengths}, step_seconds(model))
@@ -211,8 +217,8 @@ class _Run:
     """One case of the stage: the session, the calls so far, and the verdict they lead to."""
 
     def __init__(self, stage: StageSpec, ctx, result: CaseResult, timeout: float, weights_note: str):
-        assert stage.scaling is not None and stage.tie_rtol is not None, "cache-scaling stages only"
-        self.stage, self.spec, self.ctx, self.result = stage, stage.scaling, ctx, result
+        self.check = _check(stage)
+        self.stage, self.spec, self.ctx, self.result = stage, self.check.params, ctx, result
         self.factor = NODE_FACTOR if is_node_adapters(ctx.course.adapters) else 1.0
         if self.factor != 1.0:
             self.spec = dataclasses.replace(self.spec, max_fraction=self.spec.max_fraction * self.factor)
@@ -273,8 +279,7 @@ class _Run:
         assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
         model = self.ctx.model
         problem = token_problem(outcome.value, n_new, model.config.n_vocab)
-        tie = self.stage.tie_rtol or 0.0
-        steps = [] if problem else check_steps(model, prompt, [int(t) for t in outcome.value], tie)
+        steps = [] if problem else check_steps(model, prompt, [int(t) for t in outcome.value], self.check.tie_rtol)
         if not problem and steps[-1].verdict != "mismatch":
             return True
         why = problem or (

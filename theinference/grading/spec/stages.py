@@ -14,7 +14,8 @@ A stage file (format_version 1) holds, at the top level:
   inputs          list of input names the cases give and the adapter receives, in order;
                   required for an instructor's oracle, implied by a built-in one
   compare         "rows" (per-row allclose of arrays), "tokens" (greedy token ids) or "scaling"
-                  (greedy token ids, plus the cost per token timed at several lengths: see [scaling])
+                  (greedy token ids, plus the cost per token timed at several lengths: see [scaling]);
+                  with its tolerance it becomes StageSpec.check (theinference.grading.spec.checks)
   timeout         number > 0, seconds each case may take in the student's process
   points          number >= 0, what the stage is worth
   credit          "all-or-nothing" (default) or "per-case"
@@ -68,6 +69,16 @@ from pathlib import Path
 
 from theinference.model import tokenizer
 from theinference.grading.oracle.bugs import BUILTIN_BUGS
+from theinference.grading.spec.checks import (
+    COMPARES,
+    Check,
+    RowsCheck,
+    ScalingCheck,
+    ScalingSpec,
+    TokensCheck,
+    checks_tokens,
+    tolerance,
+)
 from theinference.grading.spec.shapes import SHAPES
 from theinference.grading.spec.inputs import CASE_INPUTS, COUNT_INPUTS, ID_INPUTS, described
 from theinference.grading.oracle.registry import BUILTIN_ORACLES
@@ -76,8 +87,6 @@ from theinference.course import Course
 from theinference.errors import ConfigError
 
 FORMAT_VERSION = 1
-COMPARES = ("rows", "tokens", "scaling")
-TOKEN_COMPARES = ("tokens", "scaling")  # stages whose output is greedy token ids, checked with [tie]
 _ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _REQUIRED = {
     "format_version": int,
@@ -119,16 +128,6 @@ class CaseSpec:
 
 
 @dataclass(frozen=True)
-class ScalingSpec:
-    lengths: tuple[int, ...]  # n_new values timed, ascending
-    repeats: int
-    max_ratio: float  # (a) per-token cost at the longest length over the shortest's, at most
-    prompt_tokens: int = 4  # the length of each timed call's fresh random prompt
-    max_fraction: float = 0.35  # (b) the longest call's CPU over the oracle's full recompute of it, at most
-    weights: str = "proof"  # "proof": the synthetic proof preset; "graded": the graded weights where they separate
-
-
-@dataclass(frozen=True)
 class StageSpec:
     id: str
     title: str
@@ -138,19 +137,15 @@ class StageSpec:
     aliases: tuple[str, ...]
     oracle: str
     inputs: tuple[str, ...]
-    compare: str
+    check: Check  # what the stage checks: rows within atol/rtol, greedy tokens, or the cache proof
     timeout: float
     points: float
     credit: str
-    atol: float
-    rtol: float
     hints: dict
     cases: tuple[CaseSpec, ...]
     source: Path
-    scaling: ScalingSpec | None = None  # compare = "scaling" only
     bugs: tuple[str, ...] = ()  # bug oracles to fingerprint failing outputs against
     bug_hints: dict = field(default_factory=dict)  # bug name -> hint text
-    tie_rtol: float | None = None  # "tokens"/"scaling" stages: the near-tie tolerance, relative to max|logit|
     visibility: str = "visible"  # when Gradescope shows the result to the student (VISIBILITIES)
 
     @property
@@ -158,18 +153,17 @@ class StageSpec:
         return (self.adapter, *self.aliases)
 
     @property
+    def compare(self) -> str:
+        """The stage file's `compare` (the kind's name, as JSON reports carry it)."""
+        return self.check.kind
+
+    @property
     def checks_tokens(self) -> bool:
-        """Whether the output is greedy token ids (compare "tokens" or "scaling"), checked with the [tie]
-        tolerance on the student's own path: the one test of a stage's kind every module asks."""
-        return self.compare in TOKEN_COMPARES
+        return checks_tokens(self.check)
 
     @property
     def tolerance(self) -> dict[str, float]:
-        """The stage's tolerance as its file gives it: {"tie_rtol"} for a token stage, else {"atol", "rtol"}."""
-        if self.checks_tokens:
-            assert self.tie_rtol is not None, "the loader requires [tie] for token stages"
-            return {"tie_rtol": self.tie_rtol}
-        return {"atol": self.atol, "rtol": self.rtol}
+        return tolerance(self.check)
 
 
 def valid_id(stage_id: str) -> bool:
@@ -390,21 +384,24 @@ def _parse_cases(path: Path, data: dict, inputs: tuple[str, ...], scaling: Scali
     return tuple(CaseSpec(c.name, {**c.inputs, "n_new": scaling.lengths[-1]}, c.texts) for c in cases)
 
 
-def _tolerances(path: Path, data: dict) -> tuple[float, float, float | None]:
-    """(atol, rtol, tie_rtol): a stage that checks greedy tokens has [tie] and no [tolerance], any other the reverse."""
+def _check(path: Path, data: dict) -> Check:
+    """What the stage checks: a stage that checks greedy tokens has [tie] and no [tolerance], any other the reverse."""
     kind = data["compare"]
-    if kind in TOKEN_COMPARES:
+    if kind in (TokensCheck.kind, ScalingCheck.kind):
         if "tolerance" in data:
             raise _fail(path, "tolerance", f'a "{kind}" stage takes [tie] (near-tie tolerance), not [tolerance]')
         if "tie" not in data:
             raise _fail(path, "tie", f'missing required field (a "{kind}" stage needs [tie] rtol)')
-        return 0.0, 0.0, _tolerance(path, data["tie"], "tie", ("rtol",))[0]
+        tie = _tolerance(path, data["tie"], "tie", ("rtol",))[0]
+        scaling = _scaling(path, data)
+        return TokensCheck(tie) if scaling is None else ScalingCheck(tie, scaling)
     if "tie" in data:
         raise _fail(path, "tie", 'only a stage that checks greedy tokens (compare "tokens" or "scaling") takes [tie]')
     if "tolerance" not in data:
         raise _fail(path, "tolerance", "missing required field")
+    _scaling(path, data)  # refuses a [scaling] table here
     atol, rtol = _tolerance(path, data["tolerance"])
-    return atol, rtol, None
+    return RowsCheck(atol, rtol)
 
 
 def _hints(path: Path, table: dict) -> dict:
@@ -449,10 +446,9 @@ def load_stage(path: Path) -> StageSpec:
         raise StageError(f"{path}: not valid TOML: {e}") from e
     _check_keys(path, data)
     _check_values(path, data)
-    atol, rtol, tie_rtol = _tolerances(path, data)
+    check = _check(path, data)
     inputs = _oracle_inputs(path, data)
-    scaling = _scaling(path, data)
-    cases = _parse_cases(path, data, inputs, scaling)
+    cases = _parse_cases(path, data, inputs, check.params if isinstance(check, ScalingCheck) else None)
     bugs, bug_hints = _bugs(path, data)
     names = [c.name for c in cases]
     for i, name in enumerate(names):
@@ -467,19 +463,15 @@ def load_stage(path: Path) -> StageSpec:
         adapter=data["adapter"],
         aliases=tuple(data.get("aliases", [camel_case(data["adapter"])])),
         oracle=data["oracle"],
-        compare=data["compare"],
+        check=check,
         timeout=float(data["timeout"]),
         points=float(data["points"]),
         credit=data.get("credit", "all-or-nothing"),
-        atol=atol,
-        rtol=rtol,
         hints=_hints(path, data.get("hints", {})),
         cases=cases,
         source=path.resolve(),
-        scaling=scaling,
         bugs=bugs,
         bug_hints=bug_hints,
-        tie_rtol=tie_rtol,
         visibility=data.get("visibility", "visible"),
     )
 

@@ -1,0 +1,72 @@
+"""What a stage checks is a type (theinference.grading.spec.checks): the loader's choice, and mypy's guard."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from theinference.bundled import data_dir
+from theinference.grading.spec import checks
+from theinference.grading.spec.checks import RowsCheck, ScalingCheck, ScalingSpec, TokensCheck
+from theinference.grading.spec.stages import load_stages
+
+BUILTIN = {s.id: s for s in load_stages([data_dir("stages")])}
+
+
+def test_each_built_in_stage_file_makes_the_check_its_compare_names():
+    kinds = {s.id: type(s.check) for s in BUILTIN.values()}
+    assert kinds["greedy"] is TokensCheck and kinds["cache-scaling"] is ScalingCheck
+    assert {kinds[i] for i in ("forward", "per-step-identity", "prove-one-layer", "decode-step")} == {RowsCheck}
+    for stage in BUILTIN.values():
+        assert stage.compare == stage.check.kind  # JSON's "compare" is the kind's name
+
+
+@pytest.mark.parametrize(
+    "check, tolerance, tokens",
+    [
+        (RowsCheck(atol=1e-3, rtol=1e-2), {"atol": 1e-3, "rtol": 1e-2}, False),
+        (TokensCheck(tie_rtol=1e-4), {"tie_rtol": 1e-4}, True),
+        (
+            ScalingCheck(tie_rtol=1e-4, params=ScalingSpec(lengths=(8, 64), repeats=1, max_ratio=2.0)),
+            {"tie_rtol": 1e-4},
+            True,
+        ),
+    ],
+)
+def test_each_kind_gives_its_own_tolerance(check, tolerance, tokens):
+    assert checks.tolerance(check) == tolerance
+    assert checks.checks_tokens(check) is tokens
+    assert checks.tie_rtol(check) == tolerance.get("tie_rtol")
+
+
+_MATCH = """
+from typing import assert_never
+from checks import Check, RowsCheck, ScalingCheck, TokensCheck
+
+def name(check: Check) -> str:
+    match check:
+        case RowsCheck():
+            return "rows"
+        case TokensCheck():
+            return "tokens"
+{scaling}        case _:
+            assert_never(check)
+"""
+
+
+def test_mypy_names_the_kind_a_match_leaves_out(tmp_path):
+    shutil.copy(Path(checks.__file__), tmp_path / "checks.py")  # the standard library only: mypy reads it alone
+
+    def mypy(scaling: str) -> subprocess.CompletedProcess:
+        (tmp_path / "use.py").write_text(_MATCH.format(scaling=scaling))
+        return subprocess.run(
+            [sys.executable, "-m", "mypy", "--no-incremental", "--strict", "use.py"],
+            cwd=tmp_path, capture_output=True, text=True,
+        )  # fmt: skip
+
+    complete = mypy('        case ScalingCheck():\n            return "scaling"\n')
+    assert complete.returncode == 0, complete.stdout
+    missing = mypy("")
+    assert missing.returncode == 1 and "ScalingCheck" in missing.stdout, missing.stdout
