@@ -10,9 +10,9 @@ processes and the fraction of the wall time outside them (target for the warm ru
 
 "Inside the student's processes" is measured in the grading process: the wall time of each
 stage's `run_adapter` (from writing the first student process's job and starting it until the
-last one is reaped), minus the time the grader spent meanwhile in its own callbacks (the
-output-size cap, which asks the oracle for the expected shape, and the comparison and diagnosis
-of each case as it arrives, oracle lookups included). The student's process may keep computing
+last one is reaped), minus the time the grader spent meanwhile in its own callback (the
+comparison and diagnosis of each case as it arrives, oracle lookups included; the output-size caps
+are set before the run, from each case's expected shape). The student's process may keep computing
 while those callbacks run, so this undercounts the inside time: the outside fraction printed is
 an upper bound.
 """
@@ -50,7 +50,7 @@ def measure_child(out: str, argv: list[str]) -> None:
         return call
 
     def run_adapter(job):
-        job = dataclasses.replace(job, output_cap=timed(job.output_cap), consume=timed(job.consume))
+        job = dataclasses.replace(job, consume=timed(job.consume))
         before, start = totals["callbacks"], time.perf_counter()
         try:
             return real_run(job)

@@ -52,8 +52,8 @@ class AdapterJob:
     timeout: float  # seconds per call (and for importing the adapters): limits.timeout, else the stage's
     limits: Limits = field(default_factory=Limits)
     launcher: Launcher = field(default_factory=SubprocessLauncher)
-    # The bytes call i's returned array may hold (larger: "too-large", not read); asked only once it returned.
-    output_cap: Callable[[int], int] | None = None
+    # The bytes call i's returned array may hold (larger: "too-large", not read), from its expected shape.
+    output_caps: tuple[int, ...] = ()
     # Called with (index, outcome) as each case's array arrives; the array is dropped afterwards, so a
     # stage's outputs are never all in memory at once.
     consume: Callable | None = None
@@ -465,10 +465,7 @@ def _handle(
     elif event == protocol.DONE and state.started and _is_case(message, state.current):
         child.check_limits(now=True)  # a case that ends past a limit (its writes refused, say) is the limit's
         assert child.run_dir is not None, "a started child has a run directory"
-        returned = (
-            message.get("status") == protocol.OK
-        )  # the cap asks the oracle: only for a case that returned an array
-        cap = job.output_cap(state.current) if job.output_cap and returned else None
+        cap = job.output_caps[state.current] if job.output_caps else None
         outcome = _outcome_from_done(message, state.current, child.run_dir, cap)
         child.attach_output(outcome, state.case_output, _offsets(message))
         outcome.defined_at, outcome.clock, outcome.loading = state.defined_at, clock.reading(), state.loading

@@ -135,11 +135,14 @@ _OUTPUT_FLOOR = 1 << 20
 
 
 def _expected_shape(stage: StageSpec, spec: OracleSpec, case: CaseSpec, ctx: GradeContext) -> tuple[int, ...]:
-    """The shape of the case's right answer (greedy token ids need no oracle output to know it)."""
+    """The shape of the case's right answer, known before the student's process runs: greedy token ids from
+    n_new, a built-in oracle's from its shape rule; an instructor's oracle is computed to know it."""
     match stage.check:
         case TokensCheck() | ScalingCheck():
             return (case.inputs["n_new"],)
         case RowsCheck():
+            if spec.shape is not None:
+                return spec.shape(ctx.model.config, case.inputs)
             return ctx.cache.get(ctx.model, stage, spec, case).shape
         case _:
             assert_never(stage.check)
@@ -243,9 +246,6 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     graded: dict[int, CaseResult] = {}
     on_case = ctx.on_case
 
-    def output_cap(index: int) -> int:  # the oracle runs only for cases that returned something
-        return _output_cap(_expected_shape(stage, spec, stage.cases[index], ctx))
-
     def consume(index: int, outcome: CallOutcome) -> None:  # compared as it arrives, then its array is dropped
         graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
 
@@ -258,7 +258,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         timeout=ctx.limits.timeout or ctx.course.timeout or stage.timeout,
         limits=ctx.limits,
         launcher=ctx.launcher,
-        output_cap=output_cap,
+        output_caps=tuple(_output_cap(_expected_shape(stage, spec, case, ctx)) for case in stage.cases),
         consume=consume,
         all_cases=ctx.all_cases,
         case_names=tuple(c.name for c in stage.cases),

@@ -17,7 +17,7 @@ import numpy as np
 
 from theinference.model import defective
 from theinference.model import gpt2 as oracle
-from theinference.model.weights import Model
+from theinference.model.weights import GPT2Config, Model
 from theinference.errors import ConfigError
 
 
@@ -37,6 +37,9 @@ class OracleSpec:
     # The same computation with a bug: (model, defects, **inputs), model/defective.py; the built-in bug
     # oracles (theinference.grading.oracle.bugs) need it. Built-in oracles only.
     defective: Callable[..., np.ndarray] | None = None
+    # The shape of the output for these inputs, known without computing it (the runner's byte cap for a
+    # returned array is set from it before the student's process starts); built-in oracles only.
+    shape: Callable[[GPT2Config, dict], tuple[int, ...]] | None = None
 
 
 def _seq_positions(inputs: dict) -> list[int]:
@@ -59,6 +62,7 @@ BUILTIN_ORACLES = {
         positions=_last_position,
         prefill=lambda inputs: len(inputs["seq"]) - 1,
         defective=lambda m, defects, seq: defective.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects)[-1],
+        shape=lambda config, inputs: (config.n_embd,),
     ),
     "decode-step-logits": OracleSpec(
         inputs=("prompt", "next_id"),
@@ -70,6 +74,7 @@ BUILTIN_ORACLES = {
         defective=lambda m, defects, prompt, next_id: defective.logits(
             m.params, [*prompt, next_id], m.config.n_head, defects, rows=slice(len(prompt), len(prompt) + 1)
         )[0],
+        shape=lambda config, inputs: (config.n_vocab,),
     ),
     "logits": OracleSpec(
         inputs=("seq",),
@@ -77,12 +82,14 @@ BUILTIN_ORACLES = {
         positions=_seq_positions,
         prefill=lambda inputs: len(inputs["seq"]),  # one block: no decode steps
         defective=lambda m, defects, seq: defective.logits(m.params, seq, m.config.n_head, defects),
+        shape=lambda config, inputs: (len(inputs["seq"]), config.n_vocab),
     ),
     "layer0-attn-sublayer": OracleSpec(
         inputs=("seq",),
         compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head),
         positions=_seq_positions,
         defective=lambda m, defects, seq: defective.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects),
+        shape=lambda config, inputs: (len(inputs["seq"]), config.n_embd),
     ),
     "per-step-logits": OracleSpec(
         inputs=("prompt", "cont"),
@@ -92,11 +99,13 @@ BUILTIN_ORACLES = {
         defective=lambda m, defects, prompt, cont: defective.per_step_logits(
             m.params, prompt, cont, m.config.n_head, defects
         ),
+        shape=lambda config, inputs: (len(inputs["cont"]), config.n_vocab),
     ),
     "greedy": OracleSpec(
         inputs=("prompt", "n_new"),
         compute=lambda m, prompt, n_new: np.asarray(oracle.greedy(m.params, prompt, n_new, m.config.n_head)),
         positions=_step_positions,
+        shape=lambda config, inputs: (inputs["n_new"],),
     ),
 }
 
