@@ -8,17 +8,15 @@ oracle cache directory, then again with the cache the first run left. For each r
 the wall time (process start to exit, as the user waits for it), the time inside the student's
 processes and the fraction of the wall time outside them (target for the warm run: <= 10%).
 
-"Inside the student's processes" is measured in the grading process: the wall time of each
-stage's `run_adapter` (from writing the first student process's job and starting it until the
-last one is reaped), minus the time the grader spent meanwhile in its own callback (the
+"Inside the student's processes" is measured in the grading process: the time each stage's
+`run_adapter` takes to hand over its next event (from writing the first student process's job and
+starting it until the last one is reaped), so not the time the grader spends between events (the
 comparison and diagnosis of each case as it arrives, oracle lookups included; the output-size caps
 are set before the run, from each case's expected shape). The student's process may keep computing
-while those callbacks run, so this undercounts the inside time: the outside fraction printed is
-an upper bound.
+meanwhile, so this undercounts the inside time: the outside fraction printed is an upper bound.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -36,27 +34,21 @@ def measure_child(out: str, argv: list[str]) -> None:
     from theinference.cli import app as cli
     from theinference.grading.judge import grade
 
-    totals = {"inside": 0.0, "callbacks": 0.0, "stages": 0}
+    totals = {"inside": 0.0, "stages": 0}
     real_run = grade.run_adapter
 
-    def timed(fn):
-        def call(*args):
+    def run_adapter(job):  # the runner's time is the time spent getting its next event
+        events = real_run(job)
+        while True:
             start = time.perf_counter()
             try:
-                return fn(*args)
+                event = next(events)
+            except StopIteration:
+                totals["stages"] += 1
+                return
             finally:
-                totals["callbacks"] += time.perf_counter() - start
-
-        return call
-
-    def run_adapter(job):
-        job = dataclasses.replace(job, consume=timed(job.consume))
-        before, start = totals["callbacks"], time.perf_counter()
-        try:
-            return real_run(job)
-        finally:
-            totals["inside"] += time.perf_counter() - start - (totals["callbacks"] - before)
-            totals["stages"] += 1
+                totals["inside"] += time.perf_counter() - start
+            yield event
 
     grade.run_adapter = run_adapter
     atexit.register(lambda: Path(out).write_text(json.dumps(totals)))

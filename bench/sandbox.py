@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from theinference.proc.launch import SubprocessLauncher, ZygoteLauncher
-from theinference.proc.runner import AdapterJob, run_adapter
+from theinference.proc.runner import AdapterJob, run_all
 from theinference.proc.sandbox import strongest_isolation
 
 ADAPTER = "import numpy as np\n\ndef run_layer_equiv(seq_ids):\n    return np.zeros(1)\n"
@@ -33,11 +33,11 @@ def measure(launcher, course: Path, weights: Path, runs: int) -> list[float]:
         timeout=60,
         launcher=launcher,
     )
-    run_adapter(job)  # warm up (the zygote starts, files are cached)
+    run_all(job)  # warm up (the zygote starts, files are cached)
     samples = []
     for _ in range(runs):
         started = time.perf_counter()
-        outcome = run_adapter(job)[0]
+        outcome = run_all(job)[0]
         samples.append(time.perf_counter() - started)
         assert outcome.status == "ok", outcome.message
     launcher.close()

@@ -61,7 +61,7 @@ def _children_cpu() -> float:
 
 def timed_run(root: Path, kind: str, n_cases: int, launcher, weights: Path) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the student's processes: their monitor's reaped tree; 0 from the zygote)."""
-    from theinference.proc.runner import AdapterJob, run_adapter
+    from theinference.proc.runner import AdapterJob, run_all
 
     adapters = root / "tests" / f"adapters.{kind}"
     job = AdapterJob(
@@ -74,7 +74,7 @@ def timed_run(root: Path, kind: str, n_cases: int, launcher, weights: Path) -> t
         launcher=launcher,
     )
     started, cpu = time.perf_counter(), _children_cpu()
-    outcomes = run_adapter(job)
+    outcomes = run_all(job)
     seconds, cpu = time.perf_counter() - started, _children_cpu() - cpu
     bad = [o for o in outcomes if o.status != "ok"]
     if bad:

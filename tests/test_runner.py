@@ -302,7 +302,7 @@ def test_greedy_mismatch_marks_the_step_and_shows_both_paths(tmp_path, tiny_path
 def test_a_launch_that_fails_leaves_no_descriptor_open(tmp_path, tiny_path):
     """A setup error at launch (no TypeScript runner, say) is raised; every pipe the run opened is closed."""
     from theinference.errors import ConfigError
-    from theinference.proc.runner import AdapterJob, run_adapter
+    from theinference.proc.runner import AdapterJob, run_all
     from theinference.proc.sandbox import basic_isolation
 
     class Refusing:
@@ -327,5 +327,5 @@ def test_a_launch_that_fails_leaves_no_descriptor_open(tmp_path, tiny_path):
     before = set(os.listdir("/proc/self/fd"))
     for _ in range(3):
         with pytest.raises(ConfigError, match="no runner"):
-            run_adapter(job)
+            run_all(job)
     assert set(os.listdir("/proc/self/fd")) == before

@@ -16,7 +16,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,16 +54,37 @@ class AdapterJob:
     launcher: Launcher = field(default_factory=SubprocessLauncher)
     # The bytes call i's returned array may hold (larger: "too-large", not read), from its expected shape.
     output_caps: tuple[int, ...] = ()
-    # Called with (index, outcome) as each case's array arrives; the array is dropped afterwards, so a
-    # stage's outputs are never all in memory at once.
-    consume: Callable | None = None
     all_cases: bool = False  # run every case even after one timed out (default: skip the stage's rest)
     case_names: tuple[str, ...] = ()  # for messages; indices where empty
     deadline: float | None = None  # time.monotonic() past which nothing more runs (the submission's budget)
     deadline_budget: float | None = None  # the seconds that deadline allowed, for messages
-    # Told (event, case index) as the grader sees a case start (protocol.START) and finish (protocol.DONE):
-    # live progress for the person waiting. Display only; never used to decide anything.
-    on_event: Callable[[str, int], None] | None = None
+
+
+@dataclass(frozen=True)
+class CaseStarted:
+    """The student's process began case `index` (live progress: display only, never used to decide anything)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class CaseDone:
+    """Case `index` ended with this outcome. Its array (outcome.value) is dropped once the consumer has taken the
+    event, so a stage's outputs are never all in memory at once. A later CaseDone for the same index replaces it
+    (a run whose process broke a limit afterwards, or killed its monitor: nothing of it counts)."""
+
+    index: int
+    outcome: "CallOutcome"
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    """Every case's final outcome, in order: the last event."""
+
+    outcomes: list["CallOutcome"]
+
+
+RunnerEvent = CaseStarted | CaseDone | RunEnded
 
 
 @dataclass(frozen=True)
@@ -440,6 +461,16 @@ class _Progress:
     loading: StepTime | None = None  # the import's time, until the first case's outcome carries it
     started: bool = False
     case_output: list[int] = field(default_factory=lambda: [0, 0])
+    events: list[RunnerEvent] = field(default_factory=list)  # seen, not yet handed to the consumer
+
+
+def _drain(events: list[RunnerEvent]) -> Iterator[RunnerEvent]:
+    """Hand the consumer what was seen; a case's array is dropped once its event has been taken."""
+    while events:
+        event = events.pop(0)
+        yield event
+        if isinstance(event, CaseDone):
+            event.outcome.value = None
 
 
 def _handle(
@@ -460,8 +491,7 @@ def _handle(
         state.loaded, state.defined_at, state.loading = True, _defined_at(message), clock.reading()
     elif event == protocol.START and state.loaded and not state.started and _is_case(message, state.current):
         state.started, state.case_output = True, _offsets(message)
-        if job.on_event is not None:
-            job.on_event(protocol.START, state.current)
+        state.events.append(CaseStarted(state.current))
     elif event == protocol.DONE and state.started and _is_case(message, state.current):
         child.check_limits(now=True)  # a case that ends past a limit (its writes refused, say) is the limit's
         assert child.run_dir is not None, "a started child has a run directory"
@@ -471,11 +501,7 @@ def _handle(
         outcome.defined_at, outcome.clock, outcome.loading = state.defined_at, clock.reading(), state.loading
         state.loading = None  # the import is shown once, on the first case after it
         outcomes[state.current] = outcome
-        if job.consume is not None:
-            job.consume(state.current, outcome)
-            outcome.value = None
-        if job.on_event is not None:
-            job.on_event(protocol.DONE, state.current)
+        state.events.append(CaseDone(state.current, outcome))
         state.current, state.started = state.current + 1, False
     else:
         raise ProtocolError(_unexpected(message, state.current, len(job.calls)))
@@ -603,8 +629,8 @@ def _next_message(child: _Child, clock: StepClock, stage: tuple[float, _StageBud
 
 def _run_child(
     job: AdapterJob, start: int, work: Path, outcomes: dict[int, CallOutcome], stage: tuple[float, _StageBudget]
-) -> int:
-    """Run one child from case `start`; fill outcomes; return the next case still to run.
+) -> Generator[RunnerEvent, None, int]:
+    """Run one child from case `start`; fill outcomes, yield what happened; return the next case still to run.
 
     Deadlines are the grader's: the import and each case get job.timeout (charged as StepClock says) from
     when the grader saw the previous step end, and nothing the child sends moves the stage's deadline.
@@ -619,6 +645,7 @@ def _run_child(
                 break
             step = (state.loaded, state.current)
             failure = _handle(message, state, child, job, outcomes, clock)
+            yield from _drain(state.events)  # judged before the next step's clock starts, as it always was
             if (state.loaded, state.current) != step:  # the import or a case finished: the next one gets its budget
                 clock.restart()
     except TimeoutError:
@@ -642,14 +669,14 @@ def _run_child(
     returncode = child.finish(graceful=not kill_now)
     stage[1].spent += clock.total()
     if getattr(child.proc, "monitor_lost", False):
-        return _monitor_lost(job, start, outcomes)
+        return (yield from _monitor_lost(job, start, outcomes))
     if failure is None and child.over_quota is not None:  # written past the quota since the last look
         failure, state.current = (
             CallOutcome(status=protocol.ERROR, message=child.over_quota),
             min(state.current, len(job.calls) - 1),
         )
-        if state.current in outcomes and job.consume is not None:  # replaces what that case may have passed with
-            job.consume(state.current, failure)
+        if state.current in outcomes:  # replaces what that case may have passed with
+            yield CaseDone(state.current, failure)
     if state.current >= len(job.calls) and failure is None:
         return state.current
     if failure is None:
@@ -666,14 +693,13 @@ def _run_child(
 MONITOR_LOST = "the adapter's process killed its monitor (the process that confines it): nothing of this run counts"
 
 
-def _monitor_lost(job: AdapterJob, start: int, outcomes: dict[int, CallOutcome]) -> int:
+def _monitor_lost(job: AdapterJob, start: int, outcomes: dict[int, CallOutcome]) -> Generator[RunnerEvent, None, int]:
     """The student's process killed its monitor: kill what it left, and no case of this run counts."""
     strays.kill_strays()
     lost = CallOutcome(status=protocol.ERROR, message=MONITOR_LOST)
     for index in range(start, len(job.calls)):
         outcomes[index] = lost
-        if job.consume is not None:  # replaces what an earlier case of this run may have passed with
-            job.consume(index, lost)
+        yield CaseDone(index, lost)  # replaces what an earlier case of this run may have passed with
     return len(job.calls)
 
 
@@ -711,8 +737,11 @@ def remove_run_dir(path: str) -> None:
     LEFTOVERS.append(path)
 
 
-def run_adapter(job: AdapterJob) -> list[CallOutcome]:
+def run_adapter(job: AdapterJob) -> Iterator[RunnerEvent]:
     """Call the adapter once per entry of job.calls, each in a child process; never raises for student faults.
+
+    Yields typed events as the grader sees them (CaseStarted, CaseDone), then RunEnded with every outcome; the
+    runner calls nothing of its consumer's. run_all is the same, for a caller that wants the outcomes only.
 
     After a case times out, the stage's remaining cases are not run (unless job.all_cases): a hung
     submission costs about one timeout per stage, not one per case.
@@ -725,7 +754,7 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
         # A fresh run directory for each process: what one left there counts against no other's quota.
         work = tempdirs.mkdtemp("run")  # 0700; chowned to the submission's own uid as root
         try:
-            start = _run_child(job, start, Path(work), outcomes, (stage_deadline, budget))
+            start = yield from _run_child(job, start, Path(work), outcomes, (stage_deadline, budget))
         except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
             interrupt.kill_running()
             raise
@@ -742,4 +771,12 @@ def run_adapter(job: AdapterJob) -> list[CallOutcome]:
             outcomes.update((i, skipped) for i in range(start, len(job.calls)))
             start = len(job.calls)
     spent = CallOutcome(status=protocol.TIMEOUT, message=_spent_message(job))
-    return [outcomes.get(i, spent) for i in range(len(job.calls))]
+    yield RunEnded([outcomes.get(i, spent) for i in range(len(job.calls))])
+
+
+def run_all(job: AdapterJob) -> list[CallOutcome]:
+    """run_adapter's outcomes, its other events left unread."""
+    for event in run_adapter(job):
+        if isinstance(event, RunEnded):
+            return event.outcomes
+    raise AssertionError("run_adapter always ends with RunEnded")

@@ -21,7 +21,7 @@ from theinference.grading.oracle.registry import OracleSpec, resolve_oracle
 from theinference.grading.judge.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
 from theinference.proc import protocol
 from theinference.proc.limits import Limits
-from theinference.proc.runner import AdapterJob, CallOutcome, run_adapter
+from theinference.proc.runner import AdapterJob, CallOutcome, CaseDone, CaseStarted, RunEnded, run_adapter
 from theinference.grading.spec.checks import RowsCheck, ScalingCheck, TokensCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
 from theinference.grading.judge.verification import verify_tokens
@@ -232,6 +232,29 @@ def adapter_line(path: Path, names: tuple[str, ...]) -> int | None:
     return None
 
 
+def _judged_as_they_arrive(
+    stage: StageSpec, job: AdapterJob, ctx: GradeContext, spec: OracleSpec
+) -> tuple[list[CallOutcome], dict[int, CaseResult]]:
+    """Run the stage's cases, each compared as its array arrives (the runner drops the array after); the live
+    line told as each starts and ends."""
+    graded: dict[int, CaseResult] = {}
+    for event in run_adapter(job):
+        match event:
+            case CaseStarted(index=index):
+                if ctx.on_case is not None:
+                    ctx.on_case(protocol.START, stage, index)
+            case CaseDone(index=index, outcome=outcome):
+                first = index not in graded  # a later one replaces it (nothing of that run counts)
+                graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
+                if first and ctx.on_case is not None:
+                    ctx.on_case(protocol.DONE, stage, index)
+            case RunEnded(outcomes=outcomes):
+                return outcomes, graded
+            case _:
+                assert_never(event)
+    raise AssertionError("run_adapter always ends with RunEnded")
+
+
 def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     """Grade one stage of the course against the oracle; student faults become results, never exceptions."""
     started = time.perf_counter()
@@ -243,12 +266,6 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
-    graded: dict[int, CaseResult] = {}
-    on_case = ctx.on_case
-
-    def consume(index: int, outcome: CallOutcome) -> None:  # compared as it arrives, then its array is dropped
-        graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
-
     job = AdapterJob(
         course_root=ctx.course.root,
         adapters=ctx.course.adapters,
@@ -259,19 +276,17 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         limits=ctx.limits,
         launcher=ctx.launcher,
         output_caps=tuple(_output_cap(_expected_shape(stage, spec, case, ctx)) for case in stage.cases),
-        consume=consume,
         all_cases=ctx.all_cases,
         case_names=tuple(c.name for c in stage.cases),
         deadline=ctx.deadline,
         deadline_budget=ctx.budget,
-        on_event=None if on_case is None else lambda event, index: on_case(event, stage, index),
     )
     if isinstance(stage.check, ScalingCheck):  # the grader drives each timed call itself
         cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
         ran = [scaling.grade_case(stage, ctx, i, job, cap, weights_note) for i in range(len(stage.cases))]
         cases, outcomes = [r for r, _ in ran], [o for _, o in ran]
     else:
-        outcomes = run_adapter(job)
+        outcomes, graded = _judged_as_they_arrive(stage, job, ctx, spec)
         cases = [
             graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
             for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))

@@ -489,13 +489,13 @@ def grade_case(
     case = stage.cases[index]
     result = CaseResult(name=case.name, status=Status.PASS, inputs=case.inputs, texts=case.texts)
     run = _Run(stage, ctx, result, job.timeout, weights_note)
-    if job.on_event is not None:  # the live line: the case runs from the worker's start to its last call
-        job.on_event(protocol.START, index)
+    if ctx.on_case is not None:  # the live line: the case runs from the worker's start to its last call
+        ctx.on_case(protocol.START, stage, index)
     try:
         return _run_case(run, index, job, output_cap)
     finally:
-        if job.on_event is not None:
-            job.on_event(protocol.DONE, index)
+        if ctx.on_case is not None:
+            ctx.on_case(protocol.DONE, stage, index)
 
 
 def _run_case(run: _Run, index: int, job: AdapterJob, output_cap) -> tuple[CaseResult, CallOutcome]:
