@@ -115,6 +115,12 @@ def test_default_alias_is_camel_case(tmp_path):
         (lambda t: t.replace("atol = 1e-4", "atol = nan"), "tolerance.atol", "must be a finite number > 0, not nan"),
         (lambda t: t.replace("rtol = 1e-3", "rtol = inf"), "tolerance.rtol", "must be a finite number >= 0, not inf"),
         (lambda t: t.replace("atol = 1e-4", "atol = -1e-4"), "tolerance.atol", "must be a finite number > 0"),
+        # Two faults: the tolerance is told first, before the stray [scaling] table, as the loader always did.
+        (
+            lambda t: t.replace("atol = 1e-4", "atol = -1e-4") + "\n[scaling]\nrepeats = 1\n",
+            "tolerance.atol",
+            "must be a finite number > 0",
+        ),
         (lambda t: t.replace("seq = [1, 2, 3]", "seq = [1, 2, 3]\nprompt = [4]"), "case[0].prompt", "unknown field"),
         (lambda t: t.replace("seq = [1, 2, 3]", "seq = []"), "case[0].seq", "non-empty list"),
         (lambda t: t.replace("seq = [1, 2, 3]", ""), "case[0].seq", "missing required field"),

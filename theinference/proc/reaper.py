@@ -50,16 +50,18 @@ def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
 
 
 def fork_held() -> tuple[int, Callable[[], None]]:
-    """os.fork, with the child held until the parent calls the returned release.
+    """os.fork into a new session, with the child held until the parent calls the returned release.
 
     The monitor reports the worker's pid and only then lets it run: student code that kills its monitor
-    at once must still find the grader knowing whose group to kill. If the parent dies before the release,
-    the held child exits without running anything.
+    at once must still find the grader knowing whose group to kill, and the group (the child's own session,
+    made before the hold) exists by then. If the parent dies before the release, the held child exits
+    without running anything.
     """
     held, hold = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(hold)
+        os.setsid()  # its own group: a timeout's killpg reaches it but not its monitor
         go = os.read(held, 1)
         os.close(held)
         if go != b"1":
@@ -70,6 +72,8 @@ def fork_held() -> tuple[int, Callable[[], None]]:
     def release() -> None:
         try:
             os.write(hold, b"1")
+        except BrokenPipeError:
+            pass  # the held child is already dead (killed from outside): its status says so
         finally:
             os.close(hold)
 
@@ -216,7 +220,6 @@ def monitor(status_fd: int, command: list[str], cgroup: Sequence[str] = ()) -> N
     pid, release = fork_held()
     if pid == 0:
         conn.close()
-        os.setsid()  # its own group: a timeout's killpg reaches it but not this monitor
         try:
             os.execvp(command[0], command)
         finally:

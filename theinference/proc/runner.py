@@ -775,7 +775,8 @@ def run_adapter(job: AdapterJob) -> Iterator[RunnerEvent]:
 
 
 def run_all(job: AdapterJob) -> list[CallOutcome]:
-    """run_adapter's outcomes, its other events left unread."""
+    """run_adapter's outcomes, its other events left unread (each returned array is dropped as its event passes:
+    outcome.value is None; judge values from the CaseDone events instead)."""
     for event in run_adapter(job):
         if isinstance(event, RunEnded):
             return event.outcomes

@@ -35,8 +35,7 @@ _GRADER_PID_ENV = "THEINFERENCE_GRADER_PID"  # the zygote's parent, as the grade
 
 
 def _worker(request: dict, fds: list[int]) -> None:
-    """In the forked worker: become the student's process and run the child protocol."""
-    os.setsid()  # its own process group, so a timeout kills it and everything it started
+    """In the forked worker (its own session already, fork_held): become the student's process and run the child protocol."""
     stdout_fd, stderr_fd, proto_fd, *calls = fds
     devnull = os.open(os.devnull, os.O_RDONLY)
     for src, dst in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):

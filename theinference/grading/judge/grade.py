@@ -238,15 +238,17 @@ def _judged_as_they_arrive(
     """Run the stage's cases, each compared as its array arrives (the runner drops the array after); the live
     line told as each starts and ends."""
     graded: dict[int, CaseResult] = {}
+    started: set[int] = set()
     for event in run_adapter(job):
         match event:
             case CaseStarted(index=index):
+                started.add(index)
                 if ctx.on_case is not None:
                     ctx.on_case(protocol.START, stage, index)
             case CaseDone(index=index, outcome=outcome):
                 first = index not in graded  # a later one replaces it (nothing of that run counts)
                 graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
-                if first and ctx.on_case is not None:
+                if first and index in started and ctx.on_case is not None:  # ended in the student's process
                     ctx.on_case(protocol.DONE, stage, index)
             case RunEnded(outcomes=outcomes):
                 return outcomes, graded

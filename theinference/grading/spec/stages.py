@@ -384,24 +384,29 @@ def _parse_cases(path: Path, data: dict, inputs: tuple[str, ...], scaling: Scali
     return tuple(CaseSpec(c.name, {**c.inputs, "n_new": scaling.lengths[-1]}, c.texts) for c in cases)
 
 
-def _check(path: Path, data: dict) -> Check:
-    """What the stage checks: a stage that checks greedy tokens has [tie] and no [tolerance], any other the reverse."""
+def _tolerances(path: Path, data: dict) -> tuple[float, float] | float:
+    """(atol, rtol), or a token stage's tie rtol: a stage that checks greedy tokens has [tie] and no [tolerance], any
+    other the reverse."""
     kind = data["compare"]
     if kind in (TokensCheck.kind, ScalingCheck.kind):
         if "tolerance" in data:
             raise _fail(path, "tolerance", f'a "{kind}" stage takes [tie] (near-tie tolerance), not [tolerance]')
         if "tie" not in data:
             raise _fail(path, "tie", f'missing required field (a "{kind}" stage needs [tie] rtol)')
-        tie = _tolerance(path, data["tie"], "tie", ("rtol",))[0]
-        scaling = _scaling(path, data)
-        return TokensCheck(tie) if scaling is None else ScalingCheck(tie, scaling)
+        return _tolerance(path, data["tie"], "tie", ("rtol",))[0]
     if "tie" in data:
         raise _fail(path, "tie", 'only a stage that checks greedy tokens (compare "tokens" or "scaling") takes [tie]')
     if "tolerance" not in data:
         raise _fail(path, "tolerance", "missing required field")
-    _scaling(path, data)  # refuses a [scaling] table here
     atol, rtol = _tolerance(path, data["tolerance"])
-    return RowsCheck(atol, rtol)
+    return atol, rtol
+
+
+def _check(tolerances: tuple[float, float] | float, scaling: ScalingSpec | None) -> Check:
+    """What the stage checks, from its validated tolerance and [scaling] table."""
+    if isinstance(tolerances, tuple):
+        return RowsCheck(*tolerances)
+    return TokensCheck(tolerances) if scaling is None else ScalingCheck(tolerances, scaling)
 
 
 def _hints(path: Path, table: dict) -> dict:
@@ -446,9 +451,11 @@ def load_stage(path: Path) -> StageSpec:
         raise StageError(f"{path}: not valid TOML: {e}") from e
     _check_keys(path, data)
     _check_values(path, data)
-    check = _check(path, data)
+    tolerances = _tolerances(path, data)  # in this order: a file with several faults is told the same first one
     inputs = _oracle_inputs(path, data)
-    cases = _parse_cases(path, data, inputs, check.params if isinstance(check, ScalingCheck) else None)
+    scaling = _scaling(path, data)
+    check = _check(tolerances, scaling)
+    cases = _parse_cases(path, data, inputs, scaling)
     bugs, bug_hints = _bugs(path, data)
     names = [c.name for c in cases]
     for i, name in enumerate(names):
