@@ -84,7 +84,7 @@ def test_text_inputs_are_tokenized_and_kept_for_display(tmp_path):
 
 def test_a_tokens_stage_has_a_tie_tolerance(tmp_path):
     stage = load_stage(write_stage(tmp_path, tokens_stage()))
-    assert (stage.compare, stage.check) == ("tokens", TokensCheck(1e-4))
+    assert stage.check == TokensCheck(1e-4)
 
 
 def test_default_alias_is_camel_case(tmp_path):

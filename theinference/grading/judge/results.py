@@ -185,11 +185,6 @@ class StageResult:
     visibility: str = "visible"  # when Gradescope shows it to the student (the stage file's `visibility`)
 
     @property
-    def compare(self) -> str:
-        """The stage file's `compare`: the kind's name, as JSON carries it."""
-        return self.check.kind
-
-    @property
     def passed_cases(self) -> int:
         return sum(c.status == "pass" for c in self.cases)
 

@@ -69,14 +69,3 @@ def checks_tokens(check: Check) -> bool:
             return True
         case _:
             assert_never(check)
-
-
-def tie_rtol(check: Check) -> float | None:
-    """The near-tie tolerance of a stage that checks greedy tokens; None for rows."""
-    match check:
-        case RowsCheck():
-            return None
-        case TokensCheck(tie_rtol=tie) | ScalingCheck(tie_rtol=tie):
-            return tie
-        case _:
-            assert_never(check)

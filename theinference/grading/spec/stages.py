@@ -153,11 +153,6 @@ class StageSpec:
         return (self.adapter, *self.aliases)
 
     @property
-    def compare(self) -> str:
-        """The stage file's `compare` (the kind's name, as JSON reports carry it)."""
-        return self.check.kind
-
-    @property
     def checks_tokens(self) -> bool:
         return checks_tokens(self.check)
 
