@@ -396,6 +396,28 @@ def test_two_gradings_at_once_never_run_their_students_as_one_uid(tmp_path, tiny
     assert uid not in (0, held), stdout
 
 
+@needs_linux
+@pytest.mark.skipif(not IS_ROOT, reason="only root leases uids for students")
+def test_a_uid_that_runs_processes_is_not_leased_to_a_student(monkeypatch):
+    """A grader running as nobody takes no lease: a root grader must still not run its students as nobody then."""
+    from theinference.proc import sandbox
+
+    busy, free = list(sandbox.submission_uids())[-4:-2]  # uids no other test here takes (nobody is the first)
+    monkeypatch.setattr(sandbox, "submission_uids", lambda: iter([busy, free]))
+    other_grader = subprocess.Popen(["setpriv", f"--reuid={busy}", f"--regid={busy}", "--clear-groups", "sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while not sandbox.runs_processes(busy) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held, lease = sandbox.lease_uid(set())
+        os.close(lease)
+    finally:
+        other_grader.kill()
+        other_grader.wait()
+    assert held == free
+    assert not sandbox.runs_processes(busy)
+
+
 # --- 4. Root follows a student's symlink ----------------------------------------------------------------------------
 
 

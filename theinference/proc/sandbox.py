@@ -115,12 +115,26 @@ def _lease_dir() -> str:
     raise NoUidFree("no private directory for uid leases (tried " + ", ".join(_LEASE_DIRS) + ")")
 
 
+def runs_processes(uid: int) -> bool:
+    """Whether any process on this machine now runs as uid (the owner of its /proc entry)."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat(follow_symlinks=False).st_uid == uid:
+                    return True
+            except OSError:
+                continue  # it ended meanwhile
+    return False
+
+
 def lease_uid(taken: set[int]) -> tuple[int, int]:
     """A uid no other grading on this machine is using, and the open lock file that holds it (close it to release).
 
     Two graders at once (two `grade` runs, a CI job beside a `test --untrusted`) would otherwise both run their
     first submission as nobody, and each could signal the other's processes and write into its run directory.
-    The lease is an exclusive flock, so the kernel releases it when this process ends, however it ends."""
+    The lease is an exclusive flock, so the kernel releases it when this process ends, however it ends. A uid
+    that runs processes is in use too, though no lease says so: a grader running as nobody takes none (it cannot
+    write root's lease directory), and a student sharing its uid could signal it and write into its run directory."""
     directory = _lease_dir()
     for uid in submission_uids():
         if uid in taken:
@@ -129,6 +143,9 @@ def lease_uid(taken: set[int]) -> tuple[int, int]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
+            continue
+        if runs_processes(uid):  # checked under the lease: no other root grader starts students as it meanwhile
             os.close(fd)
             continue
         return uid, fd
