@@ -22,6 +22,7 @@ from theinference.cli.app import app
 from theinference.cli.live import RunProgress
 from theinference.grading.judge import fingerprint
 from theinference.grading.tools.mutants import build_mutant, load_mutants
+from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import open_session
 from theinference.grading.spec.stages import load_stages, stage_dirs
 from theinference.grading.drive.watch import Watch
@@ -236,7 +237,7 @@ def test_off_a_terminal_the_live_line_names_the_running_case(capsys, monkeypatch
 def test_watch_mode_tells_the_live_line_each_case_before_the_screen_is_redrawn(solution_course, tiny_path):
     # While the first grade runs (minutes on the gpt2 shape), the live line says which case is running.
     events: list = []
-    session = open_session(solution_course, str(tiny_path), [])
+    session = open_session(plan_run(solution_course, weights=str(tiny_path)))
     try:
         Watch(
             session,

@@ -19,6 +19,7 @@ from theinference.model.weights import Synthetic
 from theinference.report.terminal import render_run, sparkline
 from theinference.bundled import data_dir
 from theinference.grading.judge.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
+from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import RunOptions, open_session
 from theinference.grading.spec.checks import RowsCheck, TokensCheck
 
@@ -328,7 +329,7 @@ def test_a_stage_read_across_one_row_cases_prints_one_table_by_position():
 def test_a_real_failure_reads_whole_at_80_columns(tiny_path, tmp_path):
     mutant = next(m for m in load_mutants(data_dir("course") / "mutants") if m.name == "mask-off-by-one")
     course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / mutant.name)
-    session = open_session(course, str(tiny_path), [])
+    session = open_session(plan_run(course, weights=str(tiny_path)))
     try:
         wanted = [s for s in session.stages if s.id in ("single-step-attention", "per-step-identity")]
         run = session.run(wanted, RunOptions())

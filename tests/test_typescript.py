@@ -17,6 +17,7 @@ import pytest
 from conftest import write_quick_scaling_stage
 
 from theinference.bundled import data_dir
+from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import open_session
 from theinference.grading.drive.watch import Watch
 from theinference.proc.node import find_tsx, node_executable, strips_types
@@ -244,7 +245,7 @@ def test_ts_course_without_a_runner_is_a_setup_error_naming_the_install(cli, tmp
 def test_watch_regrades_on_a_ts_save(tmp_path, tiny_path, node_modules):
     course = ts_course(tmp_path / "ts", node_modules)
     regrades: list = []
-    with open_session(course, str(tiny_path), []) as session:
+    with open_session(plan_run(course, weights=str(tiny_path))) as session:
         watch = Watch(session, ["prove-one-layer"], regrades.append)
         stop = threading.Event()
         watch.start_observer()

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import scaled, write_adapters
 from theinference.bundled import data_dir
+from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import open_session
 from theinference.grading.drive.watch import Watch, is_relevant
 
@@ -31,7 +32,7 @@ class Harness:
     """A Watch running in a thread; `regrades` lists what each re-grade reported."""
 
     def __init__(self, course: Path, weights: Path, poll: bool = False):
-        self.session = open_session(course, str(weights), [])
+        self.session = open_session(plan_run(course, weights=str(weights)))
         self.regrades = []
         self.watch = Watch(self.session, ["prove-one-layer"], self.regrades.append, poll=poll)
         self.stop = threading.Event()
@@ -253,7 +254,7 @@ def test_a_failing_native_observer_suggests_polling(solution_course, tiny_path, 
         raise OSError("inotify watch limit reached")
 
     monkeypatch.setattr(watch_module.Watch, "start_observer", refuse)
-    session = open_session(solution_course, str(tiny_path), [])
+    session = open_session(plan_run(solution_course, weights=str(tiny_path)))
     try:
         code = run_watch(Watch(session, ["prove-one-layer"], lambda r: None))
     finally:
@@ -303,7 +304,7 @@ def test_the_verdict_shows_before_the_fingerprint(tmp_path, tiny_path):
 
     mutant = load_mutant(data_dir("course") / "mutants" / "wpe-base-off-by-one" / "manifest.toml")
     course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / "course")
-    session = open_session(course, str(tiny_path), [])
+    session = open_session(plan_run(course, weights=str(tiny_path)))
     seen = []
 
     def snapshot(report):

@@ -9,6 +9,13 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("true", "1", "yes")
 
 
+def untrusted_run(asked: bool, gradescope: bool = False, reads_course: bool = True) -> bool:
+    """The trust rule (theinference.trust), here so the early first line can ask it too: a run is untrusted when
+    asked (`--untrusted`, `grade`), for Gradescope output, and in CI for every command that reads a course
+    directory (`stages check` grades the instructor's own subjects). Only the run's plan and the early line ask."""
+    return asked or gradescope or (reads_course and in_ci())
+
+
 def is_plain(stream) -> bool:
     """Whether output on stream gets plain lines, not colour and redrawn bars: off a terminal, or in CI."""
     return in_ci() or not stream.isatty()

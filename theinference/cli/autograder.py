@@ -23,10 +23,10 @@ from theinference.grading.tools.autograder import (
 from theinference.cli.consoles import err_console
 from theinference.cli.common import write_atomic
 from theinference.cli.weights import Preset
-from theinference.grading.spec.randomcases import resolve_seed
 from theinference.errors import UsageError
 from theinference.grading.drive.session import select_stages
-from theinference.grading.spec.stages import StageError, load_stages, stage_dirs
+from theinference.grading.drive.plan import CourseNeed, plan_run
+from theinference.grading.spec.stages import StageError
 from theinference.model.weights import WeightsError
 
 autograder_app = typer.Typer(help="Write what grades a class on Gradescope or GitHub Actions.", no_args_is_help=True)
@@ -90,12 +90,12 @@ CasesSeedOpt = Annotated[
 
 
 def _grading(stages_dir, stage, timeout, memory_limit, cases_seed) -> Grading:
-    """The grading settings, checked now rather than at every submission."""
+    """The grading settings, checked now rather than at every submission (by the plan `grade` will make of them)."""
     try:
-        resolve_seed(cases_seed)
-    except ValueError:
-        raise UsageError(f"--cases-seed takes an integer or 'random', not {cases_seed!r}") from None
-    select_stages(load_stages(stage_dirs(None, stages_dir or [])), stage or [])
+        plan = plan_run(need=CourseNeed.NONE, stages_dirs=stages_dir or [], seed=cases_seed, untrusted=True)
+    except UsageError as e:
+        raise UsageError(str(e).replace("--seed", "--cases-seed", 1)) from None
+    select_stages(plan.stages(), stage or [])
     return Grading(
         stages_dirs=[Path(d) for d in stages_dir or []],
         stage_ids=stage or [],

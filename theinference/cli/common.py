@@ -3,7 +3,6 @@
 import sys
 import threading
 import time
-from types import MappingProxyType
 from pathlib import Path
 
 import typer
@@ -12,12 +11,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from theinference.cli.consoles import err_console
-from theinference.terminals import in_ci, is_plain
-from theinference.grading.spec.randomcases import resolve_seed
-from theinference.errors import ConfigError, UsageError
+from theinference.terminals import is_plain
+from theinference.errors import ConfigError
 from theinference import files
-from theinference.grading.drive.session import RunOptions
-from theinference.proc.limits import Limits
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -131,32 +127,3 @@ class OracleProgress:
             text = f"{label} in {spent:.1f} s" if count == 1 else f"{count} outputs in {spent:.1f} s, the last {label}"
             self.console.print(f"oracle: computed {text}", markup=False, highlight=False, soft_wrap=True)
             self.unsaid = [0, 0.0]
-
-
-def run_options(
-    timeout: float | None,
-    memory_limit_mb: int,
-    seed: str | None,
-    untrusted: bool = False,
-    all_cases: bool = False,
-    submission_timeout: float | None = None,
-    env: dict | None = None,
-) -> RunOptions:
-    """RunOptions from command-line values; untrusted grading (and CI) gives students an allow-listed environment."""
-    try:
-        resolved = resolve_seed(seed)
-    except ValueError:
-        raise UsageError(f"--seed takes an integer or 'random', not {seed!r}") from None
-    limits = Limits(
-        timeout=timeout,
-        memory_mb=memory_limit_mb or None,
-        untrusted=untrusted or in_ci(),
-        env=MappingProxyType(dict(env or {})),
-    )
-    return RunOptions(
-        limits=limits,
-        seed=resolved,
-        all_cases=all_cases,
-        submission_timeout=submission_timeout or None,
-        first_exact=True,  # a student or a TA needs the bug named, not every bug that gives the same numbers
-    )

@@ -15,11 +15,11 @@ from theinference.cli.consoles import console_for
 from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.report.terminal import render_run
 from theinference.bundled import data_dir
-from theinference.grading.drive.session import RunOptions, open_session, select_stages
+from theinference.grading.drive.plan import CourseNeed, plan_run
+from theinference.grading.drive.session import open_session, select_stages
 from theinference.errors import ConfigError
 from theinference.cli.options import WeightsOpt
 from theinference.course import load_course
-from theinference.grading.spec.stages import load_stages, stage_dirs
 
 # A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
 # a jump under the copy heads of synthetic weights v2; see the README).
@@ -52,7 +52,7 @@ def init_command(
         dirs_exist_ok=True,
         ignore=shutil.ignore_patterns("__pycache__", "node_modules"),
     )
-    first = load_stages(stage_dirs(None, []))[0]
+    first = plan_run(need=CourseNeed.NONE).stages()[0]
     console = console_for(sys.stdout)
     files = "src/gpt2.ts, src/kvcache.ts, tests/adapters.ts" if ts else "src/gpt2.py, src/kvcache.py, tests/adapters.py"
     console.print(f"created the course in {directory}: {files}", soft_wrap=True)
@@ -74,14 +74,14 @@ def demo_command(
         shutil.copytree(data_dir("course") / "solution", solution)
         [mutant] = [m for m in load_mutants(data_dir("course") / "mutants") if m.name == DEMO_MUTANT]
         buggy = build_mutant(mutant, solution, Path(tmp) / "buggy")
-        with open_session(solution, weights, [], progress=synth_progress()) as session:
+        with open_session(plan_run(solution, weights=weights, first_exact=False), synth_progress()) as session:
             console.rule("1. the reference solution")
-            good = session.grader.grade(session.course, session.stages, RunOptions())
+            good = session.run(session.stages)
             render_run(console, good, __version__)
             console.rule(f"2. the same code with one bug: {mutant.description}")
-            bad = session.grader.grade(
-                load_course(buggy), select_stages(session.stages, list(mutant.expect)), RunOptions()
-            )
+            copy = session.plan.for_course(load_course(buggy))
+            assert copy.course is not None
+            bad = session.grader.grade(copy.course, select_stages(session.stages, list(mutant.expect)), copy.options)
             render_run(console, bad, __version__)
     diagnosed = all(s.diagnosis and s.diagnosis.shape in mutant.expect[s.id] for s in bad.stages)
     console.print("\nnext: `theinference init my-course` starts the course." if good.passed and diagnosed else "")

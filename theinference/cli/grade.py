@@ -32,17 +32,18 @@ from theinference.grading.drive.batch import (
     shard_record,
     submissions,
 )
-from theinference.cli.common import run_options, synth_progress, write_atomic
+from theinference.cli.common import synth_progress, write_atomic
 from theinference.cli.consoles import err_console
 from theinference.terminals import is_plain
-from theinference.proc.launch import blas_env, default_launcher
+from theinference.proc.launch import blas_env
 from theinference.report.gradescope import render_gradescope, render_gradescope_ungraded
 from theinference.untrusted import for_terminal
 from theinference.proc.runner import DEFAULT_MEMORY_MB, LEFTOVERS
 from theinference.grading.drive.session import select_stages
 from theinference.grading.tools.shards import merge_shards
-from theinference.model.weights_choice import obtain_weights
-from theinference.grading.spec.stages import load_stages, stage_dirs
+from theinference.grading.drive.grader import Grader
+from theinference.grading.drive.plan import CourseNeed, RunPlan, plan_run
+from theinference.grading.spec.stages import StageSpec
 from theinference.cli.options import (
     DEFAULT_JOBS,
     AllowRootOpt,
@@ -53,7 +54,6 @@ from theinference.cli.options import (
     TimeoutOpt,
     WeightsOpt,
 )
-from theinference.grading.drive.grader import Grader
 from theinference.report.jsonout import batch_document
 
 
@@ -111,17 +111,11 @@ class BatchProgress:
         )
 
 
-def _grader(weights: Optional[str], stages_dir: list[Path], stage: list[str], allow_root: bool):
-    stages = select_stages(load_stages(stage_dirs(None, stages_dir)), stage)
-    choice, model, _ = obtain_weights(weights, None, synth_progress(), untrusted=True)
+def _grader(plan: RunPlan, stage: list[str]) -> tuple[Grader, list[StageSpec]]:
+    stages = select_stages(plan.stages(), stage)
+    choice, model, _ = plan.load_weights(synth_progress())
     # One grader for every submission: weights, oracle cache, launcher.
-    return Grader(
-        weights=choice,
-        model=model,
-        launcher=default_launcher(untrusted=True, allow_root=allow_root),
-        untrusted=True,
-        extra_stage_dirs=list(stages_dir),
-    ), stages
+    return Grader(weights=choice, model=model, launcher=plan.launcher(), cache=plan.oracle_cache(), plan=plan), stages
 
 
 def merge_command(
@@ -243,10 +237,20 @@ def grade_command(
     `theinference grade merge SHARD... [--out FILE]` combines the CSV or JSON files of --shard runs (see `theinference grade merge --help`).
     """
     out = out or Path(DEFAULT_OUT[fmt])
-    options = run_options(
-        timeout, memory_limit, seed, untrusted=True, all_cases=all_cases, submission_timeout=submission_timeout
+    plan = plan_run(
+        need=CourseNeed.NONE,
+        weights=weights,
+        stages_dirs=stages_dir or [],
+        timeout=timeout,
+        memory_limit_mb=memory_limit,
+        seed=seed,
+        untrusted=True,  # submissions choose nothing (theinference.trust)
+        all_cases=all_cases,
+        submission_timeout=submission_timeout,
+        diagnosis=not no_diagnosis,
+        allow_root=allow_root,
     )
-    options = dataclasses.replace(options, diagnosis=not no_diagnosis)
+    options = plan.options
     check_output(out)
     subs = submissions(submission_dirs)
     if fmt is BatchFormat.gradescope and len(subs) != 1:
@@ -254,7 +258,7 @@ def grade_command(
     index, count = parse_shard(shard_spec) if shard_spec else (1, 1)
     record = shard_record(subs, index, count)
     subs = shard(subs, index, count)
-    grader, stages = _grader(weights, stages_dir or [], stage or [], allow_root)
+    grader, stages = _grader(plan, stage or [])
     isolation = grader.launcher.isolation
     if jobs > 1 and len(subs) > 1 and not isolation.separates_submissions:
         jobs = 1

@@ -8,14 +8,12 @@ import typer
 
 from theinference.cli.common import synth_progress
 from theinference.cli.consoles import err_console
-from theinference.course import find_course
 from theinference.grading.judge import scaling
 from theinference.grading.tools.export import oracle_arrays
 from theinference.grading.oracle.cache import OracleCache
 from theinference.errors import UsageError
 from theinference.grading.drive.session import select_stages
-from theinference.model.weights_choice import obtain_weights
-from theinference.grading.spec.stages import load_stages, stage_dirs
+from theinference.grading.drive.plan import CourseNeed, plan_run
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.cli.options import CourseOpt, StagesDirOpt, WeightsOpt
 
@@ -34,19 +32,14 @@ def oracle_command(
 
     Keys: '<case>.<input>' (token ids, counts), '<case>.expected' (what your adapter must return), for forward also every block's output to compare layer by layer ('<case>.embed', '<case>.block<i>.attn' after block i's attention, '<case>.block<i>.mlp' after its MLP, '<case>.ln_f', each [n, n_embd]), for greedy and cache-scaling '<case>.logits' (the logits each choice was made from), and 'meta' (JSON: the stage's tolerance as its file gives it).
     """
-    course_obj = find_course(course)
-    [spec] = select_stages(load_stages(stage_dirs(course_obj, stages_dir or [])), [stage])
+    plan = plan_run(course, need=CourseNeed.OPTIONAL, weights=weights, stages_dirs=stages_dir or [])
+    [spec] = select_stages(plan.stages(), [stage])
     names = [c.name for c in spec.cases]
     for wanted in case or []:
         if wanted not in names:
             raise UsageError(f"stage '{stage}' has no case '{wanted}' (cases: {', '.join(names)})")
     cases = [c for c in spec.cases if not case or c.name in case]
-    choice, model, _ = obtain_weights(
-        weights,
-        course_obj.weights if course_obj else None,
-        synth_progress(),
-        course_setting=course_obj.weights_setting if course_obj else None,
-    )
+    _, model, _ = plan.load_weights(synth_progress())
     if isinstance(
         spec.check, ScalingCheck
     ):  # cache-scaling runs on its own weights (the proof preset): its tokens are those

@@ -11,20 +11,15 @@ from rich.text import Text
 from theinference.grading.tools.check import check_course
 from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, ItemProgress, synth_progress
 from theinference.cli.consoles import console_for
-from theinference.course import find_course
-from theinference.proc.launch import default_launcher
-from theinference.grading.oracle.cache import OracleCache
-from theinference.grading.oracle.store import default_store
 from theinference.grading.drive.progress import describe_entry, load_progress, next_stage
 from theinference.report.check import render_check
 from theinference.report.stages import StageLine, stage_lines
-from theinference.trust import stage_origin
 from theinference.untrusted import for_terminal
 from theinference.bundled import data_dir
 from theinference.grading.tools.scaffold import adapter_snippets, scaffold_stage
 from theinference.grading.drive.session import select_stages
-from theinference.model.weights_choice import obtain_weights
-from theinference.grading.spec.stages import StageError, load_stages, stage_dirs
+from theinference.grading.drive.plan import CourseNeed, RunPlan, plan_run
+from theinference.grading.spec.stages import StageError, StageSpec
 from theinference.cli.options import CourseOpt, DEFAULT_JOBS, JobsOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
 from theinference.grading.drive.grader import Grader
 
@@ -37,8 +32,9 @@ def list_stages(
     stages_dir: StagesDirOpt = None,
 ) -> None:
     """List every stage in course order: id, title, cases, points, where it is defined."""
-    found = find_course(course)
-    stages = load_stages(stage_dirs(found, stages_dir or []))
+    plan = plan_run(course, need=CourseNeed.OPTIONAL, stages_dirs=stages_dir or [])
+    stages = plan.stages()
+    found = plan.course if plan.trusted else None  # untrusted grading neither reads nor writes a course's progress
     progress = load_progress(found.root) if found else {}
     upcoming = next_stage(stages, progress) if found else None
     rows = []
@@ -54,7 +50,7 @@ def list_stages(
                 adapter=s.adapter,
                 cases=len(s.cases),
                 points=s.points,
-                defined_in="" if stage_origin(s.source, stages_dir or []) == "built-in" else str(s.source.name),
+                defined_in="" if plan.stage_origin(s) == "built-in" else str(s.source.name),
             )
         )
     console = console_for(sys.stdout)
@@ -69,8 +65,9 @@ def show(
     stages_dir: StagesDirOpt = None,
 ) -> None:
     """Show a stage's lesson, with its adapter, tolerance and cases."""
+    plan = plan_run(course, need=CourseNeed.OPTIONAL, stages_dirs=stages_dir or [])
     try:
-        [stage] = select_stages(load_stages(stage_dirs(find_course(course), stages_dir or [])), [stage_id])
+        [stage] = select_stages(plan.stages(), [stage_id])
         lesson = stage.lesson.read_text(encoding="utf-8")
     except OSError as e:
         raise StageError(f"{stage.source}: cannot read lesson {stage.lesson}: {e.strerror}") from None
@@ -79,9 +76,15 @@ def show(
     tolerance = " ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in stage.tolerance.items())
     console.print(
         f"\nadapter {stage.adapter}() · {tolerance} · "
-        f"{len(stage.cases)} cases · {stage.points:g} points · timeout {stage.timeout:g} s",
+        f"{len(stage.cases)} cases · {stage.points:g} points · timeout {_timeout(plan, stage)}",
         style="dim",
     )
+
+
+def _timeout(plan: RunPlan, stage: StageSpec) -> str:
+    """The seconds per call `test` would give this stage here, and who chose them when it is not the stage."""
+    seconds = plan.timeouts.for_stage(stage)
+    return f"{seconds:g} s" + (" (the course's theinference.toml)" if plan.timeouts.chosen_by_course else "")
 
 
 @stages_app.command("check")
@@ -116,19 +119,19 @@ def check(
     Exit 1 on any mismatch; 2 when a manifest is broken (it does not load, or names a stage or a bug that does not exist), after checking every other mutant."""
     source = (source or data_dir("course")).resolve()
     extra = [*(stages_dir or []), *([source / "stages"] if (source / "stages").is_dir() else [])]
-    all_stages = load_stages(stage_dirs(None, extra))
+    # The instructor's own subjects, graded with every tie named (first_exact off: the manifests list them all).
+    plan = plan_run(need=CourseNeed.NONE, weights=weights, stages_dirs=extra, timeout=timeout, first_exact=False)
+    all_stages = plan.stages()
     selected = select_stages(all_stages, stage or [])
-    choice, model, _ = obtain_weights(weights, None, synth_progress())
+    choice, model, _ = plan.load_weights(synth_progress())
     console = console_for(sys.stdout)
     console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
     progress = ItemProgress("checking", "cells")
     # The instructor's own subjects: the persistent oracle store may serve them (see grading.oracle.store).
-    with Grader(
-        weights=choice, model=model, launcher=default_launcher(), cache=OracleCache(store=default_store())
-    ) as grader:
+    with Grader(weights=choice, model=model, launcher=plan.launcher(), cache=plan.oracle_cache(), plan=plan) as grader:
         try:
             result = check_course(
-                source, all_stages, selected, grader, timeout=timeout, jobs=jobs, progress=progress, only_mutants=mutant
+                source, all_stages, selected, grader, jobs=jobs, progress=progress, only_mutants=mutant
             )
         finally:
             progress.close()
@@ -147,7 +150,7 @@ def new(
     """Scaffold a new stage: stage file, oracle file and lesson stub that load as they are, and
     print the adapter to add to the solution's and the starter's tests/adapters.py."""
     directory = stages_dir or Path("stages")
-    existing = load_stages(stage_dirs(None, [directory] if directory.is_dir() else []))
+    existing = plan_run(need=CourseNeed.NONE, stages_dirs=[directory] if directory.is_dir() else []).stages()
     written = scaffold_stage(directory, stage_id, existing)
     solution, starter = adapter_snippets(stage_id)
     console = console_for(sys.stdout)

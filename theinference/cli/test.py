@@ -14,12 +14,10 @@ from rich.console import Console
 from theinference import __version__
 from theinference.cli.common import (
     EXIT_FAIL,
-    run_options,
     synth_progress,
     write_atomic,
 )
 from theinference.cli.consoles import console_for, err_console
-from theinference.terminals import in_ci
 from theinference.cli.options import (
     CourseOpt,
     AllowRootOpt,
@@ -34,6 +32,7 @@ from theinference.cli.watch import render_regrade, run_watch
 from theinference.errors import UsageError
 from theinference.grading.drive.advice import advise
 from theinference.grading.drive.progress import record_progress
+from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import choose_stages, open_session
 from theinference.grading.drive.watch import Watch
 from theinference.proc.runner import DEFAULT_MEMORY_MB
@@ -146,17 +145,26 @@ def test_command(
     Exit codes: 0 every selected stage passed; 1 some stage failed (including errors, timeouts, crashes and stages not started); 2 usage or configuration error (unknown stage, no adapters file, unreadable weights, invalid stage file); 3 internal error: a bug in the grader, please report it.
     """
     # Results that count as grades come from the instructor's inputs only (see the README's threat model).
-    untrusted = untrusted or in_ci() or fmt is Format.gradescope
-    if untrusted and watch:
+    plan = plan_run(
+        course,
+        weights=weights,
+        stages_dirs=stages_dir or [],
+        timeout=timeout,
+        memory_limit_mb=memory_limit,
+        seed=seed,
+        untrusted=untrusted,
+        gradescope=fmt is Format.gradescope,
+        all_cases=all_cases,
+        diagnosis=not no_diagnosis,
+        allow_root=allow_root,
+    )
+    if plan.untrusted and watch:
         raise UsageError(
             "--watch trusts the course directory; it cannot be combined with untrusted grading "
             "(--untrusted, CI=true or --format gradescope)"
         )
-    options = run_options(timeout, memory_limit, seed, untrusted=untrusted, all_cases=all_cases)
-    options = dataclasses.replace(options, diagnosis=not no_diagnosis)
-    with open_session(
-        course, weights, stages_dir or [], progress=synth_progress(), untrusted=untrusted, allow_root=allow_root
-    ) as session:
+    options, untrusted = plan.options, plan.untrusted
+    with open_session(plan, progress=synth_progress()) as session:
         # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
         wanted = [] if all_stages else (stage or ([] if untrusted else None))
         if output:
@@ -188,7 +196,7 @@ def test_command(
             live.close()
         progress = None  # untrusted grading neither reads nor writes the course's progress
         if not untrusted:
-            progress, notice = record_progress(session.course.root, run, timeout)
+            progress, notice = record_progress(session.course.root, run, options.timeout)
             if notice:
                 err_console().print(notice, markup=False, soft_wrap=True)
         run.advice = advise(run, session.stages, progress)

@@ -29,9 +29,7 @@ def run_dir_mb() -> int:
 
 @dataclass(frozen=True)
 class Limits:
-    timeout: float | None = None  # seconds per adapter call, overriding the stage's and the course's; None: theirs
     memory_mb: int | None = DEFAULT_MEMORY_MB  # address-space cap per student process; None: no cap
-    untrusted: bool = False  # the student's process gets only the allow-listed environment (theinference.trust)
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # extra environment (BLAS threads)
     run_dir_mb: int = field(default_factory=run_dir_mb)  # the run directory's quota (theinference.proc.rundir)
 

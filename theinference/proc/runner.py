@@ -49,8 +49,9 @@ class AdapterJob:
     names: tuple[str, ...]  # the function's name, then its accepted aliases
     calls: tuple[tuple, ...]  # the arguments of each call
     weights: Path
-    timeout: float  # seconds per call (and for importing the adapters): limits.timeout, else the stage's
+    timeout: float  # seconds per call (and for importing the adapters), by the run's rule (spec.timeouts)
     limits: Limits = field(default_factory=Limits)
+    untrusted: bool = False  # the student's process gets only the allow-listed environment (theinference.trust)
     launcher: Launcher = field(default_factory=SubprocessLauncher)
     # The bytes call i's returned array may hold (larger: "too-large", not read), from its expected shape.
     output_caps: tuple[int, ...] = ()
@@ -191,7 +192,7 @@ class _Child:
                 )
             )
         read_fd, write_fd = os.pipe()
-        base = allowed_env(os.environ) if job.limits.untrusted else dict(os.environ)
+        base = allowed_env(os.environ) if job.untrusted else dict(os.environ)
         # Temporary files go to the run's directory, which the quota covers (and, sandboxed, the one writable place).
         env = {**base, **job.limits.env, "THEINFERENCE_WEIGHTS": str(job.weights), "TMPDIR": str(work)}
         if interactive:  # timed: one BLAS thread, as the oracle's cost is measured (theinference.grading.judge.scaling)

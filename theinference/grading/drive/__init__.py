@@ -3,7 +3,8 @@
 Imports the oracle, spec and judge rooms; the tools room is above it.
 """
 
-from theinference.grading.drive.grader import Grader, RunOptions
+from theinference.grading.drive.grader import Grader
+from theinference.grading.drive.plan import CourseNeed, RunOptions, RunPlan, plan_run
 from theinference.grading.drive.session import Session, open_session
 
-__all__ = ["Grader", "RunOptions", "Session", "open_session"]
+__all__ = ["CourseNeed", "Grader", "RunOptions", "RunPlan", "Session", "open_session", "plan_run"]

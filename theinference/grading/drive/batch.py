@@ -33,7 +33,6 @@ from theinference.grading.drive.grader import Grader, OracleProgress, RunOptions
 from theinference.grading.spec.stages import StageSpec
 from theinference.model.weights import Model, weights_digest
 from theinference.untrusted import for_terminal
-from theinference.trust import untrusted_course
 from theinference.errors import ConfigError
 from theinference.files import atomic_file
 from theinference.grading.drive.copies import Copy, find_copies
@@ -136,12 +135,13 @@ def shard_record(subs: list[Submission], index: int = 1, count: int = 1) -> Shar
 def _grade_one(sub: Submission, grader: Grader, stages: list[StageSpec], options: RunOptions) -> SubmissionResult:
     started = time.perf_counter()
     try:
-        course, notices = untrusted_course(load_course(sub.path))
+        # Read as the batch's plan reads courses: a submission chooses nothing, not its stages, weights or timeouts.
+        read = grader.plan.for_course(load_course(sub.path))
     except CourseError as e:
         return SubmissionResult(sub.id, str(sub.path), None, error=str(e), seconds=time.perf_counter() - started)
-    # A submission chooses nothing: not its stages, weights or timeouts (see theinference.trust).
+    assert read.course is not None
     try:
-        run = grader.grade(course, stages, options, notices)
+        run = grader.grade(read.course, stages, options, read.notices)
     except (ConfinementError, NodeMissing) as e:  # e.g. a directory its confined user cannot read; no tsx in it
         return SubmissionResult(sub.id, str(sub.path), None, error=str(e), seconds=time.perf_counter() - started)
     return SubmissionResult(sub.id, str(sub.path), run, seconds=time.perf_counter() - started)

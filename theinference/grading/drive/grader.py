@@ -26,26 +26,12 @@ from theinference.grading.drive.threads import blas_threads_for_load
 from theinference.model.weights import Model
 from theinference.model.weights_choice import WeightsChoice
 from theinference.proc.launch import Launcher, default_launcher
-from theinference.proc.limits import Limits
-from theinference.trust import stage_origin
+from theinference.grading.drive.plan import RunOptions, RunPlan, timeouts
+
+__all__ = ["Grader", "OracleProgress", "RunOptions"]
 
 
 OracleProgress = Callable[[str, int, int], None]  # (stage id, cases done, cases in that stage)
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How to grade: the student processes' limits, random extra cases, fingerprinting, budgets."""
-
-    limits: Limits = field(default_factory=Limits)  # passed unchanged to every student process
-    seed: int | None = None
-    fingerprint: bool = True  # False: leave it to Grader.fingerprint (watch and `test` show the verdict first)
-    diagnosis: bool = True  # False (--no-diagnosis): no fingerprints at all, not even later
-    # Stop screening known bugs at the first exact match (`test`, `grade`: cheaper); False names every tie
-    # (`stages check` proves the manifests' lists of bugs).
-    first_exact: bool = False
-    all_cases: bool = False  # keep running a stage's cases after one timed out
-    submission_timeout: float | None = None  # wall seconds for the whole run, after which the rest times out
 
 
 @dataclass
@@ -55,8 +41,13 @@ class Grader:
     made_weights: bool = False  # the default synthetic weights were made for this run
     cache: OracleCache = field(default_factory=OracleCache)
     launcher: Launcher = field(default_factory=default_launcher)
-    untrusted: bool = False  # submissions choose nothing: not their stages, weights, stage dirs or timeout
-    extra_stage_dirs: list[Path] = field(default_factory=list)  # the instructor's --stages-dir
+    # The run's settings, resolved once (drive/plan.py): trust, stage sources, options. The default: a trusted run
+    # of the built-in stages with default options (benches, and tests that grade a course directly).
+    plan: RunPlan = field(default_factory=lambda: RunPlan(course=None, trusted=True, stage_dirs=()))
+
+    @property
+    def untrusted(self) -> bool:
+        return self.plan.untrusted
 
     def __enter__(self) -> "Grader":
         return self
@@ -82,13 +73,14 @@ class Grader:
         on_case is told as each case starts and ends in the student's process; on_stage gets each stage's
         result as soon as its cases are compared (before the next stage runs).
         """
-        options = options or RunOptions()
+        options = options or self.plan.options
         budget = options.submission_timeout
         ctx = GradeContext(
             course=course,
             model=self.model,
             cache=self.cache,
             limits=options.limits,
+            timeouts=timeouts(course, options),
             launcher=self.launcher,
             fingerprint=options.fingerprint,
             diagnosis=options.diagnosis,
@@ -97,13 +89,11 @@ class Grader:
             budget=budget,
             deadline=time.monotonic() + budget if budget else None,
             on_case=on_case,
-            untrusted=self.untrusted or options.limits.untrusted,
+            untrusted=self.plan.untrusted,
         )
         results = []
         for stage in self.with_seed(stages, options):
-            results.append(
-                dataclasses.replace(grade(stage, ctx), origin=stage_origin(stage.source, self.extra_stage_dirs))
-            )
+            results.append(dataclasses.replace(grade(stage, ctx), origin=self.plan.stage_origin(stage)))
             if on_stage is not None:
                 on_stage(results[-1])
         run = self.run_result(course, results, options, notices)
@@ -121,11 +111,10 @@ class Grader:
     ) -> RunResult:
         """A run's result around these stage results; with planned (the stages about to be graded) and no results
         yet, what a report's header says before grading, the course's own stages named as they will be."""
-        untrusted = self.untrusted or options.limits.untrusted
         if planned is None:
             ours = [(s.id, s.max_points) for s in results if s.origin == "course"]
         else:
-            ours = [(s.id, s.points) for s in planned if stage_origin(s.source, self.extra_stage_dirs) == "course"]
+            ours = [(s.id, s.points) for s in planned if self.plan.stage_origin(s) == "course"]
         return RunResult(
             course=str(course.root),
             weights_path=str(self.model.path),
@@ -136,7 +125,7 @@ class Grader:
             stages=results,
             notices=[*notices, *self.model.notices],
             seed=options.seed,
-            untrusted=untrusted,
+            untrusted=self.plan.untrusted,
             course_supplied=self._course_supplied(course, ours, options),
             isolation=self.launcher.isolation.level,
             isolation_summary=self.launcher.isolation.summary,
@@ -158,7 +147,7 @@ class Grader:
     ) -> None:
         """Fingerprint the failing stages of a run graded with fingerprint=False (same stages and options);
         on_stage gets each stage that had failing outputs to match, once matched."""
-        options = options or RunOptions()
+        options = options or self.plan.options
         for stage, result in zip(self.with_seed(stages, options), run.stages):
             matched = options.diagnosis and needs_fingerprint(stage, result)
             if matched:
@@ -201,6 +190,6 @@ class Grader:
             )
         if self.weights.source == "theinference.toml":
             lines.append(f"weights from the course's theinference.toml: {self.model.path}")
-        if course.timeout and options.limits.timeout is None:
+        if timeouts(course, options).chosen_by_course:
             lines.append(f"timeout from the course's theinference.toml: {course.timeout:g} s per call")
         return lines

@@ -2,31 +2,15 @@
 
 import difflib
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
-from theinference.course import Course, CourseError, course_root, load_course
-from theinference.proc.launch import default_launcher
-from theinference.grading.oracle.cache import OracleCache
-from theinference.grading.oracle.store import default_store
+from theinference.course import Course
 from theinference.grading.drive.progress import load_progress, next_stage
 from theinference.grading.judge.results import RunResult, StageResult
-from theinference.model.weights_choice import obtain_weights
-from theinference.grading.spec.stages import StageSpec, load_stages, stage_dirs
-from theinference.trust import untrusted_course
+from theinference.grading.spec.stages import StageSpec
 from theinference.errors import UsageError
-from theinference.grading.drive.grader import CaseEvent, Grader, RunOptions
-
-
-def locate_course(course_dir: Path | None) -> Course:
-    """The course given with --course, else the nearest ancestor of the working directory."""
-    root = course_root(course_dir)
-    if root is None:
-        raise CourseError(
-            f"no course directory here: {Path.cwd()} and its parents hold no theinference.toml or "
-            "tests/adapters.py (run in your course directory, pass --course DIR, or start one with `theinference init`)"
-        )
-    return load_course(root)
+from theinference.grading.drive.grader import CaseEvent, Grader
+from theinference.grading.drive.plan import RunOptions, RunPlan
 
 
 def select_stages(stages: list[StageSpec], wanted: list[str]) -> list[StageSpec]:
@@ -46,7 +30,7 @@ def choose_stages(session: "Session", wanted: list[str] | None) -> list[StageSpe
         try:
             return select_stages(session.stages, wanted)
         except UsageError as e:
-            if session.untrusted:  # the stage may well be in the course's stages/, which was not read
+            if session.plan.untrusted:  # the stage may well be in the course's stages/, which was not read
                 raise UsageError(f"{e} (untrusted grading reads no stage files from the course directory)") from None
             raise
     upcoming = next_stage(session.stages, load_progress(session.course.root))
@@ -55,12 +39,11 @@ def choose_stages(session: "Session", wanted: list[str] | None) -> list[StageSpe
 
 @dataclass
 class Session:
-    """One course and its stages, graded by a Grader: what `test`, `watch` and `demo` hold."""
+    """One course and its stages, graded by a Grader: what `test`, `watch` and `demo` hold. The course and its
+    settings are the grader's plan's (grader.plan, made once by plan_run; watch replaces it when files change)."""
 
-    course: Course
     stages: list[StageSpec]
     grader: Grader
-    notices: list[str] = field(default_factory=list)  # settings of the course that untrusted grading ignored
 
     def __enter__(self) -> "Session":
         return self
@@ -73,8 +56,23 @@ class Session:
         self.grader.close()
 
     @property
-    def untrusted(self) -> bool:
-        return self.grader.untrusted
+    def plan(self) -> RunPlan:
+        return self.grader.plan
+
+    @property
+    def course(self) -> Course:
+        assert self.plan.course is not None  # a session's plan needs its course (CourseNeed.REQUIRED)
+        return self.plan.course
+
+    @property
+    def notices(self) -> list[str]:
+        """The course's settings that untrusted grading ignored."""
+        return list(self.plan.notices)
+
+    def reload(self) -> None:
+        """Read the course's theinference.toml and stage files again (watch, after they changed)."""
+        self.grader.plan = self.plan.reloaded()
+        self.stages = self.plan.stages()
 
     def run(
         self,
@@ -87,37 +85,18 @@ class Session:
         return self.grader.grade(self.course, selected, options, self.notices, on_case=on_case, on_stage=on_stage)
 
 
-def open_session(
-    course_dir: Path | None,
-    weights: str | None,
-    extra_stage_dirs: list[Path],
-    progress: Callable[..., None] | None = None,
-    untrusted: bool = False,
-    allow_root: bool = False,
-) -> Session:
-    """Load course, stages and weights (making the default synthetic weights if they are the choice).
-
-    untrusted: the course's own stages, stage dirs, weights and timeout are ignored (theinference.trust), and
-    student processes run under the strongest isolation available (theinference.proc.sandbox).
-    """
-    course, notices = untrusted_course(locate_course(course_dir)) if untrusted else (locate_course(course_dir), [])
-    launcher = default_launcher(untrusted=untrusted, allow_root=allow_root)
+def open_session(plan: RunPlan, progress: Callable[..., None] | None = None) -> Session:
+    """Load the plan's stages and weights (making the default synthetic weights if they are the choice), and start
+    its launcher: under the strongest isolation available when the plan is untrusted (theinference.proc.sandbox)."""
+    launcher = plan.launcher()
     launcher.warm()  # a zygote imports numpy while stages and weights load
     try:
-        stages = load_stages(stage_dirs(course, extra_stage_dirs, trusted=not untrusted))
-        choice, model, made = obtain_weights(weights, course.weights, progress, untrusted, course.weights_setting)
+        stages = plan.stages()
+        choice, model, made = plan.load_weights(progress)
     except BaseException:
         launcher.close()
         raise
-    # The persistent store is read by trusted runs only: a student process could have written into it.
-    cache = OracleCache(store=None if untrusted else default_store())
     grader = Grader(
-        weights=choice,
-        model=model,
-        made_weights=made,
-        untrusted=untrusted,
-        cache=cache,
-        extra_stage_dirs=list(extra_stage_dirs),
-        launcher=launcher,
+        weights=choice, model=model, made_weights=made, cache=plan.oracle_cache(), launcher=launcher, plan=plan
     )
-    return Session(course=course, stages=stages, grader=grader, notices=notices)
+    return Session(stages=stages, grader=grader)

@@ -25,14 +25,12 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
-from theinference.course import load_course
 from theinference.grading.judge.results import RunResult
 from theinference.grading.drive.advice import advise
 from theinference.grading.drive.progress import record_progress
 from theinference.errors import ConfigError
 from theinference.grading.drive.grader import CaseEvent
 from theinference.grading.drive.session import RunOptions, Session, choose_stages
-from theinference.grading.spec.stages import load_stages, stage_dirs
 from theinference.model.weights import load_model
 
 DEBOUNCE = 0.05  # seconds of quiet that end a burst of file events
@@ -198,10 +196,8 @@ class Watch:
     def _reload(self, changed: list[str]) -> None:
         """Refresh the warm state a change invalidates: course config, stage files, weights."""
         session = self.session
-        if BACK in changed or any(Path(p).name == "theinference.toml" for p in changed):
-            session.course = load_course(session.course.root)
-        if BACK in changed or any(p.endswith(".toml") for p in changed):
-            session.stages = load_stages(stage_dirs(session.course, session.grader.extra_stage_dirs))
+        if BACK in changed or any(p.endswith(".toml") for p in changed):  # theinference.toml or a stage file
+            session.reload()
         grader = session.grader
         if grader.model.is_stale():
             grader.model = load_model(grader.model.path)
@@ -217,9 +213,7 @@ class Watch:
             report.result = self.session.run(
                 stages, dataclasses.replace(self.options, fingerprint=False), on_case=self.on_case
             )
-            progress, report.notice = record_progress(
-                self.session.course.root, report.result, self.options.limits.timeout
-            )
+            progress, report.notice = record_progress(self.session.course.root, report.result, self.options.timeout)
             report.result.advice = advise(report.result, self.session.stages, progress)
         except (ConfigError, OSError) as e:
             report.error = str(e)

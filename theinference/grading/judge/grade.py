@@ -24,6 +24,7 @@ from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, CaseDone, CaseStarted, RunEnded, run_adapter
 from theinference.grading.spec.checks import RowsCheck, ScalingCheck, TokensCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
+from theinference.grading.spec.timeouts import Timeouts
 from theinference.grading.judge.verification import verify_tokens
 from theinference.model.weights import Model
 from theinference.errors import ConfigError
@@ -45,7 +46,8 @@ class GradeContext:
     course: Course
     model: Model
     cache: OracleCache = field(default_factory=OracleCache)
-    limits: Limits = field(default_factory=Limits)  # the student's process: timeout override, memory, environment
+    limits: Limits = field(default_factory=Limits)  # the student's process: memory, run directory, environment
+    timeouts: Timeouts = field(default_factory=Timeouts)  # the run's rule for seconds per call (spec.timeouts)
     launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
     fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
     diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
@@ -55,7 +57,9 @@ class GradeContext:
     all_cases: bool = False  # keep running a stage's cases after one timed out
     deadline: float | None = None  # time.monotonic() by which the whole submission must be done
     budget: float | None = None  # the seconds that deadline allowed, for messages
-    untrusted: bool = False  # a made preset (the proof's too) that was altered is an error, not remade
+    # The submission chooses nothing: a made preset (the proof's too) that was altered is an error, not remade, and
+    # the student's process gets only the allow-listed environment. Decided by the run's plan (drive/plan.py).
+    untrusted: bool = False
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -257,6 +261,27 @@ def _judged_as_they_arrive(
     raise AssertionError("run_adapter always ends with RunEnded")
 
 
+def student_job(stage: StageSpec, ctx: GradeContext, spec: OracleSpec) -> AdapterJob:
+    """The one constructor of a student's job: what runs, under which limits, timeout and environment, all read
+    from the context the run's plan made (ctx.model: the weights the stage runs on)."""
+    return AdapterJob(
+        course_root=ctx.course.root,
+        adapters=ctx.course.adapters,
+        names=stage.adapter_names,
+        calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
+        weights=ctx.model.path,
+        timeout=ctx.timeouts.for_stage(stage),
+        limits=ctx.limits,
+        untrusted=ctx.untrusted,
+        launcher=ctx.launcher,
+        output_caps=tuple(_output_cap(_expected_shape(stage, spec, case, ctx)) for case in stage.cases),
+        all_cases=ctx.all_cases,
+        case_names=tuple(c.name for c in stage.cases),
+        deadline=ctx.deadline,
+        deadline_budget=ctx.budget,
+    )
+
+
 def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     """Grade one stage of the course against the oracle; student faults become results, never exceptions."""
     started = time.perf_counter()
@@ -268,21 +293,7 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
-    job = AdapterJob(
-        course_root=ctx.course.root,
-        adapters=ctx.course.adapters,
-        names=stage.adapter_names,
-        calls=tuple(tuple(case.inputs[k] for k in stage.inputs) for case in stage.cases),
-        weights=ctx.model.path,
-        timeout=ctx.limits.timeout or ctx.course.timeout or stage.timeout,
-        limits=ctx.limits,
-        launcher=ctx.launcher,
-        output_caps=tuple(_output_cap(_expected_shape(stage, spec, case, ctx)) for case in stage.cases),
-        all_cases=ctx.all_cases,
-        case_names=tuple(c.name for c in stage.cases),
-        deadline=ctx.deadline,
-        deadline_budget=ctx.budget,
-    )
+    job = student_job(stage, ctx, spec)
     if isinstance(stage.check, ScalingCheck):  # the grader drives each timed call itself
         cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
         ran = [scaling.grade_case(stage, ctx, i, job, cap, weights_note) for i in range(len(stage.cases))]

@@ -7,6 +7,7 @@ Imports only the oracle room (a stage names its oracle and its bug oracles, whic
 from theinference.grading.spec.checks import Check, RowsCheck, ScalingCheck, ScalingSpec, TokensCheck
 from theinference.grading.spec.shapes import SHAPES
 from theinference.grading.spec.stages import CaseSpec, StageError, StageSpec, load_stages, stage_dirs
+from theinference.grading.spec.timeouts import Timeouts
 
 __all__ = [
     "SHAPES",
@@ -17,6 +18,7 @@ __all__ = [
     "ScalingSpec",
     "StageError",
     "StageSpec",
+    "Timeouts",
     "TokensCheck",
     "load_stages",
     "stage_dirs",

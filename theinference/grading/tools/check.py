@@ -13,7 +13,6 @@ from theinference.grading.judge.results import CheckCell, CheckResult, StageResu
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.drive.grader import Grader, RunOptions
 from theinference.proc import interrupt
-from theinference.proc.limits import Limits
 
 
 def observed(result: StageResult) -> str:
@@ -86,7 +85,6 @@ def check_course(
     all_stages: list[StageSpec],
     stages: list[StageSpec],
     grader: Grader,
-    timeout: float | None = None,
     jobs: int = 2,
     progress: Callable[[int, int, str], None] | None = None,
     only_mutants: list[str] | None = None,
@@ -97,7 +95,7 @@ def check_course(
     With only_mutants, just those mutants are graded. A manifest that does not load, or names a
     stage or bug that does not exist, is reported in `broken` (the others still run).
     """
-    options = RunOptions(limits=Limits(timeout=timeout))
+    options = grader.plan.options  # the instructor's --timeout; every tie named (first_exact off)
     result = CheckResult(stages=[s.id for s in stages], subjects=[], problems=_lesson_problems(stages))
     solution = source / "solution"
     if not (solution / default_adapters(solution)).is_file():
