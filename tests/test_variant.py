@@ -65,6 +65,24 @@ def test_variants_screened_in_one_pass_equal_each_computed_alone(tiny_model):
         np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("oracle", ["logits", "layer0-attn-sublayer", "layer0-attn-last", "decode-step-logits"])
+@pytest.mark.parametrize("float64", [False, True])
+def test_cases_computed_in_one_pass_equal_each_computed_alone(tiny_model, oracle, float64):
+    seqs = [SEQ[:1], SEQ[:6], SEQ]  # cases of different lengths, each with its own variant (positions per case)
+    if oracle == "decode-step-logits":
+        cases = [{"prompt": s[:-1] or s, "next_id": s[-1]} for s in seqs]
+    else:
+        cases = [{"seq": s} for s in seqs]
+    runs = [(inputs, v) for inputs, v in zip(cases, [VARIANTS["mask-sees-next"], VARIANTS["scale"], Variant()])]
+    runs.append((cases[2], Variant(positions=tuple(range(1, len(SEQ) + 1)))))
+    together = list(families.case_outputs(tiny_model, oracle, runs, float64))
+    assert len(together) == len(runs)
+    for (inputs, variant), out in zip(runs, together):
+        alone = families.variant_output(tiny_model, oracle, inputs, variant, float64=float64)
+        assert out.shape == alone.shape
+        np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", [b.name for b in bugs.BUILTIN_BUGS.values() if "per-step-logits" in b.oracles])
 @pytest.mark.parametrize("row", [0, 3, len(SEQ) - 5])
 def test_a_listed_bug_screened_on_one_row_equals_that_row_of_its_whole_output(tiny_model, name, row):
