@@ -109,7 +109,7 @@ def test_fingerprinting_uses_one_blas_thread_only_on_a_busy_machine(load, cores,
 def test_fingerprinting_on_a_busy_machine_runs_blas_on_one_thread(monkeypatch):
     from threadpoolctl import threadpool_info
 
-    from theinference.grading.drive import threads
+    from theinference.grading.oracle import threads
 
     def blas() -> list[int]:
         return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
