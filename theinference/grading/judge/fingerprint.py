@@ -16,7 +16,15 @@ from typing import assert_never
 import numpy as np
 
 from theinference.grading.judge import families, loops
-from theinference.grading.oracle.bugs import Bug, bug_output, bug_screen, is_inert, resolve_bug
+from theinference.grading.oracle.bugs import (
+    BUILTIN_BUGS,
+    Bug,
+    bug_output,
+    bug_screen,
+    bug_screens,
+    is_inert,
+    resolve_bug,
+)
 from theinference.grading.oracle.store import oracle_version
 from theinference.grading.oracle.registry import OracleSpec, resolve_oracle
 from theinference.grading.judge.results import CaseResult, Diagnosis, StageResult, Status
@@ -131,11 +139,16 @@ def _match(
     cache,
     histories: dict,
     screen: _Screen,
+    screened: dict,
 ) -> Match | None:
     if is_inert(bug, spec, screen.case.inputs):  # the cheapest failing case would be GPT-2's: not this bug
         return None
-    quick = bug_screen(
-        bug, spec, stage.oracle, model, screen.case.inputs, screen.row, screen.columns, histories[screen.case.name]
+    quick = (
+        screened[bug.name]
+        if bug.name in screened
+        else bug_screen(
+            bug, spec, stage.oracle, model, screen.case.inputs, screen.row, screen.columns, histories[screen.case.name]
+        )
     )
     if quick is not None and not _close(screen.got, quick, stage):
         return None
@@ -177,9 +190,14 @@ def find_matches(
     if not failing:
         return []
     screen = _screen(stage, failing[0], cache.get(model, stage, spec, failing[0]))
+    # The built-in bugs a Defects expresses are screened in one pass (the others, and instructors', one by one).
+    together = [BUILTIN_BUGS[n] for n in stage.bugs if n in BUILTIN_BUGS and BUILTIN_BUGS[n].defects is not None]
+    together = [bug for bug in together if not is_inert(bug, spec, screen.case.inputs)]
+    screened = bug_screens(together, spec, stage.oracle, model, screen.case.inputs, screen.row, screen.columns)
     matches = []
     for name in stage.bugs:
-        match = _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories, screen)
+        bug = resolve_bug(name, stage.source)
+        match = _match(bug, ordered, stage, spec, model, cache, histories, screen, screened)
         if match is not None:
             matches.append(match)
             if first_exact and match.max_abs <= EXACT * _rows(stage).atol:
