@@ -86,6 +86,9 @@ def run_pass(label: str, model, stages, rounds: int) -> dict:
         load = os.getloadavg()[0]
         figures = measure(model, stages, rounds)
         print(f"    {label} pass done (1-minute load {load:.1f} at its start, {os.getloadavg()[0]:.1f} at its end)")
+        for stage_id, m in figures.items():  # as soon as the pass ends: a long run stopped later keeps them
+            (w1, c1), (wd, cd) = m["one"], m["default"]
+            print(f"      {label} {stage_id:22} wall {w1 / wd:4.2f}x, CPU {c1 / cd:4.2f}x", flush=True)
         return figures
     finally:
         for burner in burners:
