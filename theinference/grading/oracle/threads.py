@@ -9,9 +9,12 @@ load average lags, and the student's own run just before counts in it: right aft
 machine it may pick one thread, at a cost of up to ~1.5x in wall time.
 
 The oracle's own outputs (OracleCache, asked from the main thread), measured with bench/oracle_threads.py on two
-cores, every stage's cases computed cold, three rounds: on tiny one thread took 0.03-0.59x the default's wall time
-with the 1-minute load at 8-11 (other test runs), 0.00-0.89x beside two CPU burners per core (load 11-15); greedy's
-continuation 0.10x and 0.16x.
+cores, every stage's cases computed cold (no quiet machine was to be had: other test runs kept the 1-minute load
+at 8-17): on tiny (three rounds) one thread took 0.03-0.59x the default's wall time at load 8-11, and 0.00-0.89x
+beside two CPU burners per core (load 11-15), greedy's continuation 0.10x and 0.16x: the default's threads spin on
+small products. On the gpt2 shape (one round) it is no clear gain stage by stage: 0.85-1.87x at load 14-17,
+0.80-1.18x beside the burners, but 0.91x and 0.86x of the default's wall time summed over the stages (greedy's
+continuation, most of it, 0.85x and 0.80x).
 """
 
 import os
