@@ -287,7 +287,7 @@ def run(weights: Path, label: str, only: list[str], runs: int = 3) -> list[tuple
             extra = f" (earlier stages failing: {', '.join(context)})" if context else ""
             print(
                 f"  {label:7} {name:30} {scored.id:18} {v:7} named: {', '.join(sorted(named_bugs(scored))) or '-':22} "
-                f"fingerprint {spent:5.2f} s = {ratio:5.1f}x oracle{extra}\n      {said}",
+                f"fingerprint {spent:5.2f} s = {ratio:5.2f}x oracle{extra}\n      {said}",
                 flush=True,
             )
             results.append((v, ratio, scored.id))
@@ -319,7 +319,7 @@ def main() -> None:
     for stage in [*stages, "all"]:
         ratios = [r for _, r, s in results if stage in (s, "all")]
         print(
-            f"cost {stage:18} median {statistics.median(ratios):4.1f}x, max {max(ratios):5.1f}x, within 3x "
+            f"cost {stage:18} median {statistics.median(ratios):4.2f}x, max {max(ratios):5.2f}x, within 3x "
             f"{sum(r <= 3 for r in ratios)} of {len(ratios)} (the stage's oracle time; target <= 3x)"
         )
 

@@ -1,6 +1,7 @@
 """The screening shortcuts give the same answer as the full computation: the families' (theinference.grading.judge.families)
 and the listed bugs' (theinference.grading.oracle.bugs)."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from theinference.grading.oracle import bugs
 
 from theinference.grading.judge import families
 from theinference.grading.oracle.registry import resolve_oracle
+from theinference.model import defective
 from theinference.model import variant as model_variant
 from theinference.model.variant import Variant
 
@@ -65,6 +67,56 @@ def test_variants_screened_in_one_pass_equal_each_computed_alone(tiny_model):
         np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("oracle", ["logits", "layer0-attn-sublayer", "layer0-attn-last", "decode-step-logits"])
+@pytest.mark.parametrize("float64", [False, True])
+def test_cases_computed_in_one_pass_equal_each_computed_alone(tiny_model, oracle, float64):
+    seqs = [SEQ[:1], SEQ[:6], SEQ]  # cases of different lengths, each with its own variant (positions per case)
+    if oracle == "decode-step-logits":
+        cases = [{"prompt": s[:-1] or s, "next_id": s[-1]} for s in seqs]
+    else:
+        cases = [{"seq": s} for s in seqs]
+    runs = [(inputs, v) for inputs, v in zip(cases, [VARIANTS["mask-sees-next"], VARIANTS["scale"], Variant()])]
+    runs.append((cases[2], Variant(positions=tuple(range(1, len(SEQ) + 1)))))
+    together = list(families.case_outputs(tiny_model, oracle, runs, float64))
+    assert len(together) == len(runs)
+    for (inputs, variant), out in zip(runs, together):
+        alone = families.variant_output(tiny_model, oracle, inputs, variant, float64=float64)
+        assert out.shape == alone.shape
+        np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "oracle, inputs",
+    [
+        ("logits", {"seq": SEQ}),
+        ("decode-step-logits", {"prompt": SEQ[:6], "next_id": SEQ[6]}),
+        ("per-step-logits", {"prompt": SEQ[:4], "cont": SEQ[4:]}),
+    ],
+)
+@pytest.mark.parametrize("row", [0, 3])
+def test_listed_bugs_screened_in_one_pass_equal_each_screened_alone(tiny_model, oracle, inputs, row):
+    spec = resolve_oracle(oracle, Path("."))
+    listed = [b for b in bugs.BUILTIN_BUGS.values() if oracle in b.oracles]
+    columns = np.arange(0, tiny_model.config.n_vocab, 97)
+    together = bugs.bug_screens(listed, spec, oracle, tiny_model, inputs, row, columns)
+    assert set(together) == {b.name for b in listed if b.defects is not None}  # the others are screened alone
+    for bug in listed:
+        if bug.defects is not None:
+            alone = bugs.bug_screen(bug, spec, oracle, tiny_model, inputs, row, columns)
+            assert alone is not None and together[bug.name].shape == alone.shape
+            # float32 products over stacked rows round differently: far inside a tenth of any stage's atol (1e-3)
+            np.testing.assert_allclose(together[bug.name], alone, rtol=1e-5, atol=1e-4)
+
+
+def test_one_run_of_the_stacked_defective_pass_is_hidden_states_to_the_bit(tiny_model):
+    params, n_head = tiny_model.params, tiny_model.config.n_head
+    for bug in bugs.BUILTIN_BUGS.values():
+        if bug.defects is not None:
+            defects = dataclasses.replace(bug.defects, prefill=4)
+            (one,) = defective.hidden_states_many(params, [(SEQ, defects)], n_head)
+            assert one.tobytes() == defective.hidden_states(params, SEQ, n_head, defects).tobytes(), bug.name
+
+
 @pytest.mark.parametrize("name", [b.name for b in bugs.BUILTIN_BUGS.values() if "per-step-logits" in b.oracles])
 @pytest.mark.parametrize("row", [0, 3, len(SEQ) - 5])
 def test_a_listed_bug_screened_on_one_row_equals_that_row_of_its_whole_output(tiny_model, name, row):
@@ -91,7 +143,7 @@ def test_fingerprinting_uses_one_blas_thread_only_on_a_busy_machine(load, cores,
 def test_fingerprinting_on_a_busy_machine_runs_blas_on_one_thread(monkeypatch):
     from threadpoolctl import threadpool_info
 
-    from theinference.grading.drive import threads
+    from theinference.grading.oracle import threads
 
     def blas() -> list[int]:
         return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]

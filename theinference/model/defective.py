@@ -108,16 +108,20 @@ def _scale(n_seq, head_dim, defects):  # a scalar, or [n_seq, 1] factors when a 
 
 
 def mha(x, c_attn, c_proj, n_head, defects):  # [n_seq, n_embd] -> [n_seq, n_embd]
-    n_seq, n_embd = x.shape
-    head_dim = n_embd // n_head
     c_attn, c_proj = _attn_weights(c_attn, c_proj, defects)
-    qkv = linear(x, **c_attn).reshape(n_seq, 3, n_head, head_dim).transpose(1, 2, 0, 3)
+    return linear(_heads(linear(x, **c_attn), n_head, defects), **c_proj)
+
+
+def _heads(qkv, n_head, defects):  # [n_seq, 3 n_embd] -> [n_seq, n_embd]: attention between c_attn and c_proj
+    n_seq, n_embd = qkv.shape[0], qkv.shape[1] // 3
+    head_dim = n_embd // n_head
+    qkv = qkv.reshape(n_seq, 3, n_head, head_dim).transpose(1, 2, 0, 3)
     q, k, v = (qkv[i] for i in defects.qkv_order)  # [n_head, n_seq, head_dim]
     scores = q @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_seq]
     scores *= _scale(n_seq, head_dim, defects)
     _mask(scores, defects)
     heads = softmax(scores) @ v  # [n_head, n_seq, head_dim]
-    return linear(heads.transpose(1, 0, 2).reshape(n_seq, n_embd), **c_proj)
+    return heads.transpose(1, 0, 2).reshape(n_seq, n_embd)
 
 
 def ffn(x, c_fc, c_proj, defects):  # [n_seq, n_embd] -> [n_seq, n_embd]
@@ -160,6 +164,46 @@ def hidden_states(params, ids, n_head, defects):  # [n_seq] -> [n_seq, n_embd], 
     for block in params["h"]:
         x = transformer_block(x, **block, n_head=n_head, defects=defects)
     return layer_norm(x, **params["ln_f"], eps=np.float32(defects.ln_eps)) if defects.ln_f else x
+
+
+def hidden_states_many(params, runs: list[tuple[list, Defects]], n_head) -> list:
+    """hidden_states for each (ids, defects), their rows stacked so that each weight is read once for all of them
+    (screening a dozen bugs on one short row costs one pass over the weights, not a dozen): a product whose weight
+    a defect changes (a transposed c_attn or c_proj) is taken once per version of that weight."""
+    xs = [embed(params, ids, defects) for ids, defects in runs]
+    spans = [slice(int(end) - len(x), int(end)) for x, end in zip(xs, np.cumsum([len(x) for x in xs]))]
+    every = [d for _, d in runs]
+
+    def each(x, f):  # f(rows of one run, its defects), run by run, stacked again
+        return np.concatenate([f(x[span], d) for span, d in zip(spans, every)])
+
+    def shared(x, weights):  # linear per group of runs that use the same weights (weights(defects) -> its dict)
+        out = None
+        for key in dict.fromkeys(id(weights(d)["weight"]) for d in every):
+            group = [i for i, d in enumerate(every) if id(weights(d)["weight"]) == key]
+            rows = np.concatenate([np.arange(spans[i].start, spans[i].stop) for i in group])
+            part = linear(x[rows], **weights(every[group[0]]))
+            if out is None and len(group) == len(every):
+                return part
+            out = np.empty((len(x), part.shape[1]), part.dtype) if out is None else out
+            out[rows] = part
+        return out
+
+    x = np.concatenate(xs)
+    for block in params["h"]:
+        eps = {d: np.float32(d.ln_eps) for d in every}
+        versions = {d: _attn_weights(block["attn"]["c_attn"], block["attn"]["c_proj"], d) for d in every}
+        normed = each(x, lambda rows, d: layer_norm(rows, **block["ln_1"], eps=eps[d]))
+        qkv = shared(normed, lambda d: versions[d][0])
+        x = x + shared(each(qkv, lambda rows, d: _heads(rows, n_head, d)), lambda d: versions[d][1])
+        normed = each(x, lambda rows, d: layer_norm(rows, **block["ln_2"], eps=eps[d]))
+        hidden = linear(normed, **block["mlp"]["c_fc"])
+        activated = each(hidden, lambda rows, d: gelu_erf(rows) if d.gelu == "erf" else gelu(rows))
+        x = x + linear(activated, **block["mlp"]["c_proj"])
+    return [
+        layer_norm(x[span], **params["ln_f"], eps=np.float32(d.ln_eps)) if d.ln_f else x[span]
+        for span, d in zip(spans, every)
+    ]
 
 
 def logits(params, ids, n_head, defects, rows=None):  # [n_seq] -> [n_seq or len(rows), n_vocab]

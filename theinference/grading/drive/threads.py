@@ -1,31 +1,6 @@
-"""How many BLAS threads the grader's own numpy work (fingerprinting) uses: one on a busy machine.
+"""How many BLAS threads the grader's own numpy work uses: theinference.grading.oracle.threads (the oracle's room,
+so the oracle cache can ask too), named here for the drivers."""
 
-Measured with bench/fingerprint_threads.py on two cores (cold fingerprinting, the fastest of the rounds): on a
-quiet machine numpy's default (a thread per core) took 0.65-0.79x the wall time of one thread on the gpt2 shape
-(two forward mistakes, two rounds) and 0.79-0.93x on tiny (four mistakes, three rounds); beside two CPU burners
-per core it took 2.1x the wall time of one thread on the gpt2 shape, and 4.8x on tiny (one mistake, one round,
-a test run beside the burners too): its threads wait on one another for cores they cannot get. The 1-minute
-load average lags, and the student's own run just before counts in it: right after a long grading on a quiet
-machine it may pick one thread, at a cost of up to ~1.5x in wall time.
-"""
+from theinference.grading.oracle.threads import blas_threads_for_load, busy_blas_limit
 
-import os
-from contextlib import AbstractContextManager
-
-from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
-
-
-def busy_blas_limit(load: float | None = None, cores: int | None = None) -> int | None:
-    """1 when the 1-minute load average is at least the number of cores, else None (numpy's default)."""
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:  # no load average here: leave numpy as it is
-            return None
-    cores = cores or os.cpu_count() or 1
-    return 1 if load >= cores else None
-
-
-def blas_threads_for_load() -> AbstractContextManager:
-    """A block in which BLAS runs on one thread if the machine is busy now (busy_blas_limit)."""
-    return threadpool_limits(limits=busy_blas_limit())
+__all__ = ["blas_threads_for_load", "busy_blas_limit"]

@@ -95,6 +95,37 @@ def variant_outputs(
     return list(model_variant.lm_head(params, np.stack([h[at] for h in hidden]), columns))
 
 
+def case_outputs(
+    model: Model, oracle_name: str, runs: list[tuple[dict, Variant]], float64: bool = False
+) -> Iterator[np.ndarray]:
+    """variant_output (whole) for each (inputs, variant) of several cases, their layers in one pass over the weights
+    for all of them (a float64 pass casts each weight to float64 once, not once per case); the LM head is applied to
+    each case's rows only when its output is asked for, so a caller that stops at a case that does not match
+    spends no LM head on the cases after it."""
+    consumed, rows, prefill = _SCHEDULES[oracle_name]
+    params, n_head, dtype = model.params, model.config.n_head, np.float64 if float64 else np.float32
+    passes, owns = [], []
+    for inputs, variant in runs:
+        ids, own = consumed(inputs), rows(inputs)
+        variant = replace(variant, prefill=prefill(inputs))
+        if oracle_name in LAYER0 or isinstance(own, slice):
+            passes.append((ids, variant))
+        else:  # one row: only the rows it depends on, as variant_output computes it
+            passes.append(_truncated(ids, variant, int(own), model.config.n_layer))  # type: ignore[call-overload]
+        owns.append(own)
+    if oracle_name in LAYER0:
+        yield from (
+            o[own] for o, own in zip(model_variant.layer0_attn_sublayer_many(params, passes, n_head, dtype), owns)
+        )
+        return
+    for h, own in zip(model_variant.hidden_states_many(params, passes, n_head, dtype), owns):
+        yield (
+            model_variant.lm_head(params, h[own])
+            if isinstance(own, slice)
+            else model_variant.lm_head(params, h[own][None])[0]
+        )
+
+
 def _truncated(ids: list, variant: Variant, at: int, n_layer: int) -> tuple[list, Variant]:
     """Only the rows row `at` depends on: attention is causal, so none after it (screening one early row of a
     long case costs a few positions, not all of them), except the block rows a mask that sees ahead lets in,

@@ -16,7 +16,15 @@ from typing import assert_never
 import numpy as np
 
 from theinference.grading.judge import families, loops
-from theinference.grading.oracle.bugs import Bug, bug_output, bug_screen, is_inert, resolve_bug
+from theinference.grading.oracle.bugs import (
+    BUILTIN_BUGS,
+    Bug,
+    bug_output,
+    bug_screen,
+    bug_screens,
+    is_inert,
+    resolve_bug,
+)
 from theinference.grading.oracle.store import oracle_version
 from theinference.grading.oracle.registry import OracleSpec, resolve_oracle
 from theinference.grading.judge.results import CaseResult, Diagnosis, StageResult, Status
@@ -131,11 +139,16 @@ def _match(
     cache,
     histories: dict,
     screen: _Screen,
+    screened: dict,
 ) -> Match | None:
     if is_inert(bug, spec, screen.case.inputs):  # the cheapest failing case would be GPT-2's: not this bug
         return None
-    quick = bug_screen(
-        bug, spec, stage.oracle, model, screen.case.inputs, screen.row, screen.columns, histories[screen.case.name]
+    quick = (
+        screened[bug.name]
+        if bug.name in screened
+        else bug_screen(
+            bug, spec, stage.oracle, model, screen.case.inputs, screen.row, screen.columns, histories[screen.case.name]
+        )
     )
     if quick is not None and not _close(screen.got, quick, stage):
         return None
@@ -177,9 +190,14 @@ def find_matches(
     if not failing:
         return []
     screen = _screen(stage, failing[0], cache.get(model, stage, spec, failing[0]))
+    # The built-in bugs a Defects expresses are screened in one pass (the others, and instructors', one by one).
+    together = [BUILTIN_BUGS[n] for n in stage.bugs if n in BUILTIN_BUGS and BUILTIN_BUGS[n].defects is not None]
+    together = [bug for bug in together if not is_inert(bug, spec, screen.case.inputs)]
+    screened = bug_screens(together, spec, stage.oracle, model, screen.case.inputs, screen.row, screen.columns)
     matches = []
     for name in stage.bugs:
-        match = _match(resolve_bug(name, stage.source), ordered, stage, spec, model, cache, histories, screen)
+        bug = resolve_bug(name, stage.source)
+        match = _match(bug, ordered, stage, spec, model, cache, histories, screen, screened)
         if match is not None:
             matches.append(match)
             if first_exact and match.max_abs <= EXACT * _rows(stage).atol:
@@ -191,14 +209,20 @@ def _verify_family(
     candidate: families.Candidate, cases: list[CaseResult], stage: StageSpec, model: Model, expected: dict, wide: bool
 ) -> Match | None:
     """The candidate reproduces every case, computed in float32 (the weights') or, failing that, in float64 when
-    the student's output was float64 (wide): an ill-conditioned mistake can separate the two beyond the tolerance."""
+    the student's output was float64 (wide): an ill-conditioned mistake can separate the two beyond the tolerance.
+
+    In float32 each case is computed alone, cheapest first, so a wrong candidate costs its first mismatch only. The
+    float64 round comes after float32 failed on a candidate the screen let through, most often the right one: its
+    cases run in one pass over the weights (each cast to float64 once, not once per case)."""
     for float64 in (False, True) if wide else (False,):
         worst, visible = 0.0, False
-        for case in cases:
+        outs = (
+            families.case_outputs(model, stage.oracle, [(c.inputs, candidate.make(c.inputs)) for c in cases], True)
+            if float64
+            else (families.variant_output(model, stage.oracle, c.inputs, candidate.make(c.inputs)) for c in cases)
+        )
+        for case, out in zip(cases, outs):
             got = np.asarray(case.output)
-            out = families.variant_output(
-                model, stage.oracle, case.inputs, candidate.make(case.inputs), float64=float64
-            )
             distance = _distance(got, out, stage)
             if distance is None:
                 break

@@ -304,6 +304,35 @@ def bug_screen(
     return h @ (wte if columns is None else wte[columns]).T
 
 
+def bug_screens(
+    bugs: list[Bug], spec: OracleSpec, oracle_name: str, model: Model, inputs: dict, row: int | None, columns
+) -> dict[str, np.ndarray]:
+    """bug_screen of each of these bugs that a Defects expresses, by name, their passes stacked so that the weights
+    are read once for all of them (defective.hidden_states_many): on the gpt2 shape a screen is one short row, whose
+    cost is reading the weights, so a dozen bugs cost about what one does. Empty where bug_screen computes nothing
+    (a row that is not one) or computes layer 0 only; the bugs left out are bug_screen's."""
+    if oracle_name not in _CONSUMED or oracle_name in LAYER0:
+        return {}
+    consumed, rows = _CONSUMED[oracle_name]
+    ids, own = consumed(inputs), rows(inputs)
+    if isinstance(own, slice) and row is None:
+        return {}
+    at = own.start + row if isinstance(own, slice) else own
+    prefill = spec.prefill(inputs)
+    runs, names = [], []
+    for bug in bugs:
+        if bug.defects is None:
+            continue
+        keep = min(len(ids), at + 1 if bug.defects.mask_sees_self else max(at + 1, prefill))  # as bug_screen
+        runs.append((ids[:keep], dataclasses.replace(bug.defects, prefill=min(prefill, keep))))
+        names.append(bug.name)
+    if not runs:
+        return {}
+    hidden = defective.hidden_states_many(model.params, runs, model.config.n_head)
+    wte = model.params["wte"]["weight"]
+    return dict(zip(names, np.stack([h[at] for h in hidden]) @ (wte if columns is None else wte[columns]).T))
+
+
 def bug_output(
     bug: Bug, spec: OracleSpec, oracle_name: str, model: Model, inputs: dict, history: tuple | list = ()
 ) -> np.ndarray:
