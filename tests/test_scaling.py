@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import sys
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -16,6 +17,11 @@ import pytest
 from conftest import write_adapters, write_quick_scaling_stage
 from theinference.bundled import data_dir
 from theinference.cli.live import RunProgress
+from theinference.grading.drive.grader import Grader
+from theinference.grading.judge import scaling
+from theinference.grading.spec.stages import load_stages
+from theinference.model.weights import load_model
+from theinference.model.weights_choice import WeightsChoice
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from scaling_subjects import SLOW_CACHE  # noqa: E402 - a correct cache that burns 40 ms of CPU on every token
@@ -227,3 +233,22 @@ def test_lengths_beyond_the_context_are_scaled_down_to_fit(cli, solution_course,
     result = grade_quick(cli, solution_course, tiny_path, quick_stages, "--format", "json")
     case = json.loads(result.stdout)["stages"][0]["cases"][0]
     assert case["scaling"]["lengths"] == [8, 509] and case["inputs"]["n_new"] == 509
+
+
+def test_a_batch_measures_the_oracles_costs_before_any_submission_runs(tmp_path, tiny_path, quick_stages, monkeypatch):
+    # The costs are the grader process's CPU time: a grading thread beside the measurement would add its own and
+    # loosen (b)'s floor. Grader.warm (a batch, before its threads start) measures them; grading then reuses them.
+    measured: list[str] = []
+    recompute = scaling.recompute_seconds
+
+    def recorded(*args):
+        measured.append(threading.current_thread().name)
+        return recompute(*args)
+
+    monkeypatch.setattr(scaling, "recompute_seconds", recorded)
+    stages = [s for s in load_stages([data_dir("stages"), quick_stages]) if s.id == "quick-scaling"]
+    with Grader(WeightsChoice(tiny_path, "--weights", ""), load_model(tiny_path)) as grader:
+        grader.warm(stages)
+        assert measured == ["MainThread", "MainThread"]  # lengths 8 and 320
+        scaling.measure_costs(stages[0], grader.model, grader.cache)  # as grade() will ask them: kept, not again
+        assert len(measured) == 2

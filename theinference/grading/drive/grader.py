@@ -21,6 +21,7 @@ from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.oracle.registry import resolve_oracle
 from theinference.grading.spec.randomcases import with_random_cases
 from theinference.grading.judge.results import RunResult, StageResult
+from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.drive.threads import blas_threads_for_load
 from theinference.model.weights import Model
@@ -168,9 +169,12 @@ class Grader:
         return [with_random_cases(s, options.seed, self.model.config) for s in stages]
 
     def warm(self, stages: list[StageSpec], on_case: OracleProgress | None = None) -> None:
-        """Compute every case's oracle output once, before student processes compete for the CPU."""
+        """Compute every case's oracle output once, before student processes compete for the CPU, and the oracle's
+        costs for the cache proof before grading threads run beside their measurement (scaling.measure_costs)."""
         for stage in stages:
             spec = resolve_oracle(stage.oracle, stage.source)
+            if isinstance(stage.check, ScalingCheck):
+                scaling.measure_costs(stage, self.model, self.cache, self.untrusted)
             stage = scaling.fit_to_context(stage, self.model.config.n_ctx)  # as grade() does, before checking the fit
             for done, case in enumerate(stage.cases, 1):
                 check_case_fits(stage, case, self.model)

@@ -204,6 +204,15 @@ def _costs(stage: StageSpec, model: Model, cache) -> _Costs:
     return cache.memo(("scaling-costs", str(model.path), model.stamp, spec.prompt_tokens, spec.lengths), measure)
 
 
+def measure_costs(stage: StageSpec, model: Model, cache, untrusted: bool = False) -> None:
+    """Measure the oracle's costs for the stage now, kept in cache for its grading (as grade() will ask them).
+
+    They are the grader process's CPU time (time.process_time): grading threads beside the measurement would add
+    theirs and loosen (b)'s floor, so a batch measures them before any submission runs (Grader.warm)."""
+    proof, _ = proof_model(stage, model, cache, untrusted)
+    _costs(fit_to_context(stage, proof.config.n_ctx), proof, cache)
+
+
 def _budget(cpu: float, timeout: float) -> Budget:
     """A call's CPU budget, and the stage's timeout for time not spent on a CPU (a call that waits)."""
     return Budget(cpu=cpu, timeout=max(cpu, timeout))
