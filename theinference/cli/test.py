@@ -181,7 +181,7 @@ def test_command(
                 run = session.run(
                     selected, dataclasses.replace(options, fingerprint=False), live.case_event, report.stage
                 )
-                session.grader.fingerprint(selected, run, options, on_stage=report.finding)
+                run = session.grader.fingerprint(selected, run, options, on_stage=report.finding)
             else:
                 run = session.run(selected, options, live.case_event)
         finally:

@@ -233,7 +233,7 @@ class Watch:
     def _fingerprint(self, stages, report: Regrade) -> None:
         assert report.result is not None and self.on_fingerprint is not None, "only a failing run is fingerprinted"
         try:
-            self.session.grader.fingerprint(stages, report.result, self.options)
+            report.result = self.session.grader.fingerprint(stages, report.result, self.options)
         except ConfigError as e:
             report.error = str(e)
         report.fingerprinting = False
