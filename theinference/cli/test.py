@@ -191,7 +191,7 @@ def test_command(
             progress, notice = record_progress(session.course.root, run, timeout)
             if notice:
                 err_console().print(notice, markup=False, soft_wrap=True)
-        run.advice = advise(run, session.stages, progress)
+        run = dataclasses.replace(run, advice=advise(run, session.stages, progress))
     if streamed:
         report.footer(run)
     else:

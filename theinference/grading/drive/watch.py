@@ -220,7 +220,9 @@ class Watch:
             progress, report.notice = record_progress(
                 self.session.course.root, report.result, self.options.limits.timeout
             )
-            report.result.advice = advise(report.result, self.session.stages, progress)
+            report.result = dataclasses.replace(
+                report.result, advice=advise(report.result, self.session.stages, progress)
+            )
         except (ConfigError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started

@@ -135,7 +135,7 @@ class ScalingResult:
         return self.oracle_seconds / last
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaseResult:
     """One case's verdict, built once by its judge (a later step, such as fingerprinting, makes a new one)."""
 
@@ -164,7 +164,7 @@ class CaseResult:
         return next((r.row for r in self.rows if not r.ok), None)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageResult:
     """One stage's verdict; the student's arrays its fingerprinting reads are kept beside it, never in it
     (theinference.grading.judge.grade.Graded)."""
@@ -201,7 +201,7 @@ class StageResult:
         return best.diagnosis if best else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
     """A run's verdicts: fingerprinting and run evidence make a new one (dataclasses.replace), never amend it."""
 
