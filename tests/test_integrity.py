@@ -43,18 +43,18 @@ seq = [464]
 
 # An instructor-style oracle that, once imported into the grader, makes every case pass.
 PATCHING_ORACLE = """\
+import dataclasses
 import pathlib
 import theinference.grading.judge.grade
 
 pathlib.Path(__file__).with_name("IMPORTED").write_text("the grader imported me")
-_real = theinference.grading.judge.grade._case_result
+_real = theinference.grading.judge.grade.judge_case
 
 def _always_pass(*args, **kwargs):
-    result = _real(*args, **kwargs)
-    result.status = "pass"
-    return result
+    judged = _real(*args, **kwargs)
+    return dataclasses.replace(judged, case=dataclasses.replace(judged.case, status="pass"))
 
-theinference.grading.judge.grade._case_result = _always_pass
+theinference.grading.judge.grade.judge_case = _always_pass
 
 def identity(model, seq):
     return [0.0]

@@ -57,7 +57,7 @@ def sample_run() -> RunResult:
         rows=[_row(i, e) for i, e in enumerate(growing)],
         seconds=1.0,
     )
-    rows_case.diagnosis = diagnose_rows(rows_case.rows, HINTS)
+    rows_case = dataclasses.replace(rows_case, diagnosis=diagnose_rows(rows_case.rows, HINTS))
     steps = [
         TokenStep(0, 1, 15496, 15496, 0.0, "match"),
         TokenStep(1, 2, 995, 11, 0.004, "near-tie", 0.005),
@@ -73,7 +73,7 @@ def sample_run() -> RunResult:
         inputs={"prompt": [464], "n_new": 4},
         texts={"prompt": "The"},
     )
-    greedy_case.diagnosis = diagnose_tokens(steps, HINTS, lambda t: str(t))
+    greedy_case = dataclasses.replace(greedy_case, diagnosis=diagnose_tokens(steps, HINTS, lambda t: str(t)))
     error_case = CaseResult(
         name="one-step",
         status="error",
@@ -219,7 +219,7 @@ def failure_run() -> RunResult:
         message="9 of 10 rows outside atol=0.001 rtol=0.01",
         rows=[_wide_row(i, e) for i, e in enumerate(errors)],
     )
-    long_case.diagnosis = diagnose_rows(long_case.rows, HINTS)
+    long_case = dataclasses.replace(long_case, diagnosis=diagnose_rows(long_case.rows, HINTS))
     positions, across = [0, 1, 2, 4, 7, 11, 19, 44, 63], [0.0, 2.34, 0.954, 0.668, 0.428, 0.313, 0.0935, 0.0313, 0.0712]
     names = [
         "one-token",
@@ -314,7 +314,7 @@ def test_failure_tables_fit_the_width_and_keep_the_essential_columns_whole(width
 
 def test_a_stage_read_across_one_row_cases_prints_one_table_by_position():
     run = failure_run()
-    run.stages = run.stages[:1]
+    run = dataclasses.replace(run, stages=run.stages[:1])
     stage_text = render_at(80, run)
     assert_snapshot(stage_text, "one_row_stage_80.txt")
     assert stage_text.count("pos | case") == 1 and "error by position" not in stage_text
@@ -360,10 +360,11 @@ GPT2_SHAPE = {"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_l
 )
 def test_a_slow_run_on_large_weights_offers_the_tiny_weights_in_the_footer(config, seconds, offered):
     run = failure_run()
-    for stage in run.stages:
-        stage.cases = [dataclasses.replace(c, seconds=seconds) for c in stage.cases]
-    run = dataclasses.replace(run, config=config)
-    run.advice = advise(run, [], None)
+    stages = [
+        dataclasses.replace(s, cases=[dataclasses.replace(c, seconds=seconds) for c in s.cases]) for s in run.stages
+    ]
+    run = dataclasses.replace(run, config=config, stages=stages)
+    run = dataclasses.replace(run, advice=advise(run, [], None))
     footer = " ".join(render_at(80, run).split("stage(s) passed")[1].split())  # as read, whatever the wrapping
     assert ("`--weights tiny` gives the same verdicts in seconds" in footer) == offered
     assert footer.count("--weights tiny") == int(offered)

@@ -12,7 +12,7 @@ import pytest
 
 from theinference.bundled import data_dir
 from theinference.grading.judge import scaling
-from theinference.grading.judge.results import CaseResult, Status, TimedCall
+from theinference.grading.judge.results import Status, TimedCall
 from theinference.grading.spec.stages import load_stages
 from theinference.proc.runner import CallOutcome
 
@@ -29,15 +29,13 @@ def _run(adapters: str = "adapters.py", n_ctx: int = 512) -> scaling._Run:
         cache=SimpleNamespace(memo=lambda key, measure: costs),
         on_case=None,
     )
-    result = CaseResult(name="generation", status=Status.PASS)
-    return scaling._Run(STAGE, ctx, result, timeout=120.0, weights_note="")
+    return scaling._Run(STAGE, ctx, timeout=120.0, weights_note="")
 
 
-def _stop_the_longest(run: scaling._Run) -> CaseResult:
+def _stop_the_longest(run: scaling._Run) -> scaling.Verdict:
     """The 480-token call stopped at its CPU budget (the floor), as grading does."""
     used = run.timed_budget(480).cpu
-    scaling.judge_stopped(run.result, run, CallOutcome(status="timeout", cpu_seconds=used, limit="cpu"), 480)
-    return run.result
+    return scaling.judge_stopped(run, CallOutcome(status="timeout", cpu_seconds=used, limit="cpu"), 480)
 
 
 def _short(run: scaling._Run, cpu: float) -> None:
@@ -101,9 +99,9 @@ def test_a_stopped_diagnostic_call_is_too_slow_and_not_counted_as_a_timing():
     run = _run()
     _short(run, 8 * 0.05)
     outcome = CallOutcome(status="timeout", cpu_seconds=120.0, limit="cpu")
-    scaling.judge_stopped(run.result, run, outcome, 1, prompt=384)
-    assert run.result.diagnosis.shape == "too-slow"
-    assert "the call generating 1 tokens after a 384-token prompt was stopped" in run.result.message
-    timing = run.result.scaling
+    verdict = scaling.judge_stopped(run, outcome, 1, prompt=384)
+    assert verdict.diagnosis.shape == "too-slow"
+    assert "the call generating 1 tokens after a 384-token prompt was stopped" in verdict.message
+    timing = verdict.scaling
     assert timing.stopped_at is None and timing.seconds == (0.4, None)  # the stopped call is no length's cost
     assert dataclasses.asdict(timing.calls[-1])["diagnostic"] is True

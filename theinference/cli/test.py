@@ -189,7 +189,7 @@ def test_command(
                 run = session.run(
                     selected, dataclasses.replace(options, fingerprint=False), live.case_event, report.stage
                 )
-                session.grader.fingerprint(selected, run, options, on_stage=report.finding)
+                run = session.grader.fingerprint(selected, run, options, on_stage=report.finding)
             else:
                 run = session.run(selected, options, live.case_event)
         finally:
@@ -199,7 +199,7 @@ def test_command(
             progress, notice = record_progress(session.course.root, run, options.timeout)
             if notice:
                 err_console().print(notice, markup=False, soft_wrap=True)
-        run.advice = advise(run, session.stages, progress)
+        run = dataclasses.replace(run, advice=advise(run, session.stages, progress))
     if streamed:
         report.footer(run)
     else:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from theinference.course import Course
 from theinference.grading.judge import scaling
-from theinference.grading.judge.evidence import add_run_evidence
-from theinference.grading.judge.fingerprint import fingerprint_stage, needs_fingerprint
+from theinference.grading.judge.evidence import stage_evidence
+from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage, needs_fingerprint
 from theinference.grading.drive.progress import load_progress, weights_name
-from theinference.grading.judge.grade import CaseEvent, GradeContext, check_case_fits, grade
+from theinference.grading.judge.grade import CaseEvent, GradeContext, check_case_fits, grade_stage
 from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.oracle.registry import resolve_oracle
 from theinference.grading.spec.randomcases import with_random_cases
@@ -35,6 +35,14 @@ __all__ = ["Grader", "OracleProgress", "RunOptions"]
 OracleProgress = Callable[[str, int, int], None]  # (stage id, cases done, cases in that stage)
 
 
+@dataclass(frozen=True)
+class Unmatched:
+    """A run graded with fingerprint=False and, beside it, each stage's arrays its fingerprinting will read."""
+
+    run: RunResult
+    outputs: tuple[Outputs, ...]  # one per stage of run, in order
+
+
 @dataclass
 class Grader:
     weights: WeightsChoice
@@ -45,6 +53,8 @@ class Grader:
     # The run's settings, resolved once (drive/plan.py): trust, stage sources, options. The default: a trusted run
     # of the built-in stages with default options (benches, and tests that grade a course directly).
     plan: RunPlan = field(default_factory=lambda: RunPlan(course=None, trusted=True, stage_dirs=()))
+    # The last run graded with fingerprint=False and its outputs, until fingerprint() reads them (or grade() runs).
+    unmatched: Unmatched | None = field(default=None, repr=False)
 
     @property
     def untrusted(self) -> bool:
@@ -92,14 +102,19 @@ class Grader:
             on_case=on_case,
             untrusted=self.plan.untrusted,
         )
-        results = []
+        self.unmatched = None  # an earlier run's arrays go before this one's come
+        results, outputs = [], []
         for stage in self.with_seed(stages, options):
-            results.append(dataclasses.replace(grade(stage, ctx), origin=self.plan.stage_origin(stage)))
+            graded = grade_stage(stage, ctx)
+            results.append(dataclasses.replace(graded.result, origin=self.plan.stage_origin(stage)))
+            outputs.append(graded.outputs)
             if on_stage is not None:
                 on_stage(results[-1])
         run = self.run_result(course, results, options, notices)
         if options.fingerprint:
-            self._run_evidence(stages, run, run.stages)
+            return dataclasses.replace(run, stages=self._run_evidence(stages, run, run.stages))
+        if options.diagnosis:  # kept for fingerprint(), beside the run
+            self.unmatched = Unmatched(run, tuple(outputs))
         return run
 
     def run_result(
@@ -132,12 +147,13 @@ class Grader:
             isolation_summary=self.launcher.isolation.summary,
         )
 
-    def _run_evidence(self, stages: list[StageSpec], run: RunResult, results: list[StageResult]) -> None:
-        """Each failing stage of results gets in its diagnosis what its passing cases and the other stages (this
-        run, or the course's recorded progress when the course is trusted) say."""
+    def _run_evidence(self, stages: list[StageSpec], run: RunResult, results: list[StageResult]) -> list[StageResult]:
+        """The stages of results, each failing one with what its passing cases and the other stages (this run, or
+        the course's recorded progress when the course is trusted) say added to its diagnosis."""
         recorded = {} if run.untrusted else load_progress(Path(run.course))
         oracles = {s.id: s.oracle for s in stages}
-        add_run_evidence(run, oracles, self.model.config.n_layer, recorded, weights_name(run), results)
+        n_layer, weights = self.model.config.n_layer, weights_name(run)
+        return [stage_evidence(r, oracles.get(r.id, ""), run, n_layer, recorded, weights) for r in results]
 
     def fingerprint(
         self,
@@ -145,22 +161,39 @@ class Grader:
         run: RunResult,
         options: RunOptions | None = None,
         on_stage: Callable[[StageResult], None] | None = None,
-    ) -> None:
-        """Fingerprint the failing stages of a run graded with fingerprint=False (same stages and options);
-        on_stage gets each stage that had failing outputs to match, once matched."""
+    ) -> RunResult:
+        """The run graded last with fingerprint=False (same stages and options), its failing stages fingerprinted:
+        a new RunResult (run is unchanged); the outputs kept for it are dropped. on_stage gets each stage that had
+        failing outputs to match, once matched."""
         options = options or self.plan.options
-        for stage, result in zip(self.with_seed(stages, options), run.stages):
-            matched = options.diagnosis and needs_fingerprint(stage, result)
+        kept = self._take_outputs(run)
+        results = []
+        for i, (stage, graded) in enumerate(zip(self.with_seed(stages, options), run.stages)):
+            outputs: Outputs = {}
+            if i < len(kept):
+                outputs, kept[i] = kept[i], {}  # each stage's arrays go once it is matched
+            matched = options.diagnosis and needs_fingerprint(stage, graded, outputs)
+            result = graded
             if matched:
                 with blas_threads_for_load():  # one thread on a busy machine (grading/drive/threads.py)
-                    fingerprint_stage(stage, result, self.model, self.cache, options.first_exact)
-            else:
-                for case in result.cases:
-                    case.output = None
+                    result = fingerprint_stage(stage, graded, outputs, self.model, self.cache, options.first_exact)
             if options.diagnosis:
-                self._run_evidence(stages, run, [result])
+                [result] = self._run_evidence(stages, run, [result])
+            results.append(result)
             if matched and on_stage is not None:
                 on_stage(result)
+        return dataclasses.replace(run, stages=[*results, *run.stages[len(results) :]])
+
+    def _take_outputs(self, run: RunResult) -> list[Outputs]:
+        """The arrays kept for run's stages, taken from the grader ([] if none are): those of the same stage results,
+        whatever else of the run was replaced since (its advice)."""
+        unmatched = self.unmatched
+        if unmatched is None or len(unmatched.run.stages) != len(run.stages):
+            return []
+        if any(kept is not given for kept, given in zip(unmatched.run.stages, run.stages)):
+            return []
+        self.unmatched = None
+        return list(unmatched.outputs)
 
     def with_seed(self, stages: list[StageSpec], options: RunOptions) -> list[StageSpec]:
         """The stages with the seed's random cases added (the same ones for every course graded)."""

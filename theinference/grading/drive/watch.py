@@ -214,7 +214,9 @@ class Watch:
                 stages, dataclasses.replace(self.options, fingerprint=False), on_case=self.on_case
             )
             progress, report.notice = record_progress(self.session.course.root, report.result, self.options.timeout)
-            report.result.advice = advise(report.result, self.session.stages, progress)
+            report.result = dataclasses.replace(
+                report.result, advice=advise(report.result, self.session.stages, progress)
+            )
         except (ConfigError, OSError) as e:
             report.error = str(e)
         report.seconds = time.perf_counter() - started
@@ -227,7 +229,7 @@ class Watch:
     def _fingerprint(self, stages, report: Regrade) -> None:
         assert report.result is not None and self.on_fingerprint is not None, "only a failing run is fingerprinted"
         try:
-            self.session.grader.fingerprint(stages, report.result, self.options)
+            report.result = self.session.grader.fingerprint(stages, report.result, self.options)
         except ConfigError as e:
             report.error = str(e)
         report.fingerprinting = False

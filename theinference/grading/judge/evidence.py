@@ -88,31 +88,31 @@ def _with(diagnosis: Diagnosis, sentences: list[str]) -> Diagnosis:
     return dataclasses.replace(diagnosis, evidence=evidence)
 
 
+def stage_evidence(
+    result: StageResult, oracle: str, run: RunResult, n_layer: int, recorded: dict[str, dict], weights: str
+) -> StageResult:
+    """The stage with what its passing cases and the other stages say added to its failing diagnoses (a new value;
+    result itself is unchanged): the same stage when it passed or nothing is said."""
+    if result.status != Status.FAIL:
+        return result
+    sentences = [
+        s for s in (passing_pattern(result, n_layer), other_stages(result, oracle, run, recorded, weights)) if s
+    ]
+    if not sentences:
+        return result
+    cases = [
+        dataclasses.replace(c, diagnosis=_with(c.diagnosis, sentences))
+        if c.status == Status.FAIL and c.diagnosis is not None
+        else c
+        for c in result.cases
+    ]
+    cross_case = None if result.cross_case is None else _with(result.cross_case, sentences)
+    return dataclasses.replace(result, cases=cases, cross_case=cross_case)
+
+
 def add_run_evidence(
-    run: RunResult,
-    oracles: dict[str, str],
-    n_layer: int,
-    recorded: dict[str, dict],
-    weights: str,
-    results: list[StageResult] | None = None,
-) -> None:
-    """Add to each failing stage's diagnosis (of results, default every stage of the run) what its passing cases
-    and the other stages say (oracles: stage id -> oracle)."""
-    for result in run.stages if results is None else results:
-        if result.status != Status.FAIL:
-            continue
-        sentences = [
-            s
-            for s in (
-                passing_pattern(result, n_layer),
-                other_stages(result, oracles.get(result.id, ""), run, recorded, weights),
-            )
-            if s
-        ]
-        if not sentences:
-            continue
-        if result.cross_case is not None:
-            result.cross_case = _with(result.cross_case, sentences)
-        for case in result.cases:
-            if case.status == Status.FAIL and case.diagnosis is not None:
-                case.diagnosis = _with(case.diagnosis, sentences)
+    run: RunResult, oracles: dict[str, str], n_layer: int, recorded: dict[str, dict], weights: str
+) -> RunResult:
+    """The run with the evidence of stage_evidence added to each failing stage (oracles: stage id -> oracle)."""
+    stages = [stage_evidence(s, oracles.get(s.id, ""), run, n_layer, recorded, weights) for s in run.stages]
+    return dataclasses.replace(run, stages=stages)

@@ -10,6 +10,7 @@ the bug is not one of the known ones.
 """
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -38,6 +39,8 @@ UNKNOWN = "not one of the known bugs"
 # on 12 layers stays well inside it; bugs the cases can tell apart differ by more than the whole atol.
 EXACT = 0.1
 SCREEN_COLUMNS = 256  # logits columns a family candidate is screened on before it is computed in full
+# The student's arrays a fingerprint reads, by case name: kept beside a stage's verdict, never inside it.
+Outputs = Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,9 @@ def _close(got: np.ndarray, target: np.ndarray, stage: StageSpec) -> bool:
     return _distance(got, target, stage) is not None
 
 
-def _read_order(cases: list[CaseResult]) -> list[CaseResult]:
+def _read_order(cases: list[CaseResult], outputs: Outputs) -> list[CaseResult]:
     """Failing cases first, smallest first: most candidates fail on the cheapest forward."""
-    return sorted(cases, key=lambda c: (c.status == Status.PASS, np.asarray(c.output).size))
+    return sorted(cases, key=lambda c: (c.status == Status.PASS, np.asarray(outputs[c.name]).size))
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,8 @@ class _Screen:
     got: np.ndarray
 
 
-def _screen(stage: StageSpec, cheapest: CaseResult, expected: np.ndarray) -> _Screen:
-    got, row = np.asarray(cheapest.output), None
+def _screen(stage: StageSpec, cheapest: CaseResult, got: np.ndarray, expected: np.ndarray) -> _Screen:
+    row = None
     if got.ndim > 1 and cheapest.rows:
         bad = np.array([0 if r.ok else max(r.n_bad, 1) for r in cheapest.rows])
         row = int(np.argmax(bad >= bad.max() / 2))
@@ -140,6 +143,7 @@ def _match(
     histories: dict,
     screen: _Screen,
     screened: dict,
+    outputs: Outputs,
 ) -> Match | None:
     if is_inert(bug, spec, screen.case.inputs):  # the cheapest failing case would be GPT-2's: not this bug
         return None
@@ -154,7 +158,7 @@ def _match(
         return None
     worst, visible = 0.0, False
     for case in cases:
-        got = np.asarray(case.output)
+        got = outputs[case.name]
         expected = cache.get(model, stage, spec, case)
         history = histories[case.name]
         out = (
@@ -177,19 +181,24 @@ def _match(
 
 
 def find_matches(
-    stage: StageSpec, cases: list[CaseResult], model: Model, cache, histories: dict, first_exact: bool = False
+    stage: StageSpec,
+    cases: list[CaseResult],
+    outputs: Outputs,
+    model: Model,
+    cache,
+    histories: dict,
+    first_exact: bool = False,
 ) -> list[Match]:
-    """The stage's known bugs whose output the student's output equals in every one of these cases (with
-    first_exact, the screening stops at the first exact match)."""
+    """The stage's known bugs whose output the student's output (outputs: by case name) equals in every one of
+    these cases (with first_exact, the screening stops at the first exact match)."""
     spec = resolve_oracle(stage.oracle, stage.source)
-    ordered = _read_order(cases)
-    wide = all(np.asarray(c.output).dtype == np.float64 for c in ordered)  # the families may compute in float64
-    for case in ordered:  # once, not once per candidate bug
-        case.output = np.asarray(case.output, dtype=np.float32)
+    ordered = _read_order(cases, outputs)
+    wide = all(np.asarray(outputs[c.name]).dtype == np.float64 for c in ordered)  # the families may use float64
+    got = {c.name: np.asarray(outputs[c.name], dtype=np.float32) for c in ordered}  # once, not once per bug
     failing = [c for c in ordered if c.status == Status.FAIL]
     if not failing:
         return []
-    screen = _screen(stage, failing[0], cache.get(model, stage, spec, failing[0]))
+    screen = _screen(stage, failing[0], got[failing[0].name], cache.get(model, stage, spec, failing[0]))
     # The built-in bugs a Defects expresses are screened in one pass (the others, and instructors', one by one).
     together = [BUILTIN_BUGS[n] for n in stage.bugs if n in BUILTIN_BUGS and BUILTIN_BUGS[n].defects is not None]
     together = [bug for bug in together if not is_inert(bug, spec, screen.case.inputs)]
@@ -197,16 +206,22 @@ def find_matches(
     matches = []
     for name in stage.bugs:
         bug = resolve_bug(name, stage.source)
-        match = _match(bug, ordered, stage, spec, model, cache, histories, screen, screened)
+        match = _match(bug, ordered, stage, spec, model, cache, histories, screen, screened, got)
         if match is not None:
             matches.append(match)
             if first_exact and match.max_abs <= EXACT * _rows(stage).atol:
                 break
-    return matches or find_family_matches(stage, ordered, model, cache, screen, wide)
+    return matches or find_family_matches(stage, ordered, got, model, cache, screen, wide)
 
 
 def _verify_family(
-    candidate: families.Candidate, cases: list[CaseResult], stage: StageSpec, model: Model, expected: dict, wide: bool
+    candidate: families.Candidate,
+    cases: list[CaseResult],
+    outputs: Outputs,
+    stage: StageSpec,
+    model: Model,
+    expected: dict,
+    wide: bool,
 ) -> Match | None:
     """The candidate reproduces every case, computed in float32 (the weights') or, failing that, in float64 when
     the student's output was float64 (wide): an ill-conditioned mistake can separate the two beyond the tolerance.
@@ -222,7 +237,7 @@ def _verify_family(
             else (families.variant_output(model, stage.oracle, c.inputs, candidate.make(c.inputs)) for c in cases)
         )
         for case, out in zip(cases, outs):
-            got = np.asarray(case.output)
+            got = outputs[case.name]
             distance = _distance(got, out, stage)
             if distance is None:
                 break
@@ -241,7 +256,13 @@ def _verify_family(
 
 
 def find_family_matches(
-    stage: StageSpec, ordered: list[CaseResult], model: Model, cache, screen: _Screen, wide: bool = False
+    stage: StageSpec,
+    ordered: list[CaseResult],
+    outputs: Outputs,
+    model: Model,
+    cache,
+    screen: _Screen,
+    wide: bool = False,
 ) -> list[Match]:
     """The parametric families (theinference.grading.judge.families) whose fitted parameter reproduces every case read.
 
@@ -261,7 +282,7 @@ def find_family_matches(
         screened = {variant: _close(screen.got, out, stage) for variant, out in zip(variants, outs)}
         for candidate in found:
             if screened[candidate.make(inputs)] and all(m.bug.name != candidate.family for m in matches):
-                match = _verify_family(candidate, ordered, stage, model, expected, wide)
+                match = _verify_family(candidate, ordered, outputs, stage, model, expected, wide)
                 if match is not None:
                     matches.append(match)
 
@@ -309,26 +330,33 @@ def _histories(cases: list[CaseResult]) -> dict:
     return histories
 
 
-def fingerprint_stage(stage: StageSpec, result: StageResult, model: Model, cache, first_exact: bool = False) -> None:
-    """Turn the failing diagnoses of a graded stage into findings where a known bug's output matches.
+def fingerprint_stage(
+    stage: StageSpec, result: StageResult, outputs: Outputs, model: Model, cache, first_exact: bool = False
+) -> StageResult:
+    """The graded stage with its failing diagnoses turned into findings where a known bug's output matches the
+    student's (outputs: the arrays kept beside the verdict, by case name); result itself is unchanged.
 
-    The students' arrays are dropped afterwards: a batch keeps every result until it ends.
+    The caller drops outputs afterwards: a batch keeps every result until it ends, never the arrays.
     """
-    try:
-        _fingerprint(stage, result, model, cache, first_exact)
-    finally:
-        for case in result.cases:
-            case.output = None
+    match stage.check:
+        case TokensCheck() as check:
+            return _fingerprint_tokens(check, result, outputs, model)
+        case RowsCheck():
+            return _fingerprint_rows(stage, result, outputs, model, cache, first_exact)
+        case ScalingCheck():
+            return result
+        case _:
+            assert_never(stage.check)
 
 
-def needs_fingerprint(stage: StageSpec, result: StageResult) -> bool:
+def needs_fingerprint(stage: StageSpec, result: StageResult, outputs: Outputs) -> bool:
     """Whether fingerprint_stage has anything to match: a failing greedy stage (its loop mistakes), or a failing
     case with numbers in a stage listing bugs (the listed bugs, then the families)."""
     match stage.check:
         case TokensCheck():
             return any(c.status == Status.FAIL for c in result.cases)
         case RowsCheck():
-            failing = [c for c in result.cases if c.rows and c.output is not None and c.status == Status.FAIL]
+            failing = [c for c in result.cases if c.rows and c.name in outputs and c.status == Status.FAIL]
             return bool(stage.bugs and failing)
         case ScalingCheck():  # judged on cost; its tokens are the greedy stage's to fingerprint
             return False
@@ -343,16 +371,22 @@ def _token_list(output) -> list[int] | None:
     return [int(t) for t in got]
 
 
-def _fingerprint_tokens(stage: StageSpec, check: TokensCheck, result: StageResult, model: Model) -> None:
+def _with_diagnoses(result: StageResult, diagnoses: Mapping[str, Diagnosis | None], **changes) -> StageResult:
+    """The stage with these cases' diagnoses (by case name) in place of theirs, and any other changes."""
+    cases = [dataclasses.replace(c, diagnosis=diagnoses[c.name]) if c.name in diagnoses else c for c in result.cases]
+    return dataclasses.replace(result, cases=cases, **changes)
+
+
+def _fingerprint_tokens(check: TokensCheck, result: StageResult, outputs: Outputs, model: Model) -> StageResult:
     """A greedy stage: is every case's token list exactly what a loop with one known mistake returns?"""
-    cases = [c for c in result.cases if c.status in (Status.PASS, Status.FAIL) and c.output is not None]
-    tokens = {c.name: _token_list(c.output) for c in cases}
+    cases = [c for c in result.cases if c.status in (Status.PASS, Status.FAIL) and c.name in outputs]
+    tokens = {c.name: _token_list(outputs[c.name]) for c in cases}
     cases = sorted(
         (c for c in cases if tokens[c.name]), key=lambda c: (c.status == Status.PASS, len(tokens[c.name] or []))
     )
     failing = [c for c in result.cases if c.status == Status.FAIL]
     if not failing or not cases or cases[0].status != Status.FAIL:
-        return
+        return result
     found: list[tuple[loops.LoopBug, str]] = []
     for bug in loops.loop_bugs(model):
         details = []
@@ -368,10 +402,9 @@ def _fingerprint_tokens(stage: StageSpec, check: TokensCheck, result: StageResul
             if all(b.name != bug.name for b, _ in found):  # one parameter per family: the simplest that fits
                 found.append((bug, f" ({', '.join(fitted)})" if fitted else ""))
     if not found:
-        for case in failing:
-            if case.diagnosis is not None:
-                case.diagnosis = _apply(case.diagnosis, None, f"{len(loops.loop_bugs(model))} greedy-loop mistakes")
-        return
+        checked = f"{len(loops.loop_bugs(model))} greedy-loop mistakes"
+        unknown = {c.name: _apply(c.diagnosis, None, checked) for c in failing if c.diagnosis is not None}
+        return _with_diagnoses(result, unknown)
     where = f"in every one of the {len(cases)} case(s) that returned tokens"
     each = "; ".join(f"{bug.finding}{fitted}" for bug, fitted in found)
     evidence = f"your tokens are exactly those of a greedy loop that {each}, {where}"
@@ -380,37 +413,38 @@ def _fingerprint_tokens(stage: StageSpec, check: TokensCheck, result: StageResul
     diagnosis = Diagnosis(
         shape="", summary="", hint="", bugs=tuple(dict.fromkeys(b.name for b, _ in found)), evidence=evidence
     )
-    for case in failing:
-        case.diagnosis = _apply(case.diagnosis, diagnosis, "") if case.diagnosis is not None else diagnosis
+    return _with_diagnoses(
+        result,
+        {c.name: diagnosis if c.diagnosis is None else _apply(c.diagnosis, diagnosis, "") for c in failing},
+    )
 
 
-def _fingerprint(stage: StageSpec, result: StageResult, model: Model, cache, first_exact: bool) -> None:
-    if isinstance(stage.check, TokensCheck):
-        _fingerprint_tokens(stage, stage.check, result, model)
-        return
-    if not needs_fingerprint(stage, result):
-        return
-    numeric = [c for c in result.cases if c.rows and c.output is not None]
+def _fingerprint_rows(
+    stage: StageSpec, result: StageResult, outputs: Outputs, model: Model, cache, first_exact: bool
+) -> StageResult:
+    if not needs_fingerprint(stage, result, outputs):
+        return result
+    numeric = [c for c in result.cases if c.rows and c.name in outputs]
     failing = [c for c in numeric if c.status == Status.FAIL]
     # Read across cases, every case with numbers must match; otherwise the failing ones.
     cases = numeric if result.cross_case is not None else failing
     histories = _histories(result.cases)
-    matches = find_matches(stage, cases, model, cache, histories, first_exact)
+    matches = find_matches(stage, cases, outputs, model, cache, histories, first_exact)
     found = _finding(matches, cases, stage) if matches else None
     checked = f"{len(stage.bugs)}"
     if stage.oracle in families.SUPPORTED:
         checked += " listed bugs and the families: attention scale, positions, layer norms, mask diagonal, q/k/v split, head count"
-    if result.cross_case is not None:
-        result.cross_case = _apply(result.cross_case, found, checked)
+    cross_case = None if result.cross_case is None else _apply(result.cross_case, found, checked)
+    diagnoses: dict[str, Diagnosis | None] = {}
     for case in failing:
         if case.diagnosis is not None:
-            case.diagnosis = _apply(case.diagnosis, found, checked)
-        elif (
-            found is not None and result.cross_case is None
-        ):  # a one-row case has no shape, but the bug explains it too
-            case.diagnosis = found
-    headline = result.diagnosis
-    if found is None and headline is not None:  # one stage, one list of suspects: the most telling case's
-        for case in failing:
-            if case.diagnosis is not None:
-                case.diagnosis = dataclasses.replace(case.diagnosis, hint=headline.hint)
+            diagnoses[case.name] = _apply(case.diagnosis, found, checked)
+        elif found is not None and cross_case is None:  # a one-row case has no shape, but the bug explains it too
+            diagnoses[case.name] = found
+    matched = _with_diagnoses(result, diagnoses, cross_case=cross_case)
+    headline = matched.diagnosis
+    if found is not None or headline is None:
+        return matched
+    # one stage, one list of suspects: the most telling case's
+    hinted = {name: dataclasses.replace(d, hint=headline.hint) for name, d in diagnoses.items() if d is not None}
+    return _with_diagnoses(matched, hinted)

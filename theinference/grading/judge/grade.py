@@ -12,7 +12,7 @@ from theinference.grading.judge import scaling
 from theinference.grading.judge.compare import compare_rows, shape_problem
 from theinference.course import Course
 from theinference.grading.judge.diagnose import diagnose_rows
-from theinference.grading.judge.fingerprint import fingerprint_stage
+from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage
 from theinference.grading.judge.frames import course_file, deepest_course_frame
 from theinference.grading.oracle.cache import OracleCache
 from theinference.proc.launch import Launcher, SubprocessLauncher
@@ -83,50 +83,62 @@ def _consumed_tokens(inputs: dict, positions: list[int]) -> list[int | None]:
     return [sequence[p] if 0 <= p < len(sequence) else None for p in positions]
 
 
+@dataclass(frozen=True)
+class Judged:
+    """One case's verdict and, beside it, the student's array when fingerprinting may read it (else None)."""
+
+    case: CaseResult
+    output: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Graded:
+    """A stage's verdict and, beside it, the student's arrays its fingerprinting will read (by case name): empty
+    once fingerprinted, or when no fingerprint will be (--no-diagnosis, or nothing kept)."""
+
+    result: StageResult
+    outputs: Outputs = field(default_factory=dict)
+
+
 def _judge_rows(
-    result: CaseResult, check: RowsCheck, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext, spec: OracleSpec
-) -> None:
+    ran: CaseResult, check: RowsCheck, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext, spec: OracleSpec
+) -> Judged:
     """A rows stage's case: every row of the adapter's array allclose to the oracle's."""
     expected, got = ctx.cache.get(ctx.model, stage, spec, case), value
     problem = shape_problem(expected.shape, got)
     if problem:
-        result.status, result.detail, result.message = Status.FAIL, "wrong-shape", problem
-        return
-    if stage.bugs:  # kept until fingerprinted: a match must hold on every case with numbers, passing ones too
-        result.output = got
-    positions = spec.positions(result.inputs) or list(range(len(expected)))
-    result.rows = compare_rows(
-        expected, got, check.atol, check.rtol, positions, _consumed_tokens(result.inputs, positions)
-    )
-    if all(r.ok for r in result.rows):
-        result.status = Status.PASS
-        return
-    bad = sum(not r.ok for r in result.rows)
-    result.status, result.message = (
-        Status.FAIL,
-        f"{bad} of {len(result.rows)} rows outside atol={check.atol:g} rtol={check.rtol:g}",
-    )
-    if len(result.rows) > 1:  # one row has no shape; single-row stages are read across cases
-        result.diagnosis = diagnose_rows(result.rows, stage.hints, expected, got, check.atol, check.rtol)
+        return Judged(dataclasses.replace(ran, status=Status.FAIL, detail="wrong-shape", message=problem))
+    # kept until fingerprinted: a match must hold on every case with numbers, passing ones too
+    output = got if stage.bugs else None
+    positions = spec.positions(ran.inputs) or list(range(len(expected)))
+    rows = compare_rows(expected, got, check.atol, check.rtol, positions, _consumed_tokens(ran.inputs, positions))
+    if all(r.ok for r in rows):
+        return Judged(dataclasses.replace(ran, status=Status.PASS, rows=rows), output)
+    bad = sum(not r.ok for r in rows)
+    message = f"{bad} of {len(rows)} rows outside atol={check.atol:g} rtol={check.rtol:g}"
+    # one row has no shape; single-row stages are read across cases
+    diagnosis = diagnose_rows(rows, stage.hints, expected, got, check.atol, check.rtol) if len(rows) > 1 else None
+    return Judged(dataclasses.replace(ran, status=Status.FAIL, message=message, rows=rows, diagnosis=diagnosis), output)
 
 
 def _judge_tokens(
-    result: CaseResult, check: TokensCheck | ScalingCheck, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext
-) -> None:
+    ran: CaseResult, check: TokensCheck | ScalingCheck, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext
+) -> Judged:
     """A greedy stage's case: its tokens verified on the student's own path (no oracle continuation needed)."""
-    result.output = np.asarray(value)  # kept until fingerprinted against the greedy-loop mistakes
-    verify_tokens(result, value, ctx.model, check.tie_rtol, stage.hints, ctx.cache, f"{stage.id}: {case.name}")
+    output = np.asarray(value)  # kept until fingerprinted against the greedy-loop mistakes
+    label = f"{stage.id}: {case.name}"
+    return Judged(verify_tokens(ran, value, ctx.model, check.tie_rtol, stage.hints, ctx.cache, label), output)
 
 
 def _judge_value(
-    result: CaseResult, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext, spec: OracleSpec
-) -> None:
+    ran: CaseResult, stage: StageSpec, case: CaseSpec, value, ctx: GradeContext, spec: OracleSpec
+) -> Judged:
     """The one table of judges: a returned value judged by the kind of check its stage makes."""
     match stage.check:
         case RowsCheck() as check:
-            _judge_rows(result, check, stage, case, value, ctx, spec)
+            return _judge_rows(ran, check, stage, case, value, ctx, spec)
         case (TokensCheck() | ScalingCheck()) as check:
-            _judge_tokens(result, check, stage, case, value, ctx)
+            return _judge_tokens(ran, check, stage, case, value, ctx)
         case _:
             assert_never(stage.check)
 
@@ -156,10 +168,9 @@ def _output_cap(shape: tuple[int, ...]) -> int:
     return _OUTPUT_SLACK * int(np.prod(shape)) * 8 + _OUTPUT_FLOOR
 
 
-def _case_result(
-    stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec
-) -> CaseResult:
-    result = CaseResult(
+def judge_case(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec) -> Judged:
+    """One case's verdict from what its call came to in the student's process (and the array kept beside it)."""
+    ran = CaseResult(
         name=case.name,
         status=outcome.status,
         message=outcome.message,
@@ -174,17 +185,14 @@ def _case_result(
         at=deepest_course_frame(outcome.traceback, ctx.course.root),
     )
     if outcome.status in _FAILED_OUTCOMES:
-        return result
+        return Judged(ran)
     if outcome.status == protocol.BAD_OUTPUT:
-        result.status, result.detail = Status.FAIL, "non-numeric"
-        return result
+        return Judged(dataclasses.replace(ran, status=Status.FAIL, detail="non-numeric"))
     if outcome.status == protocol.TOO_LARGE:
-        result.status, result.detail = Status.FAIL, "wrong-shape"
-        result.message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
-        return result
+        message = f"{outcome.message}; expected {list(_expected_shape(stage, spec, case, ctx))}"
+        return Judged(dataclasses.replace(ran, status=Status.FAIL, detail="wrong-shape", message=message))
     assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
-    _judge_value(result, stage, case, outcome.value, ctx, spec)
-    return result
+    return _judge_value(ran, stage, case, outcome.value, ctx, spec)
 
 
 def cross_case_diagnosis(stage: StageSpec, cases: list[CaseResult]) -> Diagnosis | None:
@@ -238,10 +246,10 @@ def adapter_line(path: Path, names: tuple[str, ...]) -> int | None:
 
 def _judged_as_they_arrive(
     stage: StageSpec, job: AdapterJob, ctx: GradeContext, spec: OracleSpec
-) -> tuple[list[CallOutcome], dict[int, CaseResult]]:
+) -> tuple[list[CallOutcome], dict[int, Judged]]:
     """Run the stage's cases, each compared as its array arrives (the runner drops the array after); the live
     line told as each starts and ends."""
-    graded: dict[int, CaseResult] = {}
+    graded: dict[int, Judged] = {}
     started: set[int] = set()
     for event in run_adapter(job):
         match event:
@@ -251,7 +259,7 @@ def _judged_as_they_arrive(
                     ctx.on_case(protocol.START, stage, index)
             case CaseDone(index=index, outcome=outcome):
                 first = index not in graded  # a later one replaces it (nothing of that run counts)
-                graded[index] = _case_result(stage, stage.cases[index], outcome, ctx, spec)
+                graded[index] = judge_case(stage, stage.cases[index], outcome, ctx, spec)
                 if first and index in started and ctx.on_case is not None:  # ended in the student's process
                     ctx.on_case(protocol.DONE, stage, index)
             case RunEnded(outcomes=outcomes):
@@ -283,7 +291,15 @@ def student_job(stage: StageSpec, ctx: GradeContext, spec: OracleSpec) -> Adapte
 
 
 def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
-    """Grade one stage of the course against the oracle; student faults become results, never exceptions."""
+    """Grade one stage of the course against the oracle; student faults become results, never exceptions.
+
+    The verdict only: fingerprinted already when ctx asks for it, the student's arrays dropped."""
+    return grade_stage(stage, ctx).result
+
+
+def grade_stage(stage: StageSpec, ctx: GradeContext) -> Graded:
+    """grade(), with the student's arrays kept beside the verdict while its fingerprinting is still to come
+    (ctx.fingerprint False, ctx.diagnosis True)."""
     started = time.perf_counter()
     spec = resolve_oracle(stage.oracle, stage.source)
     weights_note = ""
@@ -297,13 +313,14 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     if isinstance(stage.check, ScalingCheck):  # the grader drives each timed call itself
         cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
         ran = [scaling.grade_case(stage, ctx, i, job, cap, weights_note) for i in range(len(stage.cases))]
-        cases, outcomes = [r for r, _ in ran], [o for _, o in ran]
+        judged, outcomes = [Judged(r) for r, _ in ran], [o for _, o in ran]
     else:
         outcomes, graded = _judged_as_they_arrive(stage, job, ctx, spec)
-        cases = [
-            graded.get(i) or _case_result(stage, case, outcome, ctx, spec)
+        judged = [
+            graded.get(i) or judge_case(stage, case, outcome, ctx, spec)
             for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))
         ]
+    cases = [j.case for j in judged]
     source, line = adapter_definition(ctx.course, outcomes, stage.adapter_names)
     result = StageResult(
         id=stage.id,
@@ -322,10 +339,10 @@ def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
         cross_case=cross_case_diagnosis(stage, cases),
         visibility=stage.visibility,
     )
-    if ctx.fingerprint and ctx.diagnosis:
-        fingerprint_stage(stage, result, ctx.model, ctx.cache, ctx.first_exact)
-        result.seconds = time.perf_counter() - started
-    elif not ctx.diagnosis:
-        for graded_case in result.cases:
-            graded_case.output = None
-    return result
+    if not ctx.diagnosis:  # never fingerprinted: nothing is kept
+        return Graded(result)
+    outputs = {j.case.name: j.output for j in judged if j.output is not None}
+    if not ctx.fingerprint:
+        return Graded(result, outputs)
+    found = fingerprint_stage(stage, result, outputs, ctx.model, ctx.cache, ctx.first_exact)
+    return Graded(dataclasses.replace(found, seconds=time.perf_counter() - started))

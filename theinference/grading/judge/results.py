@@ -135,8 +135,10 @@ class ScalingResult:
         return self.oracle_seconds / last
 
 
-@dataclass
+@dataclass(frozen=True)
 class CaseResult:
+    """One case's verdict, built once by its judge (a later step, such as fingerprinting, makes a new one)."""
+
     name: str
     status: str  # a Status
     message: str = ""
@@ -156,16 +158,17 @@ class CaseResult:
     loading: StepTime | None = None  # the import of the adapters before it (the first case of each process)
     scaling: ScalingResult | None = None  # cache-scaling: the timings, when they were measured
     at: tuple[str, int] | None = None  # the traceback's deepest frame in the course: (path relative to it, line)
-    # The student's array, kept for fingerprinting a failing case; never rendered.
-    output: object = field(default=None, repr=False, compare=False)
 
     @property
     def first_bad_row(self) -> int | None:
         return next((r.row for r in self.rows if not r.ok), None)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageResult:
+    """One stage's verdict; the student's arrays its fingerprinting reads are kept beside it, never in it
+    (theinference.grading.judge.grade.Graded)."""
+
     id: str
     title: str
     status: str  # a Status
@@ -198,8 +201,10 @@ class StageResult:
         return best.diagnosis if best else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
+    """A run's verdicts: fingerprinting and run evidence make a new one (dataclasses.replace), never amend it."""
+
     course: str
     weights_path: str
     weights_source: str

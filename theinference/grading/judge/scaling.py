@@ -25,7 +25,7 @@ import time
 
 from theinference.grading.judge.results import CaseResult, Diagnosis, ScalingResult, Status, TimedCall
 from theinference.grading.spec.checks import ScalingCheck
-from theinference.grading.spec.stages import StageSpec
+from theinference.grading.spec.stages import CaseSpec, StageSpec
 from theinference.grading.judge.verification import check_steps, token_problem
 from theinference.model import gpt2 as oracle
 from theinference.model.weights import Model, load_model
@@ -222,12 +222,26 @@ def _fresh_prompt(rng: random.Random, length: int, n_vocab: int) -> list[int]:
     return [rng.randrange(n_vocab) for _ in range(length)]
 
 
-class _Run:
-    """One case of the stage: the session, the calls so far, and the verdict they lead to."""
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What a case of the stage came to, before its printed output is read: its CaseResult is built from it once."""
 
-    def __init__(self, stage: StageSpec, ctx, result: CaseResult, timeout: float, weights_note: str):
+    status: str  # a Status
+    message: str = ""
+    detail: str = ""
+    diagnosis: Diagnosis | None = None
+    scaling: ScalingResult | None = None
+    traceback: str = ""
+    stdout: str = ""  # a call's own, when the adapters failed to load (else the whole session's is read after)
+    stderr: str = ""
+
+
+class _Run:
+    """One case of the stage: the session and the calls so far, which the verdict is read from."""
+
+    def __init__(self, stage: StageSpec, ctx, timeout: float, weights_note: str):
         self.check = _check(stage)
-        self.stage, self.spec, self.ctx, self.result = stage, self.check.params, ctx, result
+        self.stage, self.spec, self.ctx = stage, self.check.params, ctx
         self.factor = NODE_FACTOR if is_node_adapters(ctx.course.adapters) else 1.0
         if self.factor != 1.0:
             self.spec = dataclasses.replace(self.spec, max_fraction=self.spec.max_fraction * self.factor)
@@ -283,25 +297,24 @@ class _Run:
             return _budget(self.timeout, self.timeout)
         return _budget(min(self.timeout, _KILL_AT * self.spec.max_fraction * self.costs.recompute[n_new]), self.timeout)
 
-    def tokens_right(self, outcome: CallOutcome, prompt: list[int], n_new: int, what: str) -> bool:
-        """Whether the call returned n_new tokens the oracle agrees with; if not, the case fails, said briefly."""
+    def wrong_tokens(self, outcome: CallOutcome, prompt: list[int], n_new: int, what: str) -> Verdict | None:
+        """None when the call returned n_new tokens the oracle agrees with; else the case's failure, said briefly."""
         assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
         model = self.ctx.model
         problem = token_problem(outcome.value, n_new, model.config.n_vocab)
         steps = [] if problem else check_steps(model, prompt, [int(t) for t in outcome.value], self.check.tie_rtol)
         if not problem and steps[-1].verdict != "mismatch":
-            return True
+            return None
         why = problem or (
             f"token {len(steps) - 1} of {n_new} is {steps[-1].got}, the oracle's greedy choice is {steps[-1].expected}"
         )
-        self.result.status, self.result.detail = Status.FAIL, "token-mismatch"
-        self.result.message = f"{what}: {why}; the timing was not judged"
-        self.result.diagnosis = Diagnosis(
+        diagnosis = Diagnosis(
             shape="token-mismatch",
             summary="the tokens are wrong, so the cost of generating them says nothing; pass the greedy stage first",
             hint=self.stage.hints.get("token-mismatch", ""),
         )
-        return False
+        message = f"{what}: {why}; the timing was not judged"
+        return Verdict(Status.FAIL, message, detail="token-mismatch", diagnosis=diagnosis)
 
     def scaling_result(self, stopped_at: int | None = None) -> ScalingResult:
         timed = [c for c in self.calls if not c.diagnostic]
@@ -320,14 +333,15 @@ class _Run:
         )
 
 
-def _fail(result: CaseResult, stage: StageSpec, shape: str, summary: str, message: str, status=Status.FAIL) -> None:
-    result.status, result.message = status, message
-    result.diagnosis = Diagnosis(shape=shape, summary=summary, hint=stage.hints.get(shape, ""))
+def _fail(
+    stage: StageSpec, shape: str, summary: str, message: str, scaling: ScalingResult, status=Status.FAIL
+) -> Verdict:
+    diagnosis = Diagnosis(shape=shape, summary=summary, hint=stage.hints.get(shape, ""))
+    return Verdict(status, message, diagnosis=diagnosis, scaling=scaling)
 
 
-def judge(result: CaseResult, stage: StageSpec, scaling: ScalingResult) -> None:
+def judge(stage: StageSpec, scaling: ScalingResult) -> Verdict:
     """Given every timed call with right tokens: pass, or fail on (a) or (b), stated in numbers."""
-    result.scaling = scaling
     assert scaling.ratio is not None and scaling.seconds[-1] is not None, "judged once every length has a call"
     first, last = scaling.lengths[0], scaling.lengths[-1]
     fraction = scaling.fraction if scaling.fraction is not None else 0.0
@@ -336,35 +350,32 @@ def judge(result: CaseResult, stage: StageSpec, scaling: ScalingResult) -> None:
             f"per-token CPU grows {scaling.ratio:.1f}× from {first} to {last} tokens "
             f"(at most {scaling.max_ratio:g}× passes)"
         )
-        _fail(result, stage, "no-cache", _NO_CACHE, message)
-    elif fraction > scaling.max_fraction:
+        return _fail(stage, "no-cache", _NO_CACHE, message, scaling)
+    if fraction > scaling.max_fraction:
         message = (
             f"the {last}-token generation used {scaling.seconds[-1]:.3g} s of CPU, {fraction:.0%} of a full recompute "
             f"of those tokens by the oracle here ({scaling.oracle_seconds:.3g} s); at most {scaling.max_fraction:.0%} "
             f"passes. Per token: {scaling.ms_per_token[-1]:.3g} ms, the oracle's single-token step "
             f"{scaling.step_ms:.3g} ms"
         )
-        _fail(result, stage, "no-cache", _OVER_FLOOR, message)
-    else:
-        result.status = Status.PASS
+        return _fail(stage, "no-cache", _OVER_FLOOR, message, scaling)
+    return Verdict(Status.PASS, scaling=scaling)
 
 
-def judge_stopped(result: CaseResult, run: _Run, outcome: CallOutcome, n_new: int, prompt: int = 0) -> None:
+def judge_stopped(run: _Run, outcome: CallOutcome, n_new: int, prompt: int = 0) -> Verdict:
     """A call stopped at a budget: no cache, too slow to tell, or a busy machine, as the evidence says.
 
     prompt: the diagnostic call's long prompt (0: a timed call, on the stage's short prompt)."""
     used = outcome.cpu_seconds or 0.0
     call = TimedCall(n_new, used, outcome.seconds, stopped=True, clock=outcome.clock, prompt_tokens=prompt)
     run.calls.append(dataclasses.replace(call, diagnostic=bool(prompt)))
-    result.scaling = run.scaling_result(stopped_at=None if prompt else n_new)
+    timing = run.scaling_result(stopped_at=None if prompt else n_new)
     after = f" after a {prompt}-token prompt" if prompt else ""
     if outcome.limit == "time":  # past the timeout without using the CPU for it: the code waited
-        result.status, result.message = Status.TIMEOUT, f"{outcome.message} (a call generating {n_new} tokens{after})"
-        return
+        return Verdict(Status.TIMEOUT, f"{outcome.message} (a call generating {n_new} tokens{after})", scaling=timing)
     if outcome.limit == "wall":
         message = f"the call generating {n_new} tokens{after} {outcome.message}: the wall-clock backstop, not a verdict"
-        _fail(result, run.stage, "machine-busy", _BUSY, message, status=Status.TIMEOUT)
-        return
+        return _fail(run.stage, "machine-busy", _BUSY, message, timing, status=Status.TIMEOUT)
     step_ms = 1000 * run.costs.step
     rate = run.short_rate()  # CPU s per token at the shortest length
     if n_new != run.spec.lengths[-1] or prompt:
@@ -372,8 +383,7 @@ def judge_stopped(result: CaseResult, run: _Run, outcome: CallOutcome, n_new: in
             f"the call generating {n_new} tokens{after} was stopped after {used:.3g} s of CPU, its budget (the oracle's "
             f"single-token step costs {step_ms:.3g} ms here)"
         )
-        _fail(result, run.stage, "too-slow", _TOO_SLOW, message)
-        return
+        return _fail(run.stage, "too-slow", _TOO_SLOW, message, timing)
     recompute = run.costs.recompute[n_new]
     floor = (
         f"(b) fails: it passed {used / recompute:.0%} of a full recompute of those tokens by the oracle here "
@@ -381,20 +391,14 @@ def judge_stopped(result: CaseResult, run: _Run, outcome: CallOutcome, n_new: in
     )
     grown = _grown(run, used, n_new)
     if grown:
-        _fail(
-            result,
-            run.stage,
-            "no-cache",
-            _NO_CACHE,
-            f"the {n_new}-token call was stopped after {used:.3g} s of CPU, {grown}: {floor}",
-        )
-        return
+        message = f"the {n_new}-token call was stopped after {used:.3g} s of CPU, {grown}: {floor}"
+        return _fail(run.stage, "no-cache", _NO_CACHE, message, timing)
     per_token = f"{1000 * rate:.3g} ms per token at {run.spec.lengths[0]} tokens" if rate else "no call finished"
     message = (
         f"the {n_new}-token call was stopped after {used:.3g} s of CPU ({per_token}, flat; the oracle's "
         f"single-token step costs {step_ms:.3g} ms here): {floor}"
     )
-    _fail(result, run.stage, "too-slow", _TOO_SLOW, message)
+    return _fail(run.stage, "too-slow", _TOO_SLOW, message, timing)
 
 
 def _grown(run: _Run, used: float, n_new: int) -> str:
@@ -418,11 +422,15 @@ def _growth_said(run: _Run, growth: float) -> str:
     )
 
 
-def _ended(result: CaseResult, outcome: CallOutcome, what: str) -> None:
+def _ended(outcome: CallOutcome, what: str) -> Verdict:
     """A call that ended in an error, a crash or bad output: the student's status, with its message."""
-    result.status = Status.FAIL if outcome.status == protocol.BAD_OUTPUT else outcome.status
-    result.message = ": ".join(part for part in (what, outcome.message) if part)
-    result.traceback, result.stdout, result.stderr = outcome.traceback, outcome.stdout, outcome.stderr
+    return Verdict(
+        Status.FAIL if outcome.status == protocol.BAD_OUTPUT else outcome.status,
+        ": ".join(part for part in (what, outcome.message) if part),
+        traceback=outcome.traceback,
+        stdout=outcome.stdout,
+        stderr=outcome.stderr,
+    )
 
 
 CALL = "call"  # the live line's event for each call the grader starts (theinference.grading.judge.grade.CaseEvent)
@@ -434,58 +442,58 @@ def _tell(run: _Run, case: int, detail: str) -> None:
         run.ctx.on_case(CALL, run.stage, case, detail)
 
 
-def _timed_rounds(session: CallSession, run: _Run, rng: random.Random, output_cap, case: int) -> None:
+def _timed_rounds(session: CallSession, run: _Run, rng: random.Random, output_cap, case: int) -> Verdict:
     spec = run.spec
     index, calls = 1, spec.repeats * len(spec.lengths)
     for round_ in range(spec.repeats):
         for k, n_new in enumerate(spec.lengths):
             if round_ == 0 and n_new == spec.lengths[-1] and run.needs_diagnostic():
-                if not _diagnose(session, run, rng, output_cap, case, index):
-                    return
+                if ended := _diagnose(session, run, rng, output_cap, case, index):
+                    return ended
                 index += 3
             label = f"timed call {round_ * len(spec.lengths) + k + 1} of {calls}: {n_new} new tokens"
-            if not _call(session, run, rng, output_cap, case, (index, n_new, spec.prompt_tokens), label):
-                return
+            if ended := _call(session, run, rng, output_cap, case, (index, n_new, spec.prompt_tokens), label):
+                return ended
             index += 1
-    judge(run.result, run.stage, run.scaling_result())
+    return judge(run.stage, run.scaling_result())
 
 
-def _diagnose(session: CallSession, run: _Run, rng, output_cap, case: int, index: int) -> bool:
-    """The diagnostic calls (see _MARGINAL); False once one ended the case."""
+def _diagnose(session: CallSession, run: _Run, rng, output_cap, case: int, index: int) -> Verdict | None:
+    """The diagnostic calls (see _MARGINAL); the case's verdict once one ended it, else None."""
     prompt, whole = run.diagnostic_prompt(), _budget(run.timeout, run.timeout)
     for k in range(2):
         label = f"diagnostic call {k + 1} of 3: 1 new token after {prompt} (tells no-cache from too-slow)"
-        if not _call(session, run, rng, output_cap, case, (index + k, 1, prompt), label, whole):
-            return False
+        if ended := _call(session, run, rng, output_cap, case, (index + k, 1, prompt), label, whole):
+            return ended
     prefill = min(c.cpu_seconds for c in run.calls if c.diagnostic)
     n_new = run.diagnostic_length(prefill)
     label = f"diagnostic call 3 of 3: {n_new} new tokens after {prompt} (tells no-cache from too-slow)"
     return _call(session, run, rng, output_cap, case, (index + 2, n_new, prompt), label, whole)
 
 
-def _call(session: CallSession, run: _Run, rng, output_cap, case: int, call, label: str, diagnostic=None) -> bool:
-    """One call (index, new tokens, prompt length) on a fresh prompt, its tokens checked; False once it ended the case.
+def _call(
+    session: CallSession, run: _Run, rng, output_cap, case: int, call, label: str, diagnostic=None
+) -> Verdict | None:
+    """One call (index, new tokens, prompt length) on a fresh prompt, its tokens checked; the case's verdict once
+    it ended the case, else None.
 
     diagnostic: the budget of a diagnostic call (None: a timed call, whose budget is the stage's)."""
     index, n_new, prompt_tokens = call
-    result = run.result
     prompt = _fresh_prompt(rng, prompt_tokens, run.ctx.model.config.n_vocab)
     _tell(run, case, label)
     budget = diagnostic or run.timed_budget(n_new)
     outcome = session.call(index, [prompt, n_new], output_cap(n_new), budget)
     what = f"{'diagnostic' if diagnostic else 'timed'} call {index} ({n_new} tokens after {prompt_tokens} random ones)"
     if outcome.status == protocol.TIMEOUT and outcome.limit:
-        judge_stopped(result, run, outcome, n_new, prompt_tokens if diagnostic else 0)
-        return False
+        return judge_stopped(run, outcome, n_new, prompt_tokens if diagnostic else 0)
     if outcome.status != protocol.OK:
-        _ended(result, outcome, what)
-        return False
-    if not run.tokens_right(outcome, prompt, n_new, what):
-        return False
+        return _ended(outcome, what)
+    if wrong := run.wrong_tokens(outcome, prompt, n_new, what):
+        return wrong
     cpu = outcome.cpu_seconds or 0.0
     call = TimedCall(n_new, cpu, outcome.seconds, clock=outcome.clock, prompt_tokens=prompt_tokens)
     run.calls.append(dataclasses.replace(call, diagnostic=diagnostic is not None))
-    return True
+    return None
 
 
 def grade_case(
@@ -495,9 +503,7 @@ def grade_case(
 
     ctx.model and job.weights are the weights the stage runs on (proof_model's choice).
     """
-    case = stage.cases[index]
-    result = CaseResult(name=case.name, status=Status.PASS, inputs=case.inputs, texts=case.texts)
-    run = _Run(stage, ctx, result, job.timeout, weights_note)
+    run = _Run(stage, ctx, job.timeout, weights_note)
     if ctx.on_case is not None:  # the live line: the case runs from the worker's start to its last call
         ctx.on_case(protocol.START, stage, index)
     try:
@@ -507,28 +513,44 @@ def grade_case(
             ctx.on_case(protocol.DONE, stage, index)
 
 
+def _case_result(case: CaseSpec, verdict: Verdict) -> CaseResult:
+    return CaseResult(
+        name=case.name,
+        status=verdict.status,
+        message=verdict.message,
+        detail=verdict.detail,
+        inputs=case.inputs,
+        texts=case.texts,
+        diagnosis=verdict.diagnosis,
+        traceback=verdict.traceback,
+        stdout=verdict.stdout,
+        stderr=verdict.stderr,
+        scaling=verdict.scaling,
+    )
+
+
 def _run_case(run: _Run, index: int, job: AdapterJob, output_cap) -> tuple[CaseResult, CallOutcome]:
-    result, case = run.result, run.stage.cases[index]
+    case = run.stage.cases[index]
     warm_n = run.spec.lengths[0]
     with CallSession(job, _budget(job.timeout, job.timeout)) as session:
         run.accounting = session.accounting
         if session.failure is not None:  # the adapters did not load: the import's error is the verdict
             outcome = session.failure
-            _ended(result, outcome, "")
-            return result, outcome
+            return _case_result(case, _ended(outcome, "")), outcome
         _tell(run, index, f"untimed warm-up: {warm_n} new tokens")
         outcome = session.call(
             0, [case.inputs["prompt"], warm_n], output_cap(warm_n), _budget(job.timeout, job.timeout)
         )
         if outcome.status == protocol.TIMEOUT and outcome.limit:
-            judge_stopped(result, run, outcome, warm_n)
+            verdict = judge_stopped(run, outcome, warm_n)
         elif outcome.status != protocol.OK:
-            _ended(result, outcome, "the warm-up call")
-        elif run.tokens_right(outcome, case.inputs["prompt"], warm_n, f"the warm-up call on {case.name!r}"):
-            _timed_rounds(session, run, random.SystemRandom(), output_cap, index)
+            verdict = _ended(outcome, "the warm-up call")
+        else:
+            verdict = run.wrong_tokens(
+                outcome, case.inputs["prompt"], warm_n, f"the warm-up call on {case.name!r}"
+            ) or _timed_rounds(session, run, random.SystemRandom(), output_cap, index)
         whole = session.output()  # what the student's code printed in every call, not only the last
-        result.stdout, result.stderr = whole.stdout, whole.stderr
     if session.monitor_lost:  # known once the worker is gone: whatever its calls showed, none of it counts
         outcome = CallOutcome(status=protocol.ERROR, message=MONITOR_LOST)
-        result.status, result.message, result.scaling, result.diagnosis = Status.ERROR, MONITOR_LOST, None, None
-    return result, outcome
+        verdict = Verdict(Status.ERROR, MONITOR_LOST, detail=verdict.detail, traceback=verdict.traceback)
+    return _case_result(case, dataclasses.replace(verdict, stdout=whole.stdout, stderr=whole.stderr)), outcome

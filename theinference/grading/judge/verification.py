@@ -7,6 +7,8 @@ side-by-side table) is computed only after a mismatch. Any stage whose adapter g
 tokens can call `verify_tokens`.
 """
 
+import dataclasses
+
 import numpy as np
 
 from theinference.model import gpt2 as oracle
@@ -14,7 +16,7 @@ from theinference.model import tokenizer
 from theinference.grading.judge.compare import token_summary, walk_summary
 from theinference.grading.oracle.store import oracle_version
 from theinference.grading.judge.diagnose import diagnose_tokens
-from theinference.grading.judge.results import CaseResult, TokenStep
+from theinference.grading.judge.results import CaseResult, Status, TokenStep
 from theinference.model.weights import Model
 
 
@@ -51,24 +53,29 @@ def check_steps(
 
 
 def verify_tokens(
-    result: CaseResult, got: np.ndarray, model: Model, tie_rtol: float, hints: dict, cache=None, label: str = ""
-) -> None:
-    """Fill a case's status, steps, tokens, message and diagnosis from the ids the student generated."""
-    prompt, n_new = result.inputs["prompt"], result.inputs["n_new"]
+    ran: CaseResult, got: np.ndarray, model: Model, tie_rtol: float, hints: dict, cache=None, label: str = ""
+) -> CaseResult:
+    """The case's verdict from the ids the student generated: its status, steps, tokens, message and diagnosis
+    (ran: the case as its call came back; it is unchanged)."""
+    prompt, n_new = ran.inputs["prompt"], ran.inputs["n_new"]
     problem = token_problem(got, n_new, model.config.n_vocab)
     if problem:
-        result.status, result.detail, result.message = "fail", "wrong-shape", problem
-        return
-    result.got_tokens = [int(t) for t in got]
-    result.steps = check_steps(model, prompt, result.got_tokens, tie_rtol, cache, label)
-    if result.steps[-1].verdict != "mismatch":
-        result.status, result.expected_tokens = "pass", list(result.got_tokens)
-        return
-    k = len(result.steps)
-    result.expected_tokens = result.got_tokens[: k - 1] + [result.steps[-1].expected]
-    result.expected_tokens += oracle.greedy(
-        model.params, prompt + result.expected_tokens, n_new - k, model.config.n_head
+        return dataclasses.replace(ran, status=Status.FAIL, detail="wrong-shape", message=problem)
+    tokens = [int(t) for t in got]
+    steps = check_steps(model, prompt, tokens, tie_rtol, cache, label)
+    if steps[-1].verdict != "mismatch":
+        return dataclasses.replace(
+            ran, status=Status.PASS, steps=steps, got_tokens=tokens, expected_tokens=list(tokens)
+        )
+    k = len(steps)
+    expected = tokens[: k - 1] + [steps[-1].expected]
+    expected += oracle.greedy(model.params, prompt + expected, n_new - k, model.config.n_head)
+    return dataclasses.replace(
+        ran,
+        status=Status.FAIL,
+        message=f"token {k - 1} of {n_new} differs from the oracle's greedy choice",
+        steps=steps,
+        got_tokens=tokens,
+        expected_tokens=expected,
+        diagnosis=diagnose_tokens(steps, hints, lambda t: f"{t} {tokenizer.token_text(t)!r}"),
     )
-    result.status = "fail"
-    result.message = f"token {k - 1} of {n_new} differs from the oracle's greedy choice"
-    result.diagnosis = diagnose_tokens(result.steps, hints, lambda t: f"{t} {tokenizer.token_text(t)!r}")
