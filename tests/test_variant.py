@@ -46,6 +46,25 @@ def test_a_decode_row_screened_alone_equals_that_row_of_the_whole_case(tiny_mode
     np.testing.assert_allclose(one, whole[row], rtol=1e-5, atol=1e-5)
 
 
+def test_a_stuck_counter_the_mask_reads_hides_the_keys_after_it(tiny_model):
+    # Decode step i at wpe[len(prompt)], seeing keys 0..len(prompt): rows 0 and 1 (prefill's last, the first decode
+    # step) are GPT-2's; every later row differs from the same stuck position with the mask counting the cache.
+    inputs = {"prompt": SEQ[:4], "cont": SEQ[4:]}
+    stuck = tuple(range(4)) + (4,) * (len(SEQ) - 5)
+    counter = families.variant_output(
+        tiny_model, "per-step-logits", inputs, Variant(positions=stuck, mask_counter=True)
+    )
+    cache = families.variant_output(tiny_model, "per-step-logits", inputs, Variant(positions=stuck))
+    gpt2 = families.variant_output(tiny_model, "per-step-logits", inputs, Variant())
+    np.testing.assert_array_equal(counter[:2], gpt2[:2])
+    assert all(np.abs(counter[r] - cache[r]).max() > 1e-3 for r in range(2, len(counter)))
+    for row in (2, 5):  # screened alone, as the whole case computes it
+        one = families.variant_output(
+            tiny_model, "per-step-logits", inputs, Variant(positions=stuck, mask_counter=True), row=row
+        )
+        np.testing.assert_allclose(one, counter[row], rtol=1e-5, atol=1e-5)
+
+
 def test_float64_runs_the_layers_in_float64_and_its_float32_head_is_a_float64_heads_to_roundoff(tiny_model):
     params, n_head = tiny_model.params, tiny_model.config.n_head
     wide = model_variant.hidden_states(params, SEQ, n_head, Variant(), dtype=np.float64)

@@ -35,6 +35,9 @@ class Variant:
     norms_decode: tuple[str, str, str] = GPT2_NORMS  # ... and on the decode rows ("none": no norm)
     mask_block: int | None = 0  # block row i sees block key j when j <= i + mask_block; None: no causal mask
     mask_decode: int = 0  # a decode row i sees key j when j <= i + mask_decode (<= 0)
+    # The decode rows' mask built from the position counter (j <= the row's wpe position), not from the cache's
+    # length: a stuck counter then also hides every key after the position it is stuck at.
+    mask_counter: bool = False
     qkv_order: tuple[int, int, int] = (0, 1, 2)  # which part of c_attn's split output is q, k, v
     qkv_interleaved: bool = (
         False  # c_attn's output read as [n, n_head, 3, head_dim] instead of [n, 3, n_head, head_dim]
@@ -56,7 +59,10 @@ def _visible(n_seq: int, variant: Variant):  # -> ([n_seq, n_seq] bool keys each
     rows, cols = np.arange(n_seq)[:, None], np.arange(n_seq)[None, :]
     present = np.where(rows < variant.prefill, cols < variant.prefill, cols <= rows)  # what the cache holds
     block = present if variant.mask_block is None else present & (cols <= rows + variant.mask_block)
-    keys = np.where(rows < variant.prefill, block, present & (cols <= rows + variant.mask_decode))
+    decode = present & (cols <= rows + variant.mask_decode)
+    if variant.mask_counter and variant.positions is not None:
+        decode &= cols <= np.asarray(variant.positions)[:, None]
+    keys = np.where(rows < variant.prefill, block, decode)
     # A fully masked row under a large negative additive mask gets uniform weights over the keys present.
     empty = ~np.any(keys, axis=1)
     return np.where(empty[:, None], present, keys), empty

@@ -289,6 +289,29 @@ def position_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
             yield Candidate("position-offset", _position_text(block, base, slope, k, n_layer), make)
 
 
+def stuck_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
+    """A decode position counter stuck at len(prompt) + k that also builds the decode mask (a loop passing one
+    `start` to both wpe and `j <= start + i`): every decode step is embedded at that position and sees only the
+    keys up to it, so from the step after it on it sees neither itself nor the tokens decoded before it. (A stuck
+    counter the mask does not read, the mask built from the cache's length, is the listed bug position-stuck and
+    position-offset's wpe[len(prompt) + k].)"""
+    if oracle_name in ("logits", *LAYER0):
+        return
+    for k in (0, 1, -1, 2):
+        at = f"len(prompt) {'+' if k > 0 else '-'} {abs(k)}" if k else "len(prompt)"
+        text = (
+            f"every decode step embedded at wpe[{at}] and its causal mask built from the same stuck counter "
+            f"(it sees keys 0..{at} only): the position does not advance"
+        )
+
+        def make(inputs, k=k) -> Variant:
+            n, prefill = _schedule(oracle_name, inputs)
+            pos = tuple(range(prefill)) + (prefill + k,) * (n - prefill)
+            return Variant(positions=pos, mask_counter=True)
+
+        yield Candidate("position-stuck", text, make)
+
+
 # --- layer norms, mask, q/k/v, heads ----------------------------------------------------------------
 
 
@@ -363,7 +386,15 @@ def head_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
         yield Candidate("head-count", text, _fixed(Variant(n_head=n)))
 
 
-FAMILIES = (scale_candidates, position_candidates, norm_candidates, mask_candidates, qkv_candidates, head_candidates)
+FAMILIES = (
+    scale_candidates,
+    position_candidates,
+    stuck_candidates,
+    norm_candidates,
+    mask_candidates,
+    qkv_candidates,
+    head_candidates,
+)
 
 
 def candidates(model: Model, oracle_name: str) -> list[Candidate]:
