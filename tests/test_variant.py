@@ -2,6 +2,7 @@
 and the listed bugs' (theinference.grading.oracle.bugs)."""
 
 import dataclasses
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,30 @@ def test_variants_screened_in_one_pass_equal_each_computed_alone(tiny_model):
     for variant, out in zip(variants, together):
         alone = families.variant_output(tiny_model, "per-step-logits", inputs, variant, row=3, columns=columns)
         np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_variants_that_differ_only_in_the_decode_steps_share_their_block_and_equal_each_computed_alone(tiny_model):
+    # Each of these shares the prefill block with GPT-2 (computed once in the stack) or with one of the others.
+    inputs = {"prompt": SEQ[:4], "cont": SEQ[4:]}
+    stuck = tuple(range(4)) + (4,) * (len(SEQ) - 5)
+    variants = [
+        Variant(),
+        Variant(scale_decode=1.0),
+        Variant(positions=stuck, mask_counter=True),
+        Variant(norms_decode=("ln_1", "ln_1", "ln_f")),
+        Variant(mask_decode=-1),
+        Variant(scale_block=0.1),
+        Variant(scale_block=0.1, scale_decode=1.0),
+        Variant(positions=tuple(range(1, len(SEQ))), norms_decode=("ln_2", "ln_2", "ln_f")),
+        Variant(positions=tuple(range(1, len(SEQ)))),
+    ]
+    many = model_variant._Runs(tiny_model.params, [(SEQ[:-1], replace(v, prefill=4)) for v in variants], np.float32)
+    assert len(many.x) == 9 * (len(SEQ) - 1) - 6 * 4  # three blocks for nine runs
+    for row in (None, 2, 5):
+        together = families.variant_outputs(tiny_model, "per-step-logits", inputs, variants, row=row)
+        for variant, out in zip(variants, together):
+            alone = families.variant_output(tiny_model, "per-step-logits", inputs, variant, row=row)
+            np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("oracle", ["logits", "layer0-attn-sublayer", "layer0-attn-last", "decode-step-logits"])
