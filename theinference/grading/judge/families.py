@@ -126,6 +126,19 @@ def case_outputs(
         )
 
 
+def screen_positions(oracle_name: str, inputs: dict, row: int | None) -> int:
+    """How many positions a screen on this row of the case computes (attention is causal: those up to the row),
+    which is what screening every candidate there costs; a case's whole length for a screen that is not one row, and
+    0 for an oracle the families cannot compute (no case is cheaper)."""
+    if oracle_name not in _SCHEDULES:
+        return 0
+    consumed, rows, _ = _SCHEDULES[oracle_name]
+    own = rows(inputs)
+    if isinstance(own, slice):
+        return len(consumed(inputs)) if row is None else int(own.start) + row + 1
+    return int(own) + 1  # type: ignore[call-overload]  # one row: an int
+
+
 def _truncated(ids: list, variant: Variant, at: int, n_layer: int) -> tuple[list, Variant]:
     """Only the rows row `at` depends on: attention is causal, so none after it (screening one early row of a
     long case costs a few positions, not all of them), except the block rows a mask that sees ahead lets in,

@@ -189,7 +189,9 @@ def find_matches(
     failing = [c for c in ordered if c.status == Status.FAIL]
     if not failing:
         return []
-    screen = _screen(stage, failing[0], cache.get(model, stage, spec, failing[0]))
+    # Every candidate is screened on one row: the failing case whose screen row depends on the fewest positions.
+    screens = [_screen(stage, c, cache.get(model, stage, spec, c)) for c in failing]
+    screen = min(screens, key=lambda s: families.screen_positions(stage.oracle, s.case.inputs, s.row))
     # The built-in bugs a Defects expresses are screened in one pass (the others, and instructors', one by one).
     together = [BUILTIN_BUGS[n] for n in stage.bugs if n in BUILTIN_BUGS and BUILTIN_BUGS[n].defects is not None]
     together = [bug for bug in together if not is_inert(bug, spec, screen.case.inputs)]
