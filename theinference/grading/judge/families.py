@@ -127,16 +127,14 @@ def case_outputs(
 
 
 def screen_positions(oracle_name: str, inputs: dict, row: int | None) -> int:
-    """How many positions a screen on this row of the case computes (attention is causal: those up to the row),
-    which is what screening every candidate there costs; a case's whole length for a screen that is not one row, and
-    0 for an oracle the families cannot compute (no case is cheaper)."""
-    if oracle_name not in _SCHEDULES:
+    """How many positions a screen on this row of a multi-row output computes (attention is causal: those up to the
+    row), which is what screening every candidate there costs. 0 (no case is cheaper: the smallest output's is kept)
+    for a screen that is not one row of several, an output of one row (decode-step: its shortest prompt screened
+    worse, more candidates passing to a whole verification), and an oracle the families cannot compute."""
+    if oracle_name not in _SCHEDULES or row is None:
         return 0
-    consumed, rows, _ = _SCHEDULES[oracle_name]
-    own = rows(inputs)
-    if isinstance(own, slice):
-        return len(consumed(inputs)) if row is None else int(own.start) + row + 1
-    return int(own) + 1  # type: ignore[call-overload]  # one row: an int
+    own = _SCHEDULES[oracle_name][1](inputs)
+    return int(own.start) + row + 1 if isinstance(own, slice) else 0
 
 
 def _truncated(ids: list, variant: Variant, at: int, n_layer: int) -> tuple[list, Variant]:

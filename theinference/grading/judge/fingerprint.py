@@ -114,11 +114,16 @@ class _Screen:
     got: np.ndarray
 
 
+def _screen_row(case: CaseResult) -> int | None:  # the row a screen on this case compares (None: the whole output)
+    if np.asarray(case.output).ndim > 1 and case.rows:
+        bad = np.array([0 if r.ok else max(r.n_bad, 1) for r in case.rows])
+        return int(np.argmax(bad >= bad.max() / 2))
+    return None
+
+
 def _screen(stage: StageSpec, cheapest: CaseResult, expected: np.ndarray) -> _Screen:
-    got, row = np.asarray(cheapest.output), None
-    if got.ndim > 1 and cheapest.rows:
-        bad = np.array([0 if r.ok else max(r.n_bad, 1) for r in cheapest.rows])
-        row = int(np.argmax(bad >= bad.max() / 2))
+    got, row = np.asarray(cheapest.output), _screen_row(cheapest)
+    if row is not None:
         got, expected = got[row], expected[row]
     columns = None
     if stage.oracle not in families.LAYER0:  # logits
@@ -190,8 +195,8 @@ def find_matches(
     if not failing:
         return []
     # Every candidate is screened on one row: the failing case whose screen row depends on the fewest positions.
-    screens = [_screen(stage, c, cache.get(model, stage, spec, c)) for c in failing]
-    screen = min(screens, key=lambda s: families.screen_positions(stage.oracle, s.case.inputs, s.row))
+    cheapest = min(failing, key=lambda c: families.screen_positions(stage.oracle, c.inputs, _screen_row(c)))
+    screen = _screen(stage, cheapest, cache.get(model, stage, spec, cheapest))
     # The built-in bugs a Defects expresses are screened in one pass (the others, and instructors', one by one).
     together = [BUILTIN_BUGS[n] for n in stage.bugs if n in BUILTIN_BUGS and BUILTIN_BUGS[n].defects is not None]
     together = [bug for bug in together if not is_inert(bug, spec, screen.case.inputs)]
