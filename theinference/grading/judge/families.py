@@ -306,7 +306,7 @@ def stuck_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
     keys up to it, so from the step after it on it sees neither itself nor the tokens decoded before it. (A stuck
     counter the mask does not read, the mask built from the cache's length, is the listed bug position-stuck and
     position-offset's wpe[len(prompt) + k].)"""
-    if oracle_name in ("logits", *LAYER0):
+    if oracle_name != "per-step-logits":  # a counter stands still over several decode steps (decode-step has one)
         return
     for k in (0, 1, -1, 2):
         at = f"len(prompt) {'+' if k > 0 else '-'} {abs(k)}" if k else "len(prompt)"
