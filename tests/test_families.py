@@ -106,6 +106,49 @@ def test_each_mistake_of_the_table_is_named_with_its_parameter(row, tmp_path, ti
         assert "forward passes on these weights (in this course's recorded progress)" in flat_json(document)
 
 
+# A decode position counter stuck at len(prompt) that the cached attention's mask also reads (one `start` for wpe and
+# `j <= start + i`, as a loop over positions writes it): from the second decode step on, a step sees neither itself
+# nor the tokens decoded before it. Outside the listed position-stuck, whose mask counts the cache.
+STUCK_COUNTER = [
+    (
+        "src/kvcache.py",
+        "def attn_cached(x, c_attn, c_proj, n_head, cache):",
+        "def attn_cached(x, c_attn, c_proj, n_head, cache, start):",
+    ),
+    (
+        "src/kvcache.py",
+        "causal_mask(q.shape[1], keys.shape[1])",
+        "np.where(np.arange(keys.shape[1])[None, :] <= start + np.arange(q.shape[1])[:, None], 0.0, -1e10)",
+    ),
+    ("src/kvcache.py", "cache=layer_cache)", "cache=layer_cache, start=start)"),
+    ("tests/adapters.py", "len(prompt_ids) + k, n_head", "len(prompt_ids), n_head"),
+]
+
+
+@pytest.mark.parametrize("mask_reads_counter", [True, False])
+def test_a_stuck_decode_position_is_named_whatever_the_mask_reads(mask_reads_counter, tmp_path, tiny_path, cli):
+    edits = STUCK_COUNTER if mask_reads_counter else STUCK_COUNTER[-1:]
+    course = _course(tmp_path, *edits[0])
+    for file, find, replace in edits[1:]:
+        text = (course / file).read_text()
+        assert text.count(find) == 1, find
+        (course / file).write_text(text.replace(find, replace))
+    args = ["test", "--course", course, "--weights", tiny_path, "--stage", "per-step-identity"]
+    terminal = cli(*args)
+    assert terminal.exit_code == 1, terminal.output
+    flat = " ".join(terminal.output.split())
+    assert "finding: position-stuck — " in flat
+    document = json.loads(cli(*args, "--format", "json").stdout)
+    [stage] = document["stages"]
+    assert stage["status"] == "fail"
+    assert stage["diagnosis"]["bug"] == "position-stuck" and stage["diagnosis"]["bugs"] == ["position-stuck"]
+    if mask_reads_counter:  # the family: the stuck position and the mask that reads it, in the evidence
+        words = "every decode step embedded at wpe[len(prompt)] and its causal mask built from the same stuck counter"
+        assert words in flat and words in stage["diagnosis"]["evidence"]
+    else:
+        assert "the counter does not advance" in stage["diagnosis"]["evidence"]
+
+
 def test_a_mistake_outside_every_family_is_no_known_bug(tmp_path, tiny_path, cli):
     # Softmax over the queries instead of the keys: no listed bug and no family parameter reproduces it.
     course = _course(

@@ -2,6 +2,7 @@
 and the listed bugs' (theinference.grading.oracle.bugs)."""
 
 import dataclasses
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,25 @@ def test_a_decode_row_screened_alone_equals_that_row_of_the_whole_case(tiny_mode
     np.testing.assert_allclose(one, whole[row], rtol=1e-5, atol=1e-5)
 
 
+def test_a_stuck_counter_the_mask_reads_hides_the_keys_after_it(tiny_model):
+    # Decode step i at wpe[len(prompt)], seeing keys 0..len(prompt): rows 0 and 1 (prefill's last, the first decode
+    # step) are GPT-2's; every later row differs from the same stuck position with the mask counting the cache.
+    inputs = {"prompt": SEQ[:4], "cont": SEQ[4:]}
+    stuck = tuple(range(4)) + (4,) * (len(SEQ) - 5)
+    counter = families.variant_output(
+        tiny_model, "per-step-logits", inputs, Variant(positions=stuck, mask_counter=True)
+    )
+    cache = families.variant_output(tiny_model, "per-step-logits", inputs, Variant(positions=stuck))
+    gpt2 = families.variant_output(tiny_model, "per-step-logits", inputs, Variant())
+    np.testing.assert_array_equal(counter[:2], gpt2[:2])
+    assert all(np.abs(counter[r] - cache[r]).max() > 1e-3 for r in range(2, len(counter)))
+    for row in (2, 5):  # screened alone, as the whole case computes it
+        one = families.variant_output(
+            tiny_model, "per-step-logits", inputs, Variant(positions=stuck, mask_counter=True), row=row
+        )
+        np.testing.assert_allclose(one, counter[row], rtol=1e-5, atol=1e-5)
+
+
 def test_float64_runs_the_layers_in_float64_and_its_float32_head_is_a_float64_heads_to_roundoff(tiny_model):
     params, n_head = tiny_model.params, tiny_model.config.n_head
     wide = model_variant.hidden_states(params, SEQ, n_head, Variant(), dtype=np.float64)
@@ -65,6 +85,30 @@ def test_variants_screened_in_one_pass_equal_each_computed_alone(tiny_model):
     for variant, out in zip(variants, together):
         alone = families.variant_output(tiny_model, "per-step-logits", inputs, variant, row=3, columns=columns)
         np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_variants_that_differ_only_in_the_decode_steps_share_their_block_and_equal_each_computed_alone(tiny_model):
+    # Each of these shares the prefill block with GPT-2 (computed once in the stack) or with one of the others.
+    inputs = {"prompt": SEQ[:4], "cont": SEQ[4:]}
+    stuck = tuple(range(4)) + (4,) * (len(SEQ) - 5)
+    variants = [
+        Variant(),
+        Variant(scale_decode=1.0),
+        Variant(positions=stuck, mask_counter=True),
+        Variant(norms_decode=("ln_1", "ln_1", "ln_f")),
+        Variant(mask_decode=-1),
+        Variant(scale_block=0.1),
+        Variant(scale_block=0.1, scale_decode=1.0),
+        Variant(positions=tuple(range(1, len(SEQ))), norms_decode=("ln_2", "ln_2", "ln_f")),
+        Variant(positions=tuple(range(1, len(SEQ)))),
+    ]
+    many = model_variant._Runs(tiny_model.params, [(SEQ[:-1], replace(v, prefill=4)) for v in variants], np.float32)
+    assert len(many.x) == 9 * (len(SEQ) - 1) - 6 * 4  # three blocks for nine runs
+    for row in (None, 2, 5):
+        together = families.variant_outputs(tiny_model, "per-step-logits", inputs, variants, row=row)
+        for variant, out in zip(variants, together):
+            alone = families.variant_output(tiny_model, "per-step-logits", inputs, variant, row=row)
+            np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("oracle", ["logits", "layer0-attn-sublayer", "layer0-attn-last", "decode-step-logits"])

@@ -13,7 +13,7 @@ Several passes can run at once (`hidden_states_many`): their rows are stacked, s
 read once for all of them, which is what makes screening dozens of candidates cheap.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,6 +35,9 @@ class Variant:
     norms_decode: tuple[str, str, str] = GPT2_NORMS  # ... and on the decode rows ("none": no norm)
     mask_block: int | None = 0  # block row i sees block key j when j <= i + mask_block; None: no causal mask
     mask_decode: int = 0  # a decode row i sees key j when j <= i + mask_decode (<= 0)
+    # The decode rows' mask built from the position counter (j <= the row's wpe position), not from the cache's
+    # length: a stuck counter then also hides every key after the position it is stuck at.
+    mask_counter: bool = False
     qkv_order: tuple[int, int, int] = (0, 1, 2)  # which part of c_attn's split output is q, k, v
     qkv_interleaved: bool = (
         False  # c_attn's output read as [n, n_head, 3, head_dim] instead of [n, 3, n_head, head_dim]
@@ -56,23 +59,54 @@ def _visible(n_seq: int, variant: Variant):  # -> ([n_seq, n_seq] bool keys each
     rows, cols = np.arange(n_seq)[:, None], np.arange(n_seq)[None, :]
     present = np.where(rows < variant.prefill, cols < variant.prefill, cols <= rows)  # what the cache holds
     block = present if variant.mask_block is None else present & (cols <= rows + variant.mask_block)
-    keys = np.where(rows < variant.prefill, block, present & (cols <= rows + variant.mask_decode))
+    decode = present & (cols <= rows + variant.mask_decode)
+    if variant.mask_counter and variant.positions is not None:
+        decode &= cols <= np.asarray(variant.positions)[:, None]
+    keys = np.where(rows < variant.prefill, block, decode)
     # A fully masked row under a large negative additive mask gets uniform weights over the keys present.
     empty = ~np.any(keys, axis=1)
     return np.where(empty[:, None], present, keys), empty
 
 
+def _block_key(ids, variant: Variant):  # what a run's block rows depend on (None: it has no block)
+    """Attention is causal and a block row sees only block keys, so runs with the same block ids and every field
+    but the decode steps' equal compute the same block rows: computed once for all of them."""
+    if variant.prefill <= 0:
+        return None
+    positions = variant.positions if variant.positions is not None else range(variant.prefill)
+    block = tuple(int(p) for p in positions[: variant.prefill])
+    decode_free = replace(
+        variant, scale_decode=None, norms_decode=GPT2_NORMS, mask_decode=0, mask_counter=False, positions=block
+    )
+    return tuple(int(t) for t in ids[: variant.prefill]), decode_free
+
+
 class _Runs:
     """Several (ids, variant) passes stacked row-wise, so each layer's weights are read once for all of them:
-    screening many candidates costs one pass over the weights plus each one's attention, not one pass each."""
+    screening many candidates costs one pass over the weights plus each one's attention, not one pass each. Runs
+    whose block rows are the same (_block_key: candidates that differ only in the decode steps) share one copy of
+    them; each run's rows are `rows[i]` of the stack, and only the first run of a block writes that block's rows."""
 
     def __init__(self, params, runs: list[tuple[list, Variant]], dtype):
-        xs = [embed(params, ids, variant, dtype) for ids, variant in runs]
-        ends = np.cumsum([len(x) for x in xs])
-        self.spans = [slice(int(end) - len(x), int(end)) for x, end in zip(xs, ends)]
+        xs, self.rows, self.owns, n = [], [], [], 0
+        blocks: dict[tuple, np.ndarray] = {}
+        for ids, variant in runs:
+            x, key = embed(params, ids, variant, dtype), _block_key(ids, variant)
+            if key is not None and key in blocks:  # the block's rows are there already: only the decode rows
+                rows = np.concatenate([blocks[key], np.arange(n, n + len(x) - variant.prefill)])
+                own = np.arange(len(x)) >= variant.prefill
+                x = x[variant.prefill :]
+            else:
+                rows, own = np.arange(n, n + len(x)), np.ones(len(x), bool)
+                if key is not None:
+                    blocks[key] = rows[: variant.prefill]
+            xs.append(x)
+            self.rows.append(rows)
+            self.owns.append(own)
+            n += len(x)
         self.variants = [variant for _, variant in runs]
-        self.decodes = [_decode_rows(len(x), variant) for x, (_, variant) in zip(xs, runs)]
-        self.visible = [_visible(len(x), variant) for x, (_, variant) in zip(xs, runs)]  # the same in every layer
+        self.decodes = [_decode_rows(len(rows), variant) for rows, variant in zip(self.rows, self.variants)]
+        self.visible = [_visible(len(rows), variant) for rows, variant in zip(self.rows, self.variants)]  # every layer
         self.x = np.concatenate(xs)
 
     def norm(self, x, slot: int, block: dict, params):  # [rows, n_embd] -> same, each run with its own parameters
@@ -85,20 +119,22 @@ class _Runs:
             return x[at] if name == "none" else normed[at] * p["weight"] + p["bias"]
 
         out = affine(GPT2_NORMS[slot], slice(None))  # then the rows of runs that use other parameters
-        for span, variant, decode in zip(self.spans, self.variants, self.decodes):
-            for names, rows in ((variant.norms_block, ~decode), (variant.norms_decode, decode)):
-                if names[slot] != GPT2_NORMS[slot] and rows.any():
-                    at = np.arange(span.start, span.stop)[rows]
+        for rows, own, variant, decode in zip(self.rows, self.owns, self.variants, self.decodes):
+            for names, which in ((variant.norms_block, ~decode), (variant.norms_decode, decode)):
+                if names[slot] != GPT2_NORMS[slot] and (which & own).any():
+                    at = rows[which & own]
                     out[at] = affine(names[slot], at)
         return out
 
     def attention(self, x, attn: dict, n_head: int):  # [rows, n_embd] -> same
         qkv = linear(x, **attn["c_attn"])
-        heads = [
-            _attend(qkv[span], n_head, variant, decode, visible)
-            for span, variant, decode, visible in zip(self.spans, self.variants, self.decodes, self.visible)
-        ]
-        return linear(np.concatenate(heads), **attn["c_proj"])
+        heads = np.empty((len(x), qkv.shape[1] // 3), qkv.dtype)
+        for rows, own, variant, decode, visible in zip(self.rows, self.owns, self.variants, self.decodes, self.visible):
+            heads[rows[own]] = _attend(qkv[rows], n_head, variant, decode, visible)[own]
+        return linear(heads, **attn["c_proj"])
+
+    def take(self, x) -> list:  # each run's rows of the stack
+        return [x[rows] for rows in self.rows]
 
 
 def _attend(
@@ -139,7 +175,7 @@ def layer0_attn_sublayer_many(params, runs: list[tuple[list, Variant]], n_head: 
     many = _Runs(params, runs, dtype)
     block = params["h"][0]
     x = many.x + many.attention(many.norm(many.x, 0, block, params), block["attn"], n_head)
-    return [x[span] for span in many.spans]
+    return many.take(x)
 
 
 def hidden_states_many(params, runs: list[tuple[list, Variant]], n_head: int, dtype=np.float32) -> list:
@@ -150,7 +186,7 @@ def hidden_states_many(params, runs: list[tuple[list, Variant]], n_head: int, dt
         x = x + many.attention(many.norm(x, 0, block, params), block["attn"], n_head)
         x = x + linear(gelu(linear(many.norm(x, 1, block, params), **block["mlp"]["c_fc"])), **block["mlp"]["c_proj"])
     x = many.norm(x, 2, params["h"][-1], params)  # ln_1/ln_2 in slot ln_f: the last layer's
-    return [x[span] for span in many.spans]
+    return many.take(x)
 
 
 def layer0_attn_sublayer(

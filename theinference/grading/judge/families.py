@@ -126,6 +126,17 @@ def case_outputs(
         )
 
 
+def screen_positions(oracle_name: str, inputs: dict, row: int | None) -> int:
+    """How many positions a screen on this row of a multi-row output computes (attention is causal: those up to the
+    row), which is what screening every candidate there costs. 0 (no case is cheaper: the smallest output's is kept)
+    for a screen that is not one row of several, an output of one row (decode-step: its shortest prompt screened
+    worse, more candidates passing to a whole verification), and an oracle the families cannot compute."""
+    if oracle_name not in _SCHEDULES or row is None:
+        return 0
+    own = _SCHEDULES[oracle_name][1](inputs)
+    return int(own.start) + row + 1 if isinstance(own, slice) else 0
+
+
 def _truncated(ids: list, variant: Variant, at: int, n_layer: int) -> tuple[list, Variant]:
     """Only the rows row `at` depends on: attention is causal, so none after it (screening one early row of a
     long case costs a few positions, not all of them), except the block rows a mask that sees ahead lets in,
@@ -289,6 +300,29 @@ def position_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
             yield Candidate("position-offset", _position_text(block, base, slope, k, n_layer), make)
 
 
+def stuck_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
+    """A decode position counter stuck at len(prompt) + k that also builds the decode mask (a loop passing one
+    `start` to both wpe and `j <= start + i`): every decode step is embedded at that position and sees only the
+    keys up to it, so from the step after it on it sees neither itself nor the tokens decoded before it. (A stuck
+    counter the mask does not read, the mask built from the cache's length, is the listed bug position-stuck and
+    position-offset's wpe[len(prompt) + k].)"""
+    if oracle_name != "per-step-logits":  # a counter stands still over several decode steps (decode-step has one)
+        return
+    for k in (0, 1, -1, 2):
+        at = f"len(prompt) {'+' if k > 0 else '-'} {abs(k)}" if k else "len(prompt)"
+        text = (
+            f"every decode step embedded at wpe[{at}] and its causal mask built from the same stuck counter "
+            f"(it sees keys 0..{at} only): the position does not advance"
+        )
+
+        def make(inputs, k=k) -> Variant:
+            n, prefill = _schedule(oracle_name, inputs)
+            pos = tuple(range(prefill)) + (prefill + k,) * (n - prefill)
+            return Variant(positions=pos, mask_counter=True)
+
+        yield Candidate("position-stuck", text, make)
+
+
 # --- layer norms, mask, q/k/v, heads ----------------------------------------------------------------
 
 
@@ -363,7 +397,15 @@ def head_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
         yield Candidate("head-count", text, _fixed(Variant(n_head=n)))
 
 
-FAMILIES = (scale_candidates, position_candidates, norm_candidates, mask_candidates, qkv_candidates, head_candidates)
+FAMILIES = (
+    scale_candidates,
+    position_candidates,
+    stuck_candidates,
+    norm_candidates,
+    mask_candidates,
+    qkv_candidates,
+    head_candidates,
+)
 
 
 def candidates(model: Model, oracle_name: str) -> list[Candidate]:

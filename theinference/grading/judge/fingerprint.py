@@ -117,11 +117,17 @@ class _Screen:
     got: np.ndarray
 
 
+def _screen_row(case: CaseResult, got: np.ndarray) -> int | None:
+    """The row a screen on this case (its output: got) compares; None: the whole output."""
+    if got.ndim > 1 and case.rows:
+        bad = np.array([0 if r.ok else max(r.n_bad, 1) for r in case.rows])
+        return int(np.argmax(bad >= bad.max() / 2))
+    return None
+
+
 def _screen(stage: StageSpec, cheapest: CaseResult, got: np.ndarray, expected: np.ndarray) -> _Screen:
-    row = None
-    if got.ndim > 1 and cheapest.rows:
-        bad = np.array([0 if r.ok else max(r.n_bad, 1) for r in cheapest.rows])
-        row = int(np.argmax(bad >= bad.max() / 2))
+    row = _screen_row(cheapest, got)
+    if row is not None:
         got, expected = got[row], expected[row]
     columns = None
     if stage.oracle not in families.LAYER0:  # logits
@@ -198,7 +204,11 @@ def find_matches(
     failing = [c for c in ordered if c.status == Status.FAIL]
     if not failing:
         return []
-    screen = _screen(stage, failing[0], got[failing[0].name], cache.get(model, stage, spec, failing[0]))
+    # Every candidate is screened on one row: the failing case whose screen row depends on the fewest positions.
+    cheapest = min(
+        failing, key=lambda c: families.screen_positions(stage.oracle, c.inputs, _screen_row(c, got[c.name]))
+    )
+    screen = _screen(stage, cheapest, got[cheapest.name], cache.get(model, stage, spec, cheapest))
     # The built-in bugs a Defects expresses are screened in one pass (the others, and instructors', one by one).
     together = [BUILTIN_BUGS[n] for n in stage.bugs if n in BUILTIN_BUGS and BUILTIN_BUGS[n].defects is not None]
     together = [bug for bug in together if not is_inert(bug, spec, screen.case.inputs)]
