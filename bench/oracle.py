@@ -63,8 +63,9 @@ def median_seconds(fn, repeat: int) -> float:
 _MEMORY_PROBE = """
 import json, resource, sys
 from pathlib import Path
+from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import open_session, select_stages
-session = open_session(Path(sys.argv[1]), sys.argv[2], [])
+session = open_session(plan_run(Path(sys.argv[1]), weights=sys.argv[2]))
 run = session.run(select_stages(session.stages, ["per-step-identity"]))
 print(json.dumps({"status": run.stages[0].status, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """

@@ -28,6 +28,7 @@ from rich.console import Console
 from theinference.proc.launch import SubprocessLauncher, ZygoteLauncher
 from theinference.report.terminal import render_run
 from theinference.bundled import data_dir
+from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import open_session
 from theinference.model.synth import write_synthetic
 from theinference.grading.drive.watch import Watch
@@ -41,9 +42,9 @@ def _adapter_seconds(report) -> float:
 
 def measure(course: Path, weights: Path, launcher, saves: int, pause: float) -> list[tuple[float, float]]:
     """(latency, adapter seconds) for each save."""
-    session = open_session(course, str(weights), [])
-    session.launcher.close()
-    session.launcher = launcher
+    session = open_session(plan_run(course, weights=str(weights)))
+    session.grader.launcher.close()
+    session.grader.launcher = launcher
     rendered = []
 
     def on_regrade(report):
@@ -53,7 +54,7 @@ def measure(course: Path, weights: Path, launcher, saves: int, pause: float) -> 
         rendered.append((time.perf_counter(), report))
 
     watch = Watch(session, [STAGE], on_regrade)
-    observer = watch.start_observer()
+    watch.start_observer()
     stop = threading.Event()
     thread = threading.Thread(target=watch.loop, args=(stop,), daemon=True)
     thread.start()
@@ -73,8 +74,7 @@ def measure(course: Path, weights: Path, launcher, saves: int, pause: float) -> 
         samples.append((done_at - saved_at, _adapter_seconds(report)))
     stop.set()
     thread.join()
-    observer.stop()
-    observer.join()
+    watch.stop_observer()
     session.close()
     return samples
 
