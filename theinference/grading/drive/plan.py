@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from types import MappingProxyType
 
 from theinference.course import Course, CourseError, course_root, load_course
 from theinference.errors import UsageError
@@ -153,7 +152,7 @@ def plan_run(
     course, notices = _read_course(course_dir, need, trusted)
     instructor = tuple(Path(d) for d in stages_dirs)
     options = RunOptions(
-        limits=Limits(memory_mb=memory_limit_mb or None, env=MappingProxyType({})),
+        limits=Limits(memory_mb=memory_limit_mb or None),
         timeout=timeout,
         seed=_seed(seed),
         all_cases=all_cases,
