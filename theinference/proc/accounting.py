@@ -110,6 +110,8 @@ class Cgroup:
         self.groups = groups  # 'v2' or a v1 controller name -> its directory
         self.cpu_key = cpu_key  # which of them counts CPU: 'v2' or 'cpuacct'
         self.name = "cgroup v2 cpu.stat" if cpu_key == "v2" else "cgroup v1 cpuacct.usage"
+        # Every process ever in the group is counted, however it ended and whoever reaped it (or nobody did).
+        self.complete = True
         self.caps_memory = False  # whether the kernel holds the tree to the memory limit (else TreeMemory does)
 
     @classmethod
@@ -241,6 +243,8 @@ class ProcTree:
     """CPU of a monitor's descendants from /proc (the fallback where no cgroup can be made)."""
 
     name = "process tree (/proc)"
+    # A child auto-reaped by the kernel (its parent ignores SIGCHLD) takes its CPU out of every count here.
+    complete = False
 
     def __init__(self, monitor_pid: int):
         self.monitor = monitor_pid
