@@ -55,8 +55,8 @@ def test_builtin_stages_follow_the_course():
         "prove-one-layer",
         "decode-step",
         "per-step-identity",
-        "cache-scaling",
         "greedy",
+        "cache-scaling",
     ]
     assert stages["single-step-attention"].check == RowsCheck(atol=1e-4, rtol=1e-3)
     assert stages["decode-step"].check == RowsCheck(atol=1e-3, rtol=1e-2)
@@ -250,8 +250,8 @@ def test_course_stages_directory_is_discovered(tmp_path):
         "prove-one-layer",
         "decode-step",
         "per-step-identity",
-        "cache-scaling",
         "greedy",
+        "cache-scaling",
         "mlp-check",
     ]
     assert stage_dirs(course)[0] == data_dir("stages")
