@@ -12,8 +12,8 @@ import typer
 from theinference import __version__
 from theinference.cli.common import EXIT_FAIL, synth_progress
 from theinference.cli.consoles import console_for
+from theinference.cli.live import grade_streamed
 from theinference.grading.tools.mutants import build_mutant, load_mutants
-from theinference.report.terminal import render_run
 from theinference.bundled import data_dir
 from theinference.grading.drive.plan import CourseNeed, plan_run
 from theinference.grading.drive.session import open_session, select_stages
@@ -24,6 +24,7 @@ from theinference.course import load_course
 # A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
 # a jump under the copy heads of synthetic weights v2; see the README).
 DEMO_MUTANT = "position-stuck"
+PROOF_STAGE = "cache-scaling"  # a minute or two on its own weights: the demo leaves it out and says so
 
 
 class Edition(str, Enum):
@@ -67,22 +68,33 @@ def init_command(
 def demo_command(
     weights: WeightsOpt = None,
 ) -> None:
-    """Grade the bundled reference solution (every stage passes), then a buggy copy of it (a diagnosed failure)."""
+    """Grade the bundled reference solution (every stage passes but the cost proof), then a buggy copy of it (a
+    diagnosed failure); on tiny weights unless --weights says otherwise, each verdict printed as it comes."""
     console = console_for(sys.stdout)
     with tempfile.TemporaryDirectory(prefix="theinference-demo-") as tmp:
         solution = Path(tmp) / "solution"
         shutil.copytree(data_dir("course") / "solution", solution)
         [mutant] = [m for m in load_mutants(data_dir("course") / "mutants") if m.name == DEMO_MUTANT]
         buggy = build_mutant(mutant, solution, Path(tmp) / "buggy")
-        with open_session(plan_run(solution, weights=weights, first_exact=False), synth_progress()) as session:
+        with open_session(
+            plan_run(solution, weights=weights or "tiny", first_exact=False), synth_progress()
+        ) as session:
+            grader, version = session.grader, __version__
+            shown = [s for s in session.stages if s.id != PROOF_STAGE]
             console.rule("1. the reference solution")
-            good = session.run(session.stages)
-            render_run(console, good, __version__)
+            good, report = grade_streamed(grader, session.course, shown, session.plan.options, (), console, version)
+            report.footer(good)
+            console.print(
+                f"({PROOF_STAGE}, the proof of the cache by its CPU cost, is left out here: it takes a minute or two. "
+                f"`theinference test --stage {PROOF_STAGE} --course {data_dir('course') / 'solution'}` runs it.)",
+                soft_wrap=True,
+            )
             console.rule(f"2. the same code with one bug: {mutant.description}")
             copy = session.plan.for_course(load_course(buggy))
             assert copy.course is not None
-            bad = session.grader.grade(copy.course, select_stages(session.stages, list(mutant.expect)), copy.options)
-            render_run(console, bad, __version__)
+            stages = select_stages(session.stages, list(mutant.expect))
+            bad, report = grade_streamed(grader, copy.course, stages, copy.options, (), console, version)
+            report.footer(bad)
     diagnosed = all(s.diagnosis and s.diagnosis.shape in mutant.expect[s.id] for s in bad.stages)
     console.print("\nnext: `theinference init my-course` starts the course." if good.passed and diagnosed else "")
     raise typer.Exit(0 if good.passed and diagnosed else EXIT_FAIL)

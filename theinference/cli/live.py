@@ -6,8 +6,10 @@ never delays one). On a terminal the case line is a status line updated every se
 (CI logs, pipes) a plain line once a case has run a while, so a log keeps moving.
 """
 
+import dataclasses
 import threading
 import time
+from collections.abc import Iterable
 
 from rich.console import Console
 from rich.markup import escape
@@ -151,3 +153,22 @@ class StreamedReport:
         self.progress.close()
         render_footer(self.console, run)
         self.console.file.flush()
+
+
+def grade_streamed(
+    grader, course, stages: list[StageSpec], options, notices: Iterable[str], console: Console, version: str
+):
+    """Grade stages of course with the report streamed to console as `test` streams it (the header first, each
+    verdict as it comes, the findings once every verdict is out) and the live case line on stderr meanwhile.
+    -> (the run, the report, to print its footer when the caller has advised the run)."""
+    live = RunProgress()
+    grader.cache.progress = live
+    report = StreamedReport(console, version, live, grader.model.config.n_vocab)
+    try:
+        report.header(grader.run_result(course, [], options, notices, stages))
+        unmatched = dataclasses.replace(options, fingerprint=False)
+        run = grader.grade(course, stages, unmatched, notices, live.case_event, report.stage)
+        run = grader.fingerprint(stages, run, options, on_stage=report.finding)
+    finally:
+        live.close()
+    return run, report
