@@ -22,6 +22,7 @@ from theinference.grading.drive.plan import CourseNeed, RunPlan, plan_run
 from theinference.grading.spec.stages import StageError, StageSpec
 from theinference.cli.options import CourseOpt, DEFAULT_JOBS, JobsOpt, StagesDirOpt, TimeoutOpt, WeightsOpt
 from theinference.grading.drive.grader import Grader
+from theinference.proc.node import NODE_SUFFIXES
 
 stages_app = typer.Typer(help="List, show, check and scaffold stages.", no_args_is_help=True)
 
@@ -47,7 +48,7 @@ def list_stages(
                 id=s.id,
                 status=for_terminal(status) + marker,
                 title=s.title,
-                adapter=s.adapter,
+                adapter=_adapter_name(plan, s),
                 cases=len(s.cases),
                 points=s.points,
                 defined_in="" if plan.stage_origin(s) == "built-in" else str(s.source.name),
@@ -75,10 +76,18 @@ def show(
     console.print(Markdown(lesson))
     tolerance = " ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in stage.tolerance.items())
     console.print(
-        f"\nadapter {stage.adapter}() · {tolerance} · "
+        f"\nadapter {_adapter_name(plan, stage)}() · {tolerance} · "
         f"{len(stage.cases)} cases · {stage.points:g} points · timeout {_timeout(plan, stage)}",
         style="dim",
     )
+
+
+def _adapter_name(plan: RunPlan, stage: StageSpec) -> str:
+    """The adapter's name as the course writes it: the camelCase alias in the TypeScript edition's adapters."""
+    course = plan.course
+    if course is not None and course.adapters.suffix in NODE_SUFFIXES and stage.aliases:
+        return stage.aliases[0]
+    return stage.adapter
 
 
 def _timeout(plan: RunPlan, stage: StageSpec) -> str:

@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 
 from theinference.bundled import bundled_course_dir
-from theinference.grading.judge.results import RunResult, Status
+from theinference.grading.judge.results import RunResult, StageResult, Status
 from theinference.files import write_atomic
 from theinference.grading.spec.stages import StageSpec
+from theinference.grading.judge.scaling import PROOF_PRESET
+from theinference.grading.spec.checks import ScalingCheck
 from theinference.model.synth import PRESETS
 
 PROGRESS_FILE = Path(".theinference") / "progress.json"
@@ -56,6 +58,16 @@ def weights_name(run: RunResult) -> str:
     return f"{run.config.get('n_layer')}-layer, {run.config.get('n_embd')}-wide"
 
 
+def stage_weights_name(run: RunResult, stage: StageResult) -> str:
+    """The weights a stage was graded on: cache-scaling's own preset where it runs on it (always, or as its note says
+    where it may run on the graded weights), else the run's."""
+    if isinstance(stage.check, ScalingCheck) and (
+        stage.check.params.weights == PROOF_PRESET or any(c.scaling and c.scaling.weights_note for c in stage.cases)
+    ):
+        return PROOF_PRESET
+    return weights_name(run)
+
+
 def record_progress(root: Path, run: RunResult, timeout: float | None = None) -> tuple[dict[str, dict], str]:
     """Remember each graded stage's status, weights and --timeout; return the progress with this run in it (also
     when it could not be saved) and a notice if a corrupt file was replaced, else ""."""
@@ -64,7 +76,7 @@ def record_progress(root: Path, run: RunResult, timeout: float | None = None) ->
         stages[stage.id] = {
             "status": stage.status,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "weights": weights_name(run),
+            "weights": stage_weights_name(run, stage),
             "timeout": timeout,
         }
     if bundled_course_dir(root) is not None:
