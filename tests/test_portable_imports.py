@@ -105,3 +105,5 @@ def test_the_first_commands_work_without_the_posix_only_modules(tmp_path, soluti
     assert "✔ forward" in graded.stdout and "1 of 1 stage(s) passed · 10/10 points" in graded.stdout
     assert "Traceback" not in graded.stderr and "Warning" not in graded.stderr, graded.stderr
     assert os.listdir(temp) == []  # no kernel lock to hold: no owner file, and its directories removed as it ends
+    store = Path(os.environ["THEINFERENCE_CACHE"]) / "oracle"
+    assert (store / "lock").is_file() and list((store / "outputs").iterdir()) == []  # evicted: the cap holds
