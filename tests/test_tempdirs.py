@@ -179,3 +179,13 @@ def test_where_no_kernel_lock_exists_a_graders_directories_have_no_token_and_it_
         [f"theinference-owner-{DEAD}", f"theinference-run-{DEAD}-abcd1234", made.name]
     )
     assert tempdirs.remove_leftovers(str(fresh_grader)) == []
+
+
+def test_without_uids_a_real_directory_is_ours_to_remove_and_a_link_never(tmp_path, monkeypatch):
+    """Windows has no geteuid (a user's temp directory is their own): what stays refused is a link."""
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    monkeypatch.delattr(os, "geteuid")
+    assert tempdirs._ours_to_remove(str(tmp_path / "real"))
+    assert not tempdirs._ours_to_remove(str(tmp_path / "link"))
+    assert not tempdirs._ours_to_remove(str(tmp_path / "missing"))
