@@ -1,11 +1,13 @@
 """A dead grader's temporary directories go, a live one's stay, and a link named like one is never followed."""
 
+import errno
 import fcntl
 import os
 from pathlib import Path
 
 import pytest
 
+from theinference import locks
 from theinference.proc import tempdirs
 
 DEAD, LIVE = "g" + "0" * 12, "g" + "1" * 12
@@ -129,3 +131,61 @@ def test_the_sweep_of_a_leased_uids_leftovers_keeps_what_it_owned_before_and_a_l
         ]
     finally:
         os.close(live)
+
+
+@pytest.fixture
+def fresh_grader(tmp_path, monkeypatch):
+    """An empty temp directory, and a grader in this process that has made no directory there yet."""
+    where = tmp_path / "tmp"
+    where.mkdir()
+    monkeypatch.setenv("TMPDIR", str(where))
+    monkeypatch.setattr(tempdirs.tempfile, "tempdir", None)
+    tempdirs._owner_token.cache_clear()
+    yield where
+    tempdirs._owner_token.cache_clear()
+    monkeypatch.setattr(tempdirs.tempfile, "tempdir", None)
+
+
+def test_where_an_open_file_cannot_be_renamed_the_owner_file_is_made_in_place_and_held(fresh_grader, monkeypatch):
+    """Windows: a file open in a process can be neither renamed nor removed; the owner file is then made at its own
+    name and locked there, and the grader's directories are a live grader's."""
+
+    def in_use(src, dst):
+        raise PermissionError(13, "The process cannot access the file because it is being used by another process")
+
+    monkeypatch.setattr(tempdirs.os, "rename", in_use)
+    made = Path(tempdirs.mkdtemp("run"))
+    token = made.name.split("-")[2]
+    assert sorted(os.listdir(fresh_grader)) == [f"theinference-owner-{token}", made.name]  # no pending name left
+    assert not tempdirs._dead(str(fresh_grader), token)
+    assert tempdirs.remove_leftovers(str(fresh_grader)) == [] and made.is_dir()
+
+
+def test_where_no_kernel_lock_exists_a_graders_directories_have_no_token_and_it_sweeps_nothing(
+    fresh_grader, monkeypatch
+):
+    """Nothing could tell such a grader alive (a lock file without a kernel lock outlives a killed grader), so its
+    directories are named as no sweep removes, and it calls no other grader dead."""
+
+    def no_lock(fd, blocking=True):
+        raise locks.NoKernelLock(errno.ENOSYS, "this machine offers no kernel file lock")
+
+    monkeypatch.setattr(tempdirs.locks, "lock", no_lock)
+    os.close(_owner(fresh_grader, DEAD))  # a dead grader's, by its lock; but no lock can be tried here
+    (fresh_grader / f"theinference-run-{DEAD}-abcd1234").mkdir()
+    made = Path(tempdirs.mkdtemp("run"))
+    assert made.name.startswith("theinference-run-") and tempdirs._token_of(made.name) is None
+    assert sorted(os.listdir(fresh_grader)) == sorted(
+        [f"theinference-owner-{DEAD}", f"theinference-run-{DEAD}-abcd1234", made.name]
+    )
+    assert tempdirs.remove_leftovers(str(fresh_grader)) == []
+
+
+def test_without_uids_a_real_directory_is_ours_to_remove_and_a_link_never(tmp_path, monkeypatch):
+    """Windows has no geteuid (a user's temp directory is their own): what stays refused is a link."""
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    monkeypatch.delattr(os, "geteuid")
+    assert tempdirs._ours_to_remove(str(tmp_path / "real"))
+    assert not tempdirs._ours_to_remove(str(tmp_path / "link"))
+    assert not tempdirs._ours_to_remove(str(tmp_path / "missing"))

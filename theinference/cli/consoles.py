@@ -1,6 +1,10 @@
 """The CLI's consoles: plain when not a terminal, in CI or with NO_COLOR (theinference.terminals decides; light:
-rich is imported only to make a console)."""
+rich is imported only to make a console). On a stream whose encoding is not UTF-8 (Windows' cp1252 when output is
+redirected, PYTHONIOENCODING=ascii) every glyph it cannot encode is written as its ASCII fallback (GLYPHS), and any
+other character it cannot encode as "?": never a UnicodeEncodeError, never bytes its reader would decode wrongly."""
 
+import codecs
+import functools
 import re
 import sys
 
@@ -12,14 +16,103 @@ _PADDING = re.compile(r"(?:[ ]|\x1b\[[0-9;]*m)*[ ](?:[ ]|\x1b\[[0-9;]*m)*(?=\r?\
 _CODE = re.compile(r"\x1b\[[0-9;]*m")
 
 
+# Each glyph the reports print (the report, cli and grading modules, the stage files' hints, the lessons) and what
+# stands for it where the console's encoding cannot encode it. One cell for one where it may sit in a table's cell
+# (rich lays a table out before this translation, so a wider stand-in would push the columns after it).
+GLYPHS = {
+    "✔": "+",  # a stage's or a cell's mark: passed
+    "✘": "x",  # failed, error, crashed
+    "⏱": "!",  # timed out
+    "✅": "+",
+    "❌": "x",
+    "◀": "<",  # ◀ first, ◀ next
+    "▼": "v",
+    "Δ": "d",  # max |Δ|
+    "·": "-",  # a separator, and a stage not started
+    "×": "x",
+    "—": "-",
+    "–": "-",
+    "│": "|",
+    "…": "...",  # cp1252 has it; on an ASCII stream a fold row and a cut token text move two cells
+    "→": "->",
+    "↔": "<->",
+    "≤": "<=",  # wider than its cell, but true (a fold row's bound): that one row's later columns move a cell
+    "≥": ">=",
+    "²": "^2",
+}
+# Families of glyphs, each replaced whole where any of its glyphs cannot be encoded, so that one sparkline never mixes
+# two ramps (cp437 has two of the eight blocks).
+FAMILIES = (
+    ("▁▂▃▄▅▆▇█✕", "_.-:=+*#x"),  # a sparkline's levels and its NaN row: the report's own ASCII ramp (report.terminal)
+    ("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏", "|/-\\|/-\\|/"),  # rich's spinner on a live line: a turning bar
+)
+
+
+@functools.cache
+def fallbacks(encoding: str) -> dict[int, str]:
+    """The table (for str.translate) of the glyphs that encoding cannot encode, each to its fallback."""
+
+    def encodes(text: str) -> bool:
+        try:
+            text.encode(encoding)
+        except UnicodeEncodeError:
+            return False
+        return True
+
+    table = {ord(glyph): plain for glyph, plain in GLYPHS.items() if not encodes(glyph)}
+    for glyphs, plain in FAMILIES:
+        if not encodes(glyphs):
+            table.update(zip(map(ord, glyphs), plain))
+    return table
+
+
+def encodable(text: str, encoding: str | None) -> str:
+    """text as a stream of that encoding can write it: glyphs it cannot encode as their fallbacks, other characters it
+    cannot encode (a student's message, a path) as "?". A stream without an encoding takes any text."""
+    if encoding is None:
+        return text
+    try:
+        text.encode(encoding)
+        return text
+    except UnicodeEncodeError:
+        pass
+    except LookupError:  # a name Python does not know: nothing tells what it can encode
+        return text
+    text = text.translate(fallbacks(encoding))
+    return text.encode(encoding, "replace").decode(encoding)
+
+
+def write_document(stream, text: str) -> None:
+    """Write a document a program reads (JUnit's XML, which declares UTF-8; GitHub's annotations, read as UTF-8) to
+    stream in UTF-8 whatever the stream's own encoding: cp1252 would refuse its Δ or write its · as a byte that
+    reader decodes wrongly."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None or _is_utf8(getattr(stream, "encoding", None)):
+        stream.write(text)
+        return
+    stream.flush()
+    buffer.write(text.encode("utf-8"))
+    buffer.flush()
+
+
+def _is_utf8(encoding: str | None) -> bool:
+    try:
+        return encoding is not None and codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
+
+
 class TrimmedLines:
-    """A stream whose lines lose the spaces they end with (their colour codes are kept); all else passes through."""
+    """A stream whose lines lose the spaces they end with (their colour codes are kept), and whose text is made
+    encodable for it (encodable); all else passes through."""
 
     def __init__(self, stream):
         self.stream = stream
+        self._encoding = getattr(stream, "encoding", None)
 
     def write(self, text: str) -> int:
-        self.stream.write(_PADDING.sub(lambda m: "".join(_CODE.findall(m.group())), text))
+        trimmed = _PADDING.sub(lambda m: "".join(_CODE.findall(m.group())), text)
+        self.stream.write(encodable(trimmed, self._encoding))
         return len(text)
 
     def __getattr__(self, name: str):

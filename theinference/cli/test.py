@@ -17,7 +17,7 @@ from theinference.cli.common import (
     synth_progress,
     write_atomic,
 )
-from theinference.cli.consoles import console_for, err_console
+from theinference.cli.consoles import console_for, err_console, write_document
 from theinference.cli.options import (
     CourseOpt,
     AllowRootOpt,
@@ -68,7 +68,7 @@ def _emit(run, fmt: Format, output: Optional[Path]) -> None:
         if output:
             write_atomic(output, text)
         else:
-            sys.stdout.write(text)
+            write_document(sys.stdout, text)
         return
     if output:
         buffer = io.StringIO()

@@ -11,7 +11,12 @@ import importlib.abc
 import importlib.util
 import json
 import os
-import resource
+
+try:
+    import resource
+except ImportError:  # no rlimits (Windows): each cap set below is skipped there. What bounds the adapter's processes
+    # then is the grader: its watch over their tree's memory (accounting.TreeMemory) and each case's timeout.
+    resource = None  # type: ignore[assignment]
 import sys
 import time
 import traceback
@@ -147,8 +152,8 @@ def _run_case(func, index: int, args: list, out_dir: Path, proto) -> None:
         done(status=protocol.BAD_OUTPUT, message=problem, seconds=seconds)
         return
     out = out_dir / f"case-{index}.npy"
-    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if cap != resource.RLIM_INFINITY and array.nbytes + _NPY_HEADER > cap:  # not even begun: the quota stays free
+    cap = _file_cap()
+    if cap is not None and array.nbytes + _NPY_HEADER > cap:  # not even begun: the quota stays free
         done(status=protocol.ERROR, message=_save_problem(OSError(errno.EFBIG, "too large"), array), seconds=seconds)
         return
     try:
@@ -164,13 +169,21 @@ _NPY_HEADER = 4096  # at least what a .npy header takes
 _FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
 
 
+def _file_cap() -> int | None:
+    """The size cap on files this process writes (RLIMIT_FSIZE), None if it has none."""
+    if resource is None:
+        return None
+    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if cap == resource.RLIM_INFINITY else cap
+
+
 def _error_message(error: BaseException) -> str:
     """The student's exception in a line; a write refused for the run directory's quota says so (the grader's own
     measurement of that directory decides the verdict when it sees it; this is the hint when the student's process
     ended the case first)."""
     text = f"{type(error).__name__}: {error}"
-    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if isinstance(error, OSError) and error.errno in _FULL and cap != resource.RLIM_INFINITY:
+    cap = _file_cap()
+    if isinstance(error, OSError) and error.errno in _FULL and cap is not None:
         text += f" (the adapter's processes may write at most {size_text(cap)} to their run directory, $TMPDIR, in all)"
     if isinstance(error, OSError) and error.errno == errno.EAGAIN and _tasks_capped:
         text += f" (the adapter may start at most {MAX_PROCESSES} processes and threads)"
@@ -179,10 +192,10 @@ def _error_message(error: BaseException) -> str:
 
 def _save_problem(error: OSError, array) -> str:
     """Why the returned array could not be handed over, in the student's terms (no grader frames)."""
-    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    cap = _file_cap()
     # numpy's writer may report the short write without an errno: the array's size tells.
-    if error.errno == errno.EFBIG or (cap != resource.RLIM_INFINITY and array.nbytes >= cap):
-        limit = "the file size limit" if cap == resource.RLIM_INFINITY else size_text(cap)
+    if error.errno == errno.EFBIG or (cap is not None and array.nbytes >= cap):
+        limit = "the file size limit" if cap is None else size_text(cap)
         return (
             f"the adapter's output exceeded {limit} (it returned {size_text(array.nbytes)}, "
             f"shape {list(array.shape)}, {array.dtype})"
@@ -213,6 +226,8 @@ def _apply_limits(limits: protocol.Limits) -> None:
 
     The hard limit is lowered too: with only the soft one set, student code could raise it back.
     """
+    if resource is None:
+        return
     for wanted, which in ((limits["memory_bytes"], resource.RLIMIT_AS), (limits["file_bytes"], resource.RLIMIT_FSIZE)):
         if wanted:
             _, hard = resource.getrlimit(which)
@@ -255,7 +270,7 @@ def _cap_tasks() -> None:
     Nothing else bounds a fork bomb there (no uid, namespace or cgroup of its own): it would take every pid of the
     machine, the grader's next process included, and outrun its own killing. Root is exempt from the cap, but not
     the root of a user namespace a non-root grader made (unshare --user): the kernel counts and caps its tasks."""
-    if sys.platform != "linux" or (os.getuid() == 0 and not _in_user_namespace()):
+    if sys.platform != "linux" or resource is None or (os.getuid() == 0 and not _in_user_namespace()):
         return
     cap = _tasks_of(os.getuid()) + MAX_PROCESSES
     _, hard = resource.getrlimit(resource.RLIMIT_NPROC)

@@ -7,13 +7,12 @@ for an instructor's oracle file also its content), the versions of theinference 
 the case's inputs. Each entry is written whole (a temporary file renamed over it) with a
 checksum: a missing, truncated or corrupt entry is computed again, never trusted. The directory
 is capped (`$THEINFERENCE_CACHE_MAX_MB`, default 2048; 0 turns the store off); the least recently
-used entries are evicted under a lock, so concurrent runs can share it.
+used entries are evicted under a kernel lock (theinference.locks), so concurrent runs can share it.
 
 Only trusted runs read it (theinference.grading.drive.session): without a sandbox, student code runs as the
 same user and could write a wrong answer into it.
 """
 
-import fcntl
 import functools
 import hashlib
 import io
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from theinference import __version__
+from theinference import __version__, locks
 from theinference.files import write_atomic
 from theinference.model.weights_choice import user_cache_dir
 from theinference.model.weights import Model, file_stamp, weights_digest
@@ -216,7 +215,10 @@ class OracleStore:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(self.root / "lock", "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # one evicting run at a time; readers and writers need no lock
+                try:
+                    locks.lock(lock.fileno())  # one evicting run at a time; readers and writers need no lock
+                except locks.NoKernelLock:  # two evicting at once free more than needed, never a wrong entry
+                    pass
                 entries = sorted(self._entries())
                 used = sum(size for _, size, _ in entries)
                 for _, size, path in entries:
