@@ -59,7 +59,11 @@ class Container:
     timeout_minutes: int
 
     def fits_in(self, other: "Container") -> bool:
-        return (self.cpus, self.memory_mb, self.timeout_minutes) <= (other.cpus, other.memory_mb, other.timeout_minutes)
+        return (
+            self.cpus <= other.cpus
+            and self.memory_mb <= other.memory_mb
+            and self.timeout_minutes <= other.timeout_minutes
+        )
 
     def __str__(self) -> str:
         return f"{self.cpus:g} CPU, {size_text(self.memory_mb << 20)} of memory, a {self.timeout_minutes} min timeout"
@@ -68,11 +72,12 @@ class Container:
 # What Gradescope gives an assignment unless the instructor raises it (its autograder documentation: half a
 # virtual CPU, 768 MB, a 10 minute timeout).
 GRADESCOPE_DEFAULT = Container(cpus=0.5, memory_mb=768, timeout_minutes=10)
-# The grader and one student process besides the graded weights: Python, numpy, the cache proof's own weights,
-# the page cache. The reference solution on the tiny preset peaked at 484 MB (in a 768 MB cgroup, half a CPU).
+# Memory: the grader and one student process besides the graded weights (Python, numpy, the cache proof's own
+# weights, the page cache), and the graded weights about three times over (the grader's model, its oracle's work
+# on them, the student's process's copy). Measured with the reference solution in a memory cgroup on one CPU: the
+# tiny preset (26 MB) peaked at 484 MB, gpt2 (475 MB) at 1525 MB.
 MEMORY_BASE_MB = 400
-# The graded weights are held by the grader, by its oracle's work on them and by the student's process.
-MEMORY_PER_WEIGHTS = 4
+MEMORY_PER_WEIGHTS = 3
 TIMEOUT_SLACK = 30  # seconds past the time budget before Gradescope's own timeout: unpacking, starting
 RESULTS_MARGIN = 30  # seconds before the time budget ends when the grader stops and writes the results
 
@@ -80,9 +85,12 @@ RESULTS_MARGIN = 30  # seconds before the time budget ends when the grader stops
 def needs(weights: Weights, time_budget: float) -> Container:
     """The container grading needs with these weights within time_budget seconds."""
     large = weights.size > LARGE_WEIGHTS_MB << 20
+    memory = MEMORY_BASE_MB + MEMORY_PER_WEIGHTS * (weights.size >> 20)
     return Container(
-        cpus=2.0 if large else GRADESCOPE_DEFAULT.cpus,  # the oracle and a student's full-size model compete
-        memory_mb=MEMORY_BASE_MB + MEMORY_PER_WEIGHTS * (weights.size >> 20),
+        # The reference solution took 105 s on tiny at half a CPU, 193 s on gpt2 at one CPU (a busy machine's):
+        # half a CPU would leave gpt2 little of a 540 s budget.
+        cpus=1.0 if large else GRADESCOPE_DEFAULT.cpus,
+        memory_mb=-(-memory // 100) * 100,  # rounded up to 100 MB
         timeout_minutes=math.ceil((time_budget + TIMEOUT_SLACK) / 60),
     )
 
