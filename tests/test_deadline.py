@@ -1,5 +1,6 @@
 """A run's absolute deadline (`grade --finish-by`) and the confinement it demands (`--require-isolation`)."""
 
+import csv
 import dataclasses
 import datetime
 import time
@@ -118,3 +119,18 @@ def test_test_refuses_to_grade_below_the_required_level(cli, tmp_path, tiny_path
     words = " ".join(result.stderr.split())
     assert "--require-isolation sandbox: student code would run at the weaker subreaper level" in words
     assert "nothing was graded" in words and "apparmor_restrict_unprivileged_userns" in words
+
+
+@pytest.mark.slow
+def test_submissions_graded_side_by_side_each_get_their_own_findings(cli, tmp_path, tiny_path):
+    # grade's submission budget defers every match until the verdicts are in: each submission's arrays stay its own
+    # while two are graded at once.
+    names = ["missing-attn-scale", "c-proj-transposed"]
+    built = {name: mutant_course(name, tmp_path / "subs") for name in names}
+    out = tmp_path / "grades.csv"
+    args = ["--stage", "prove-one-layer", "--weights", tiny_path, "--jobs", "2", "--out", out]
+    assert cli("grade", *(course for _, course in built.values()), *args).exit_code == 0
+    rows = {r["id"]: r for r in csv.DictReader(out.open(newline=""))}
+    for name, (mutant, _) in built.items():
+        stage, _, bugs = rows[name]["finding"].partition(": ")
+        assert stage == "prove-one-layer" and set(bugs.split(", ")) <= set(mutant.fingerprint[stage]), rows[name]

@@ -113,9 +113,8 @@ class Grader:
             if on_stage is not None:
                 on_stage(results[-1])
         run = self.run_result(course, results, options, notices)
-        if deferred:
-            self.unmatched = Unmatched(run, tuple(outputs))
-            return self.fingerprint(stages, run, options, until=deadline)
+        if deferred:  # its own outputs, never through self.unmatched: a batch grades submissions in threads
+            return self._match(stages, run, outputs, options, until=deadline)
         if options.fingerprint:
             return dataclasses.replace(run, stages=self._run_evidence(stages, run, run.stages))
         if options.diagnosis:  # kept for fingerprint(), beside the run
@@ -172,8 +171,18 @@ class Grader:
         a new RunResult (run is unchanged); the outputs kept for it are dropped. on_stage gets each stage that had
         failing outputs to match, once matched. until (time.monotonic()): no stage is matched after it, and the
         run's notices say which were not."""
-        options = options or self.plan.options
-        kept = self._take_outputs(run)
+        return self._match(stages, run, self._take_outputs(run), options or self.plan.options, on_stage, until)
+
+    def _match(
+        self,
+        stages: list[StageSpec],
+        run: RunResult,
+        kept: list[Outputs],
+        options: RunOptions,
+        on_stage: Callable[[StageResult], None] | None = None,
+        until: float | None = None,
+    ) -> RunResult:
+        """fingerprint(), given the arrays kept for run's stages (one per stage; emptied as each is matched)."""
         results, unmatched = [], []
         for i, (stage, graded) in enumerate(zip(self.with_seed(stages, options), run.stages)):
             outputs: Outputs = {}
