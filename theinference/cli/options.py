@@ -5,10 +5,22 @@ bundle's grading, not this run, and are declared in cli/autograder.py.)
 """
 
 import os
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+
+class IsolationLevel(str, Enum):
+    """The confinement levels, strongest first (plan.ISOLATION_LEVELS, proc/sandbox.py)."""
+
+    sandbox = "sandbox"
+    namespaces = "namespaces"
+    unprivileged = "unprivileged"
+    subreaper = "subreaper"
+    process_group = "process-group"
+
 
 WeightsOpt = Annotated[
     Optional[str],
@@ -65,5 +77,14 @@ AllowRootOpt = Annotated[
         "--allow-root",
         help="DANGEROUS: where no confinement can drop to user nobody (no bubblewrap, a Python nobody cannot read), "
         "run student code as root anyway instead of refusing (as THEINFERENCE_ALLOW_ROOT=1). Every report says so.",
+    ),
+]
+RequireIsolationOpt = Annotated[
+    Optional[IsolationLevel],
+    typer.Option(
+        "--require-isolation",
+        metavar="LEVEL",
+        help="Refuse to grade (exit 2) unless student code runs at this confinement level or a stronger one: "
+        "sandbox (bubblewrap), namespaces, unprivileged, subreaper, process-group.",
     ),
 ]

@@ -23,6 +23,7 @@ from theinference.cli.options import (
     AllowRootOpt,
     MemoryLimitOpt,
     NoDiagnosisOpt,
+    RequireIsolationOpt,
     StagesDirOpt,
     TimeoutOpt,
     WeightsOpt,
@@ -139,6 +140,7 @@ def test_command(
     ] = False,
     no_diagnosis: NoDiagnosisOpt = False,
     allow_root: AllowRootOpt = False,
+    require_isolation: RequireIsolationOpt = None,
 ) -> None:
     """Grade the course's adapters against the numpy GPT-2 oracle.
 
@@ -157,6 +159,7 @@ def test_command(
         all_cases=all_cases,
         diagnosis=not no_diagnosis,
         allow_root=allow_root,
+        require_isolation=require_isolation.value if require_isolation else None,
     )
     if plan.untrusted and watch:
         raise UsageError(

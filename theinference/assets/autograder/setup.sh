@@ -4,7 +4,9 @@
 set -euo pipefail
 ROOT="${AUTOGRADER_ROOT:-/autograder}"
 SOURCE="$ROOT/source"
+# shellcheck source=/dev/null
 source "$SOURCE/bundle.env"
+export THEINFERENCE_CACHE="$ROOT/cache"  # run_autograder reads the cache proof's weights from here
 
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
@@ -36,3 +38,13 @@ if [ -n "$WEIGHTS_PRESET" ]; then
     "$ROOT/venv/bin/theinference" weights synth --preset "$WEIGHTS_PRESET" --seed "$WEIGHTS_SEED" --out "$SOURCE/weights"
 fi
 "$ROOT/venv/bin/theinference" weights info "$SOURCE/weights/model.safetensors"
+# cache-scaling runs on weights of its own (the synthetic proof preset): made once here, not at every submission.
+"$ROOT/venv/bin/python" - <<'PY'
+from theinference.grading.judge.scaling import PROOF_PRESET
+from theinference.model.weights_choice import WeightsChoice, ensure_weights, synthetic_path
+
+made = WeightsChoice(synthetic_path(PROOF_PRESET), "synthetic-preset", "cache-scaling", PROOF_PRESET)
+ensure_weights(made)
+print(f"the cache proof's weights: {made.path}")
+PY
+

@@ -16,11 +16,11 @@ from theinference.grading.judge import scaling
 from theinference.grading.judge.evidence import stage_evidence
 from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage, needs_fingerprint
 from theinference.grading.drive.progress import load_progress, weights_name
-from theinference.grading.judge.grade import CaseEvent, GradeContext, check_case_fits, grade_stage
+from theinference.grading.judge.grade import CaseEvent, GradeContext, Graded, check_case_fits, grade_stage
 from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.oracle.registry import resolve_oracle
 from theinference.grading.spec.randomcases import with_random_cases
-from theinference.grading.judge.results import RunResult, StageResult
+from theinference.grading.judge.results import CaseResult, RunResult, StageResult, Status
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.drive.threads import blas_threads_for_load
@@ -85,7 +85,9 @@ class Grader:
         result as soon as its cases are compared (before the next stage runs).
         """
         options = options or self.plan.options
-        budget = options.submission_timeout
+        deadline, budget = options.deadline()
+        # With a deadline, every verdict comes first and known bugs are matched in the time left (fingerprint()).
+        deferred = deadline is not None and options.fingerprint and options.diagnosis
         ctx = GradeContext(
             course=course,
             model=self.model,
@@ -93,24 +95,26 @@ class Grader:
             limits=options.limits,
             timeouts=timeouts(course, options),
             launcher=self.launcher,
-            fingerprint=options.fingerprint,
+            fingerprint=options.fingerprint and not deferred,
             diagnosis=options.diagnosis,
             first_exact=options.first_exact,
             all_cases=options.all_cases,
             budget=budget,
-            deadline=time.monotonic() + budget if budget else None,
+            deadline=deadline,
             on_case=on_case,
             untrusted=self.plan.untrusted,
         )
         self.unmatched = None  # an earlier run's arrays go before this one's come
         results, outputs = [], []
         for stage in self.with_seed(stages, options):
-            graded = grade_stage(stage, ctx)
+            graded = grade_stage(stage, ctx) if not _past(deadline) else Graded(not_reached(stage, course, budget))
             results.append(dataclasses.replace(graded.result, origin=self.plan.stage_origin(stage)))
             outputs.append(graded.outputs)
             if on_stage is not None:
                 on_stage(results[-1])
         run = self.run_result(course, results, options, notices)
+        if deferred:  # its own outputs, never through self.unmatched: a batch grades submissions in threads
+            return self._match(stages, run, outputs, options, until=deadline)
         if options.fingerprint:
             return dataclasses.replace(run, stages=self._run_evidence(stages, run, run.stages))
         if options.diagnosis:  # kept for fingerprint(), beside the run
@@ -161,18 +165,33 @@ class Grader:
         run: RunResult,
         options: RunOptions | None = None,
         on_stage: Callable[[StageResult], None] | None = None,
+        until: float | None = None,
     ) -> RunResult:
         """The run graded last with fingerprint=False (same stages and options), its failing stages fingerprinted:
         a new RunResult (run is unchanged); the outputs kept for it are dropped. on_stage gets each stage that had
-        failing outputs to match, once matched."""
-        options = options or self.plan.options
-        kept = self._take_outputs(run)
-        results = []
+        failing outputs to match, once matched. until (time.monotonic()): no stage is matched after it, and the
+        run's notices say which were not."""
+        return self._match(stages, run, self._take_outputs(run), options or self.plan.options, on_stage, until)
+
+    def _match(
+        self,
+        stages: list[StageSpec],
+        run: RunResult,
+        kept: list[Outputs],
+        options: RunOptions,
+        on_stage: Callable[[StageResult], None] | None = None,
+        until: float | None = None,
+    ) -> RunResult:
+        """fingerprint(), given the arrays kept for run's stages (one per stage; emptied as each is matched)."""
+        results, unmatched = [], []
         for i, (stage, graded) in enumerate(zip(self.with_seed(stages, options), run.stages)):
             outputs: Outputs = {}
             if i < len(kept):
                 outputs, kept[i] = kept[i], {}  # each stage's arrays go once it is matched
             matched = options.diagnosis and needs_fingerprint(stage, graded, outputs)
+            if matched and _past(until):
+                matched = False
+                unmatched.append(stage.id)
             result = graded
             if matched:
                 with blas_threads_for_load():  # one thread on a busy machine (grading/drive/threads.py)
@@ -182,7 +201,10 @@ class Grader:
             results.append(result)
             if matched and on_stage is not None:
                 on_stage(result)
-        return dataclasses.replace(run, stages=[*results, *run.stages[len(results) :]])
+        skipped = [f"known bugs not matched for {', '.join(unmatched)}: the time budget ran out"] if unmatched else []
+        return dataclasses.replace(
+            run, stages=[*results, *run.stages[len(results) :]], notices=[*run.notices, *skipped]
+        )
 
     def _take_outputs(self, run: RunResult) -> list[Outputs]:
         """The arrays kept for run's stages, taken from the grader ([] if none are): those of the same stage results,
@@ -230,3 +252,29 @@ class Grader:
         if timeouts(course, options).chosen_by_course:
             lines.append(f"timeout from the course's theinference.toml: {course.timeout:g} s per call")
         return lines
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def not_reached(stage: StageSpec, course: Course, budget: float | None) -> StageResult:
+    """A stage the run's deadline passed before it started: not run, each case timed out, 0 points."""
+    message = f"not run: the submission's time budget of {budget or 0:g} s ran out before this stage started"
+    cases = [
+        CaseResult(name=c.name, status=Status.TIMEOUT, message=message, inputs=c.inputs, texts=c.texts)
+        for c in stage.cases
+    ]
+    return StageResult(
+        id=stage.id,
+        title=stage.title,
+        status=Status.TIMEOUT,
+        cases=cases,
+        points=0.0,
+        max_points=stage.points,
+        adapter=stage.adapter,
+        adapters_file=str(course.adapters),
+        lesson=str(stage.lesson),
+        check=stage.check,
+        visibility=stage.visibility,
+    )

@@ -16,13 +16,15 @@ A batch grades many courses with one plan: for_course reads each submission as t
 """
 
 import dataclasses
+import datetime
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
 from theinference.course import Course, CourseError, course_root, load_course
-from theinference.errors import UsageError
+from theinference.errors import ConfigError, UsageError
 from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.oracle.store import default_store
 from theinference.grading.spec.randomcases import resolve_seed
@@ -30,7 +32,7 @@ from theinference.grading.spec.stages import StageSpec, load_stages, stage_dirs
 from theinference.grading.spec.timeouts import Timeouts
 from theinference.model.weights import Model
 from theinference.model.weights_choice import WeightsChoice, obtain_weights
-from theinference.proc.launch import Launcher, default_launcher
+from theinference.proc.launch import Isolation, Launcher, default_launcher
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits
 from theinference.terminals import untrusted_run
 from theinference.trust import stage_origin, untrusted_course
@@ -58,6 +60,46 @@ class RunOptions:
     first_exact: bool = False
     all_cases: bool = False  # keep running a stage's cases after one timed out
     submission_timeout: float | None = None  # wall seconds for the whole run, after which the rest times out
+    # An absolute deadline (time.time(), `grade --finish-by`): the run ends by then however late it started, e.g.
+    # Gradescope's clock, which started before the grader did and its oracle outputs were computed.
+    finish_by: float | None = None
+
+    def deadline(self) -> tuple[float | None, float | None]:
+        """When a run starting now must end (time.monotonic()) and the seconds that leaves: the nearer of the
+        submission budget, counted from now, and finish_by; (None, None) without either."""
+        now = time.monotonic()
+        ends = [now + self.submission_timeout] if self.submission_timeout else []
+        if self.finish_by is not None:
+            ends.append(now + self.finish_by - time.time())
+        if not ends:
+            return None, None
+        end = min(ends)
+        return end, round(max(0.0, end - now), 1)
+
+
+# The levels of proc/sandbox.py, strongest first: what --require-isolation compares the chosen one with.
+ISOLATION_LEVELS = ("sandbox", "namespaces", "unprivileged", "subreaper", "process-group")
+
+
+class IsolationTooWeak(ConfigError):
+    """--require-isolation asked for a stronger confinement than this machine gives (exit 2, nothing graded)."""
+
+
+def check_isolation(isolation: Isolation, required: str) -> None:
+    """Raise IsolationTooWeak if isolation is weaker than the required level (one of ISOLATION_LEVELS)."""
+    if ISOLATION_LEVELS.index(isolation.level) <= ISOLATION_LEVELS.index(required):
+        return
+    raise IsolationTooWeak(
+        f"--require-isolation {required}: student code would run at the weaker {isolation.level} level here "
+        f"({isolation.summary}); nothing was graded. "
+        + (
+            "bubblewrap is missing or cannot make its namespaces: install it (apt-get install bubblewrap) and check "
+            "`bwrap --ro-bind / / --unshare-pid --unshare-net true`; on Ubuntu 24.04 AppArmor forbids unprivileged "
+            "user namespaces unless `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`"
+            if required == "sandbox"
+            else f"grade where the {required} level is available"
+        )
+    )
 
 
 def timeouts(course: Course | None, options: RunOptions) -> Timeouts:
@@ -76,6 +118,7 @@ class RunPlan:
     weights: str | None = None  # --weights
     options: RunOptions = field(default_factory=RunOptions)
     allow_root: bool = False  # the instructor's consent to untrusted grading as root without a sandbox
+    require_isolation: str | None = None  # --require-isolation: the weakest level grading may run at
     notices: tuple[str, ...] = ()  # the course's settings that untrusted grading ignored
 
     @property
@@ -106,8 +149,16 @@ class RunPlan:
         )
 
     def launcher(self) -> Launcher:
-        """How this run's student processes start: the strongest isolation here when untrusted."""
-        return default_launcher(untrusted=self.untrusted, allow_root=self.allow_root)
+        """How this run's student processes start: the strongest isolation here when untrusted; IsolationTooWeak if
+        that is weaker than --require-isolation."""
+        launcher = default_launcher(untrusted=self.untrusted, allow_root=self.allow_root)
+        if self.require_isolation is not None:
+            try:
+                check_isolation(launcher.isolation, self.require_isolation)
+            except IsolationTooWeak:
+                launcher.close()
+                raise
+        return launcher
 
     def oracle_cache(self) -> OracleCache:
         """The oracle's cache; the persistent store only for trusted runs (a student process could write to it)."""
@@ -142,6 +193,8 @@ def plan_run(
     diagnosis: bool = True,
     allow_root: bool = False,
     first_exact: bool = True,
+    finish_by: str | None = None,
+    require_isolation: str | None = None,
 ) -> RunPlan:
     """The one resolution of a command's settings.
 
@@ -159,6 +212,7 @@ def plan_run(
         submission_timeout=submission_timeout or None,
         diagnosis=diagnosis,
         first_exact=first_exact,
+        finish_by=_finish_by(finish_by),
     )
     return RunPlan(
         course=course,
@@ -168,6 +222,7 @@ def plan_run(
         weights=weights,
         options=options,
         allow_root=allow_root,
+        require_isolation=require_isolation,
         notices=tuple(notices),
     )
 
@@ -181,6 +236,26 @@ def _seed(seed: str | None) -> int | None:
         return resolve_seed(seed)
     except ValueError:
         raise UsageError(f"--seed takes an integer or 'random', not {seed!r}") from None
+
+
+def _finish_by(text: str | None) -> float | None:
+    """--finish-by: Unix seconds (`date +%s`), or an ISO 8601 date and time with its zone."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise UsageError(
+            f"--finish-by takes Unix seconds (as `date +%s` prints) or an ISO 8601 time with its zone "
+            f"(2026-12-01T23:59:00Z), not {text!r}"
+        )
+    return moment.timestamp()
 
 
 def _read_course(course_dir: Path | None, need: CourseNeed, trusted: bool) -> tuple[Course | None, list[str]]:

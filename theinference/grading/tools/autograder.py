@@ -22,7 +22,8 @@ from theinference.sizes import size_text
 from theinference.files import atomic_file
 from theinference import __version__
 from theinference.bundled import asset
-from theinference.model.weights import check_entries, infer_config, read_header
+from theinference.model.synth import PRESETS
+from theinference.model.weights import check_entries, expected_shapes, infer_config, read_header
 from theinference.errors import ConfigError
 
 LARGE_WEIGHTS_MB = 100  # above this, bundling the file makes uploads slow: say so, suggest a preset
@@ -40,6 +41,65 @@ class Weights:
     preset: str = "gpt2"
     seed: int = 0
     file: Path | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of the checkpoint graded against (a preset's float32 tensors, or the file's size)."""
+        if self.file is not None:
+            return self.file.stat().st_size
+        return 4 * sum(math.prod(shape) for shape in expected_shapes(PRESETS[self.preset]).values())
+
+
+@dataclass(frozen=True)
+class Container:
+    """A Gradescope container's resources, as an assignment's Autograder Settings set them."""
+
+    cpus: float
+    memory_mb: int
+    timeout_minutes: int
+
+    def fits_in(self, other: "Container") -> bool:
+        return (
+            self.cpus <= other.cpus
+            and self.memory_mb <= other.memory_mb
+            and self.timeout_minutes <= other.timeout_minutes
+        )
+
+    def __str__(self) -> str:
+        return f"{self.cpus:g} CPU, {size_text(self.memory_mb << 20)} of memory, a {self.timeout_minutes} min timeout"
+
+
+# What Gradescope gives an assignment unless the instructor raises it (its autograder documentation: half a
+# virtual CPU, 768 MB, a 10 minute timeout).
+GRADESCOPE_DEFAULT = Container(cpus=0.5, memory_mb=768, timeout_minutes=10)
+# Memory: the grader and one student process besides the graded weights (Python, numpy, the cache proof's own
+# weights, the page cache), and the graded weights about three times over (the grader's model, its oracle's work
+# on them, the student's process's copy). Measured with the reference solution in a memory cgroup on one CPU: the
+# tiny preset (26 MB) peaked at 484 MB, gpt2 (475 MB) at 1525 MB with room to spare and at 1201 MB, to full marks,
+# in the 1900 MB this rule gives it (page cache reclaimed).
+MEMORY_BASE_MB = 400
+MEMORY_PER_WEIGHTS = 3
+TIMEOUT_SLACK = 30  # seconds past the time budget before Gradescope's own timeout: unpacking, starting
+RESULTS_MARGIN = 30  # seconds before the time budget ends when the grader stops and writes the results
+
+
+def needs(weights: Weights, time_budget: float) -> Container:
+    """The container grading needs with these weights within time_budget seconds."""
+    large = weights.size > LARGE_WEIGHTS_MB << 20
+    memory = MEMORY_BASE_MB + MEMORY_PER_WEIGHTS * (weights.size >> 20)
+    return Container(
+        # The reference solution took 105 s on tiny at half a CPU, 193 s on gpt2 at one CPU (a busy machine's):
+        # half a CPU would leave gpt2 little of a 540 s budget.
+        cpus=1.0 if large else GRADESCOPE_DEFAULT.cpus,
+        memory_mb=-(-memory // 100) * 100,  # rounded up to 100 MB
+        timeout_minutes=math.ceil((time_budget + TIMEOUT_SLACK) / 60),
+    )
+
+
+def finish_margin(time_budget: float) -> int:
+    """Seconds between the grader's deadline and the end of the time budget: enough to write the results after a
+    stage cut short, never more than half the budget."""
+    return int(min(time_budget // 2, max(RESULTS_MARGIN, time_budget // 10)))
 
 
 @dataclass(frozen=True)
@@ -167,9 +227,10 @@ def bundle_env(wheel_name: str, weights: Weights, grading: Grading, stages_dirs:
         f"WHEEL={shlex.quote(wheel_name)}",
         f"WEIGHTS_PRESET={shlex.quote(weights.preset if weights.file is None else '')}",
         f"WEIGHTS_SEED={weights.seed}",
+        # Seconds from run_autograder's start; the grader stops FINISH_MARGIN seconds before, so whatever it has
+        # not graded by then is reported as timed out and the stages graded keep their points.
         f"TIME_BUDGET={math.ceil(time_budget)}",
-        # The grader's own per-submission budget ends first, so the rest is reported as timed out.
-        f"SUBMISSION_BUDGET={max(1, int(time_budget * 0.9))}",
+        f"FINISH_MARGIN={finish_margin(math.ceil(time_budget))}",
         f"GRADE_ARGS=({shlex.join(grading.grade_args(stages_dirs))})",
     ]
     return "\n".join(lines) + "\n"
