@@ -10,9 +10,8 @@ import sys
 
 from theinference.terminals import is_plain
 
-# Spaces (and the colour codes among them) that end a line: rich pads a table's last column and a wrapped
-# text to the console's width; a line ends where its text does.
-_PADDING = re.compile(r"(?:[ ]|\x1b\[[0-9;]*m)*[ ](?:[ ]|\x1b\[[0-9;]*m)*(?=\r?\n)")
+# A colour code: rich pads a table's last column and a wrapped text to the console's width with spaces, colour codes
+# among them; a line ends where its text does (trim_padding).
 _CODE = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -102,6 +101,34 @@ def _is_utf8(encoding: str | None) -> bool:
         return False
 
 
+def _trim_line(line: str) -> str:
+    """line without the spaces it ends with; the colour codes among them are kept, in order. One pass from the end
+    (a regular expression over the spaces backtracked cubically on a long gap of spaces inside a line)."""
+    end, codes = len(line), []
+    while end:
+        if line[end - 1] == " ":
+            end -= 1
+            continue
+        start = line.rfind("\x1b[", max(0, end - 32), end) if line[end - 1] == "m" else -1
+        if start < 0 or not _CODE.fullmatch(line, start, end):
+            break
+        codes.append(line[start:end])
+        end = start
+    return line[:end] + "".join(reversed(codes))
+
+
+def trim_padding(text: str) -> str:
+    """text whose every line that ends (in \\n or \\r\\n) loses its trailing spaces (_trim_line); the unfinished last
+    line is left as it is, since more of it may follow."""
+    if " \n" not in text and " \r\n" not in text and "m\n" not in text and "m\r\n" not in text:
+        return text  # nothing to trim: most writes
+    lines = text.split("\n")
+    for i, line in enumerate(lines[:-1]):
+        cr = line.endswith("\r")
+        lines[i] = _trim_line(line[:-1] if cr else line) + ("\r" if cr else "")
+    return "\n".join(lines)
+
+
 class TrimmedLines:
     """A stream whose lines lose the spaces they end with (their colour codes are kept), and whose text is made
     encodable for it (encodable); all else passes through."""
@@ -111,7 +138,7 @@ class TrimmedLines:
         self._encoding = getattr(stream, "encoding", None)
 
     def write(self, text: str) -> int:
-        trimmed = _PADDING.sub(lambda m: "".join(_CODE.findall(m.group())), text)
+        trimmed = trim_padding(text)
         self.stream.write(encodable(trimmed, self._encoding))
         return len(text)
 
