@@ -46,7 +46,16 @@ def install() -> None:
 
 
 def kill_group(pgid: int) -> None:
-    """SIGKILL a process group; one already gone (or no longer ours) is nothing to do."""
+    """SIGKILL a process group; one already gone (or no longer ours) is nothing to do.
+
+    Where there is no killpg (Windows), the process pgid and its descendants are killed instead (psutil), which
+    finds what still hangs from it; its monitor kills the rest. (A Windows job object would hold the whole group
+    without that; it is not used here.)"""
+    if not hasattr(os, "killpg"):
+        from theinference.proc import trees  # psutil: only where this path is taken
+
+        trees.kill([pgid])
+        return
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

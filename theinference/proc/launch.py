@@ -25,6 +25,7 @@ from typing import Protocol
 from theinference.proc import protocol, strays, tempdirs
 from theinference.proc.interrupt import kill_group
 from theinference.proc.node import HARNESS, worker_for_job
+from theinference.proc.reaper import PASSED_ON, SWITCHES, bad_switches, own_group, plan
 from theinference.proc.rundir import TMPFS_SLACK
 from theinference.proc.sandbox import (
     Isolation,
@@ -190,9 +191,9 @@ class SubprocessLauncher:
         return self._sandbox.command(inner, cwd, args[0], weights, quota=quota)
 
     def _student_env(self, args: list[str], cwd: str, env: dict, proto_fd: int, calls_fd: int | None) -> dict:
-        env = {**env, protocol.PROTOCOL_FD_ENV: str(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**env, protocol.PROTOCOL_FD_ENV: protocol.token(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
         if calls_fd is not None:
-            env[protocol.CALLS_FD_ENV] = str(calls_fd)
+            env[protocol.CALLS_FD_ENV] = protocol.token(calls_fd)
         if self.isolation.run_as is None:
             return env
         uid = self._uid_for(cwd)
@@ -244,12 +245,12 @@ class SubprocessLauncher:
                     *self._command(args, cwd, env, quota),
                 ],
                 cwd=cwd,
-                env=env,
+                env={**env, **_passed_on()},
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
-                pass_fds=(proto_fd, theirs.fileno(), *([calls_fd] if calls_fd is not None else [])),
-                start_new_session=True,
+                **protocol.handed_on([proto_fd, *([calls_fd] if calls_fd is not None else [])], [theirs.fileno()]),
+                **own_group(),
             )
             strays.register(monitor.pid)
         tmpfs = quota is not None and self._sandbox is not None and self._sandbox.tmpfs
@@ -320,7 +321,12 @@ class ZygoteLauncher:
         with strays.starting():
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "theinference.proc.zygote", path],
-                env={**allowed_env(os.environ), **self._env, "THEINFERENCE_GRADER_PID": str(os.getpid())},
+                env={
+                    **allowed_env(os.environ),
+                    **self._env,
+                    **_passed_on(),
+                    "THEINFERENCE_GRADER_PID": str(os.getpid()),
+                },
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,
@@ -401,13 +407,90 @@ def blas_env(threads: int) -> dict:
     return {name: str(threads) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
+class SwitchError(ConfigError):
+    """A THEINFERENCE_ switch of the process mechanisms is set to a value it does not take: a setup error."""
+
+
+def _passed_on() -> dict:
+    """The trusted switches of the grader's environment that its monitors and zygote must see (reaper.PASSED_ON):
+    the student's environment may be an allow-listed one without them."""
+    return {name: os.environ[name] for name in PASSED_ON if name in os.environ}
+
+
+def _check_switches() -> None:
+    bad = bad_switches(os.environ)
+    if bad:
+        accepted = ", ".join(f"{name}={value}" for name, value in SWITCHES.items())
+        raise SwitchError(f"{', '.join(bad)}: not a setting of the process mechanisms (each takes one: {accepted})")
+
+
+def _can_fork_a_zygote() -> bool:
+    """fork, Unix sockets and fd passing: what the zygote needs (and no switch saying there is no fork)."""
+    return plan().spawn == "fork" and hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds")
+
+
+def _launcher_choice(untrusted: bool) -> str:
+    if untrusted:
+        return "subprocess"
+    forced = os.environ.get("THEINFERENCE_LAUNCHER")
+    if forced not in (None, "", "zygote", "subprocess"):
+        raise SwitchError(f"THEINFERENCE_LAUNCHER={forced}: it takes zygote or subprocess")
+    return forced or ("zygote" if _can_fork_a_zygote() else "subprocess")
+
+
 def default_launcher(env: dict | None = None, untrusted: bool = False, allow_root: bool = False) -> Launcher:
     """For untrusted submissions, a fresh interpreter under the strongest isolation available;
-    otherwise the zygote where fork is safe and cheap (Linux), else a fresh interpreter per run.
+    otherwise the zygote where the machine can fork one (fork, Unix sockets, fd passing), else a fresh interpreter
+    per run.
 
     THEINFERENCE_LAUNCHER=subprocess (or zygote) overrides the choice for trusted runs only.
     """
+    _check_switches()
     if untrusted:
         return SubprocessLauncher(strongest_isolation(allow_root))
-    choice = os.environ.get("THEINFERENCE_LAUNCHER") or ("zygote" if sys.platform == "linux" else "subprocess")
-    return ZygoteLauncher(env) if choice == "zygote" else SubprocessLauncher()
+    return ZygoteLauncher(env) if _launcher_choice(untrusted) == "zygote" else SubprocessLauncher()
+
+
+def mechanisms(untrusted: bool = False) -> dict[str, str]:
+    """Which mechanism this machine (and the trusted switches) picked for each job of the process model, named for
+    the report's header: launcher, spawn, group, orphans, kill, grader-death, interrupt, limits, memory, hangs."""
+    from theinference.proc.trees import WATCH_POLL  # psutil: imported for the header, not for every run
+
+    _check_switches()
+    chosen = plan()
+    zygote = _launcher_choice(untrusted) == "zygote"
+    stop = "stopped, then killed" if hasattr(signal, "SIGSTOP") else "killed"
+    limits = _worker_limits()
+    return {
+        "launcher": "zygote (forked from a pre-warmed interpreter)" if zygote else "a fresh interpreter per run",
+        "spawn": "fork" if zygote or chosen.spawn == "fork" else "subprocess (no fork)",
+        "group": "setsid" if chosen.group == "setsid" else "CREATE_NEW_PROCESS_GROUP",
+        "orphans": (
+            "PR_SET_CHILD_SUBREAPER"
+            if chosen.orphans == "subreaper"
+            else f"the monitor's watch over its tree (psutil, every {WATCH_POLL:g} s)"
+        ),
+        "kill": f"/proc scan: {stop}" if chosen.kill == "proc" else f"psutil: {stop}",
+        "grader-death": (
+            "PR_SET_PDEATHSIG and end-of-file on the status socket"
+            if chosen.grader_death == "pdeathsig"
+            else "end-of-file on the status socket"
+        ),
+        "interrupt": "killpg" if hasattr(os, "killpg") else "psutil: the tree killed",
+        "limits": "setrlimit: address space, file size" if limits else "none in the worker (no resource module)",
+        "memory": (
+            "the worker's address-space limit and the grader's watch over the tree"
+            if limits
+            else "the grader's watch over the tree"
+        ),
+        "hangs": "the grader's timeouts (the tree killed)",
+    }
+
+
+def _worker_limits() -> bool:
+    """Whether the worker (this same Python) can set its own limits (the resource module)."""
+    try:
+        import resource  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -28,7 +28,7 @@ import safetensors.numpy  # noqa: F401
 import theinference.proc.child
 from theinference.proc import protocol, tempdirs
 from theinference.proc.accounting import join
-from theinference.proc.reaper import become_subreaper, die_with_parent, fork_held, guard, kill_descendants
+from theinference.proc.reaper import become_subreaper, die_with_parent, fork_held, guard, kill_descendants, watch_tree
 
 _MAX_REQUEST = 1 << 20
 _GRADER_PID_ENV = "THEINFERENCE_GRADER_PID"  # the zygote's parent, as the grader saw itself before the fork
@@ -71,13 +71,15 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int], zygote: int) ->
     """In the monitor: fork the worker, report its pid, wait for it, kill what it left, report its exit status.
 
     If the zygote or the grader dies meanwhile (guard), the monitor kills the worker's whole tree first."""
-    become_subreaper()
+    subreaper = become_subreaper()
     join(request.get("cgroup", []))  # before the fork: everything the worker starts is counted from its birth
     pid, release = fork_held()  # the worker runs only once its pid is reported
     if pid == 0:
         conn.close()
         _worker(request, fds)
     guard(conn, zygote)  # after the fork: the worker runs on in Python, and must not inherit a thread's state
+    if not subreaper:
+        watch_tree()  # no subreaper keeps its orphans: remember what the tree holds while it runs
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid, "monitor": os.getpid()}).encode() + b"\n")
