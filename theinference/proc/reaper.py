@@ -21,6 +21,7 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 import json
+import secrets
 import os
 import signal
 import socket
@@ -44,7 +45,8 @@ SWITCHES = {
     "THEINFERENCE_KILL": "psutil",  # kill trees through psutil, as where /proc cannot be read
     "THEINFERENCE_GRADER_DEATH": "eof",  # no PR_SET_PDEATHSIG: end-of-file on the status socket only
 }
-PASSED_ON = (*SWITCHES, "THEINFERENCE_PSUTIL_PROCFS")  # what the monitors' environment carries from the grader's
+PASSED_ON = (*SWITCHES, "THEINFERENCE_PSUTIL_PROCFS")
+MARK_ENV = "THEINFERENCE_TREE_MARK"  # what a watched tree carries in its environment (trees.Watch)  # what the monitors' environment carries from the grader's
 
 
 @dataclass(frozen=True)
@@ -259,13 +261,18 @@ def _any_children() -> bool:
 _watch: list = []  # this monitor's trees.Watch, where no subreaper keeps its orphans (watch_tree)
 
 
-def watch_tree() -> None:
-    """Remember every descendant of this monitor while its worker runs (trees.Watch): where no subreaper keeps
-    orphans, one that re-parented away is still killed at the end. Started after the worker is forked: a forked
-    worker must not inherit a thread's state."""
+def watch_tree(mark: str) -> None:
+    """Remember every descendant of this monitor while its worker runs (trees.Watch), and every process that carries
+    mark (tree_mark): where no subreaper keeps orphans, one that re-parented away is still killed at the end.
+    Started after the worker is forked: a forked worker must not inherit a thread's state."""
     from theinference.proc import trees  # psutil: only where this path is taken
 
-    _watch.append(trees.Watch(os.getpid()))
+    _watch.append(trees.Watch(os.getpid(), mark))
+
+
+def tree_mark() -> str:
+    """A mark for this monitor's worker to carry in its environment (MARK_ENV) where it watches its tree."""
+    return f"{os.getpid()}-{secrets.token_hex(8)}"
 
 
 def kill_descendants() -> None:
@@ -363,9 +370,12 @@ def monitor(status_fd: int, command: list[str], cgroup: Sequence[str] = ()) -> N
     guard(conn, parent)
     join(cgroup)
     protocol_fd = os.environ.get(protocol.PROTOCOL_FD_ENV)
+    mark = tree_mark()
+    if not subreaper:
+        os.environ[MARK_ENV] = mark  # the worker's environment, and so its descendants'
     pid, release, wait = _spawn(command, conn)
     if not subreaper:
-        watch_tree()
+        watch_tree(mark)
     if protocol_fd:
         os.close(
             protocol.inherited(protocol_fd, os.O_WRONLY)

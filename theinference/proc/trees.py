@@ -13,9 +13,12 @@ another mount of the same procfs, so the portable path can be proven with /proc 
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterable
 
 import psutil  # type: ignore[import-untyped]
+
+from theinference.proc.reaper import MARK_ENV  # what a watched tree carries in its environment (Watch)
 
 PSUTIL_PROCFS_ENV = "THEINFERENCE_PSUTIL_PROCFS"
 WATCH_POLL = 0.05  # seconds between two looks at a watched tree: an orphan made and re-parented faster escapes it
@@ -105,10 +108,16 @@ def kill(roots: Iterable[int], known: Iterable[psutil.Process] = ()) -> int:
 
 
 class Watch:
-    """Every descendant of root seen while it runs, looked at every WATCH_POLL seconds on a thread until stop()."""
+    """Every descendant of root seen while it runs, looked at every WATCH_POLL seconds on a thread until stop().
 
-    def __init__(self, root: int):
+    A process made and re-parented between two looks (a double fork) is missed by them; so root's tree also
+    carries a mark in its environment (MARK_ENV, set by root before it starts its worker), and stop() adds every
+    process of this user started since the watch began that carries it. Student code can remove the mark from
+    its environment: where no subreaper exists, a process that wants to escape its monitor can."""
+
+    def __init__(self, root: int, mark: str):
         self.root = psutil.Process(root)
+        self.mark, self.since = mark, time.time()
         self.seen: dict[_Key, psutil.Process] = {}
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -125,8 +134,27 @@ class Watch:
             self.look()
 
     def stop(self) -> list[psutil.Process]:
-        """Stop looking (after one last look); every process seen."""
+        """Stop looking (after one last look); every process seen, and every one that carries the mark."""
         self._stopped.set()
         self._thread.join()
         self.look()
+        for process in _marked(self.mark, self.since - 1):  # create times are rounded: a second of slack
+            key = _key(process)
+            if key is not None and process.pid != self.root.pid:
+                self.seen.setdefault(key, process)
         return list(self.seen.values())
+
+
+def _marked(mark: str, since: float) -> list[psutil.Process]:
+    """This user's processes started since `since` whose environment has MARK_ENV=mark."""
+    found = []
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for process in psutil.process_iter(["create_time"]):
+        try:
+            if (process.info["create_time"] or 0) < since or (uid is not None and process.uids().real != uid):
+                continue
+            if process.environ().get(MARK_ENV) == mark:
+                found.append(process)
+        except psutil.Error:
+            continue  # gone, or not ours to read
+    return found
