@@ -124,6 +124,7 @@ HIDDEN = "hidden-proc"
 MODES = {
     "popen+psutil": FORCED,
     "no-subreaper": NO_SUBREAPER,
+    "eof-only": {"THEINFERENCE_GRADER_DEATH": "eof"},  # the zygote's monitors without PR_SET_PDEATHSIG
     HIDDEN: {},
 }
 
@@ -139,7 +140,7 @@ def _run(mode: str, course: Path, weights: Path, tmp_path: Path, *options: str) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["popen+psutil", "no-subreaper", HIDDEN])
 def test_the_solution_passes_and_its_daemons_die(mode, solution_course, tiny_path, tmp_path):
     course, pids = _course(solution_course, tmp_path)
     grader, marker = _run(mode, course, tiny_path, tmp_path)
@@ -172,21 +173,44 @@ def test_an_endless_loop_times_out_with_nothing_left(mode, solution_course, tiny
         _cleanup(marker)
 
 
+def _looping(grader: subprocess.Popen, pids: Path) -> list[int]:
+    """Once the adapter loops: its daemons' pids (both alive)."""
+    deadline = time.monotonic() + scaled(30)
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 2 and all(_alive(pid) for pid in started)  # the loop runs, its daemons live
+    return started
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["popen+psutil", "no-subreaper", HIDDEN])
 def test_ctrl_c_kills_the_whole_tree(mode, solution_course, tiny_path, tmp_path):
     course, pids = _course(solution_course, tmp_path, loop=True)
     grader, marker = _run(mode, course, tiny_path, tmp_path, "--timeout", "600")
     try:
-        deadline = time.monotonic() + scaled(30)
-        while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        started = [int(line) for line in pids.read_text().split()]
-        assert len(started) == 2 and all(_alive(pid) for pid in started)  # the loop runs, its daemons live
-        time.sleep(2 * 0.05)  # the watch (no subreaper) has looked at the tree since
+        started = _looping(grader, pids)
         psutil.Process(grader.pid).children()[0].send_signal(signal.SIGINT)  # the grader, under bwrap
         _, err = grader.communicate(timeout=scaled(30))
         assert grader.returncode == 130, err
+        assert [pid for pid in started if _alive(pid)] == []
+        assert _marked(marker) == []
+    finally:
+        _cleanup(marker)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["eof-only", "no-subreaper", HIDDEN])
+def test_the_tree_dies_with_a_sigkilled_grader(mode, solution_course, tiny_path, tmp_path):
+    course, pids = _course(solution_course, tmp_path, loop=True)
+    grader, marker = _run(mode, course, tiny_path, tmp_path, "--timeout", "600")
+    try:
+        started = _looping(grader, pids)
+        psutil.Process(grader.pid).children()[0].kill()  # no cleanup runs: the monitors see the grader go
+        grader.wait(timeout=scaled(30))  # bwrap, once the grader is dead
+        deadline = time.monotonic() + scaled(20)
+        while (_marked(marker) or any(map(_alive, started))) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert [pid for pid in started if _alive(pid)] == []
         assert _marked(marker) == []
     finally:
@@ -213,3 +237,39 @@ def test_mechanisms_name_linux_own_unless_a_switch_forces_the_portable_one(monke
     monkeypatch.setenv("THEINFERENCE_KILL", "psutils")
     with pytest.raises(launch.SwitchError, match="THEINFERENCE_KILL=psutils"):
         launch.mechanisms()
+
+
+def test_limits_say_what_bounds_memory_without_the_resource_module(monkeypatch):
+    assert launch.mechanisms()["memory"].startswith("the worker's address-space limit")
+    monkeypatch.setitem(sys.modules, "resource", None)  # as on Windows: `import resource` raises ImportError
+    without = launch.mechanisms()
+    assert without["limits"] == "none in the worker (no resource module)"
+    assert without["memory"] == "the grader's watch over the tree" and without["hangs"].startswith("the grader's")
+
+
+TREE = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_kill_group_without_killpg_kills_the_tree(monkeypatch):
+    """Where there is no killpg (Windows) the process and its descendants die, whatever group they moved to."""
+    from theinference.proc import interrupt
+
+    parent = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        monkeypatch.delattr(os, "killpg")
+        interrupt.kill_group(parent.pid)
+        assert parent.wait(timeout=scaled(10)) == -signal.SIGKILL
+        deadline = time.monotonic() + scaled(10)
+        while _alive(child) and time.monotonic() < deadline:  # our grandchild: reaped by init, or a zombie
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        parent.kill()
+        parent.wait()

@@ -2,8 +2,8 @@
 
 Both give a Popen-like handle (pid, returncode, wait(timeout)); the process is the leader of
 its own process group, has stdin closed, and writes stdout/stderr to the given files. Both run
-it under a monitor that is a child subreaper (theinference.proc.reaper): wait() returns only once
-every process the student started is dead. Each launcher's `isolation` says how confined
+it under a monitor (theinference.proc.reaper): wait() returns only once every process the student
+started that the monitor can find is dead (mechanisms() says how it finds and kills them). Each launcher's `isolation` says how confined
 student processes are (theinference.proc.sandbox); the fresh-interpreter launcher can sandbox them.
 """
 
@@ -292,7 +292,7 @@ def _check_readable(course_root: str, weights: str) -> None:
 
 
 class ZygoteLauncher:
-    """Forks student processes from a zygote that has numpy imported (Linux).
+    """Forks student processes from a zygote that has numpy imported (where fork, Unix sockets and fd passing exist).
 
     `env` is applied to the zygote itself: settings read once when numpy loads (the BLAS
     thread count) must be in place before the fork. The zygote starts from the allow-listed

@@ -1,19 +1,23 @@
-"""The monitor of a student process: a child subreaper that kills every descendant it leaves.
+"""The monitor of a student process: it kills every descendant the student's process leaves.
 
-A process the student starts with `start_new_session=True` escapes a process-group kill. On
-Linux the monitor marks itself a child subreaper (prctl PR_SET_CHILD_SUBREAPER), so such
-orphans are re-parented to it instead of to init; once the student's process has exited it
-kills them all, whatever session or group they moved to, and only then reports the exit
-status. The grader accepts results and writes output only after that report.
+A process the student starts with `start_new_session=True` escapes a process-group kill. Where the
+kernel has child subreapers (Linux: prctl PR_SET_CHILD_SUBREAPER) the monitor becomes one, so such
+orphans are re-parented to it instead of to init; elsewhere (macOS, Windows) it watches its tree
+while the worker runs and remembers every descendant it saw (theinference.proc.trees.Watch). Once the
+student's process has exited it kills them all, whatever session or group they moved to (a /proc
+scan, kill_trees, or psutil where /proc cannot be read), and only then reports the exit status. The
+grader accepts results and writes output only after that report.
 
 Run as `python -P -m theinference.proc.reaper STATUS_FD [--cgroup FILE]... -- COMMAND...` (the fresh-interpreter
-and sandbox launchers): forks COMMAND in a new session, writes {"pid": P} and then
-{"status": S} (a Popen-style returncode) to the socket STATUS_FD, one JSON object a line.
+and sandbox launchers): starts COMMAND in a new session (fork_held, or subprocess where there is no fork), writes
+{"pid": P} and then {"status": S} (a Popen-style returncode) to the socket STATUS_FD, one JSON object a line.
 
 The monitor dies with the grader, and takes the student's tree with it: its parent's death
-sends it SIGTERM (PR_SET_PDEATHSIG, checked right after it is set, since the parent may be gone
-already), and the grader's end of STATUS_FD closing (end-of-file) means the same. Either way it
-kills every descendant before it exits.
+sends it SIGTERM (PR_SET_PDEATHSIG where there is one, checked right after it is set, since the parent
+may be gone already), and the grader's end of STATUS_FD closing (end-of-file) means the same. Either
+way it kills every descendant before it exits.
+
+Each mechanism is chosen by what the machine offers (plan); SWITCHES force the portable one on Linux.
 """
 
 import ctypes
