@@ -23,7 +23,10 @@ from conftest import scaled, write_adapters
 from theinference.proc import launch, reaper
 
 FORCED = {"THEINFERENCE_SPAWN": "popen", "THEINFERENCE_KILL": "psutil"}
-NO_SUBREAPER = {**FORCED, "THEINFERENCE_ORPHANS": "watch", "THEINFERENCE_GRADER_DEATH": "eof"}
+# What macOS offers: fork, no subreaper (so no zygote: launch._can_fork_a_zygote), no PR_SET_PDEATHSIG, no /proc.
+# Windows: no fork either.
+LIKE_MACOS = {"THEINFERENCE_ORPHANS": "watch", "THEINFERENCE_GRADER_DEATH": "eof", "THEINFERENCE_KILL": "psutil"}
+LIKE_WINDOWS = {**LIKE_MACOS, "THEINFERENCE_SPAWN": "popen"}
 
 # The solution's adapter, run after starting a process that outlives the call: a setsid daemon by a double fork
 # (its parent exits at once), or a process in a session of its own that the worker leaves behind when it exits.
@@ -123,7 +126,8 @@ def _stage(out: str) -> dict:
 HIDDEN = "hidden-proc"
 MODES = {
     "popen+psutil": FORCED,
-    "no-subreaper": NO_SUBREAPER,
+    "like-macos": LIKE_MACOS,
+    "like-windows": LIKE_WINDOWS,
     "eof-only": {"THEINFERENCE_GRADER_DEATH": "eof"},  # the zygote's monitors without PR_SET_PDEATHSIG
     HIDDEN: {},
 }
@@ -140,7 +144,7 @@ def _run(mode: str, course: Path, weights: Path, tmp_path: Path, *options: str) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["popen+psutil", "no-subreaper", HIDDEN])
+@pytest.mark.parametrize("mode", ["popen+psutil", "like-macos", "like-windows", HIDDEN])
 def test_the_solution_passes_and_its_daemons_die(mode, solution_course, tiny_path, tmp_path):
     course, pids = _course(solution_course, tmp_path)
     grader, marker = _run(mode, course, tiny_path, tmp_path)
@@ -157,7 +161,7 @@ def test_the_solution_passes_and_its_daemons_die(mode, solution_course, tiny_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["popen+psutil", HIDDEN])
+@pytest.mark.parametrize("mode", ["popen+psutil", "like-macos", HIDDEN])
 def test_an_endless_loop_times_out_with_nothing_left(mode, solution_course, tiny_path, tmp_path):
     course, pids = _course(solution_course, tmp_path, loop=True)
     grader, marker = _run(mode, course, tiny_path, tmp_path, "--timeout", str(scaled(1)))
@@ -184,7 +188,7 @@ def _looping(grader: subprocess.Popen, pids: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["popen+psutil", "no-subreaper", HIDDEN])
+@pytest.mark.parametrize("mode", ["like-macos", "like-windows", HIDDEN])
 def test_ctrl_c_kills_the_whole_tree(mode, solution_course, tiny_path, tmp_path):
     course, pids = _course(solution_course, tmp_path, loop=True)
     grader, marker = _run(mode, course, tiny_path, tmp_path, "--timeout", "600")
@@ -200,7 +204,7 @@ def test_ctrl_c_kills_the_whole_tree(mode, solution_course, tiny_path, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["eof-only", "no-subreaper", HIDDEN])
+@pytest.mark.parametrize("mode", ["eof-only", "like-macos", "like-windows", HIDDEN])
 def test_the_tree_dies_with_a_sigkilled_grader(mode, solution_course, tiny_path, tmp_path):
     course, pids = _course(solution_course, tmp_path, loop=True)
     grader, marker = _run(mode, course, tiny_path, tmp_path, "--timeout", "600")
@@ -227,13 +231,18 @@ def test_mechanisms_name_linux_own_unless_a_switch_forces_the_portable_one(monke
     assert linux["grader-death"].startswith("PR_SET_PDEATHSIG") and linux["interrupt"] == "killpg"
     assert linux["limits"].startswith("setrlimit")
     assert launch.mechanisms(untrusted=True)["launcher"] == "a fresh interpreter per run"
-    for name, value in NO_SUBREAPER.items():
+    for name, value in LIKE_WINDOWS.items():
         monkeypatch.setenv(name, value)
     portable = launch.mechanisms()
     assert portable["launcher"] == "a fresh interpreter per run" and portable["spawn"] == "subprocess (no fork)"
+    assert portable["orphans"].endswith("and the run's mark in its processes' environment")
     assert portable["orphans"].startswith("the monitor's watch") and portable["kill"].startswith("psutil")
     assert portable["grader-death"] == "end-of-file on the status socket"
     assert isinstance(launch.default_launcher(), launch.SubprocessLauncher)
+    monkeypatch.delenv("THEINFERENCE_SPAWN")
+    assert launch.mechanisms()["launcher"] == "a fresh interpreter per run"  # fork, but no subreaper: no zygote
+    monkeypatch.setenv("THEINFERENCE_LAUNCHER", "zygote")  # forced: what it marks is said
+    assert launch.mechanisms()["orphans"].endswith("the run's mark in the environment of the processes it executes")
     monkeypatch.setenv("THEINFERENCE_KILL", "psutils")
     with pytest.raises(launch.SwitchError, match="THEINFERENCE_KILL=psutils"):
         launch.mechanisms()

@@ -12,6 +12,10 @@ import signal
 import threading
 
 
+# The number a Popen-style returncode -9 names "killed" by; Windows' signal module has no SIGKILL.
+SIGKILL = getattr(signal, "SIGKILL", 9)
+
+
 class Terminated(KeyboardInterrupt):
     """The grader received SIGTERM."""
 

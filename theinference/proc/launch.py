@@ -3,8 +3,9 @@
 Both give a Popen-like handle (pid, returncode, wait(timeout)); the process is the leader of
 its own process group, has stdin closed, and writes stdout/stderr to the given files. Both run
 it under a monitor (theinference.proc.reaper): wait() returns only once every process the student
-started that the monitor can find is dead (mechanisms() says how it finds and kills them). Each launcher's `isolation` says how confined
-student processes are (theinference.proc.sandbox); the fresh-interpreter launcher can sandbox them.
+started that the monitor can find is dead (mechanisms() says how it finds and kills them). Each
+launcher's `isolation` says how confined student processes are (theinference.proc.sandbox); the
+fresh-interpreter launcher can sandbox them.
 """
 
 import atexit
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Protocol
 
 from theinference.proc import protocol, strays, tempdirs
-from theinference.proc.interrupt import kill_group
+from theinference.proc.interrupt import SIGKILL, kill_group
 from theinference.proc.node import HARNESS, worker_for_job
-from theinference.proc.reaper import PASSED_ON, SWITCHES, bad_switches, own_group, plan
+from theinference.proc.reaper import PASSED_ON, SWITCHES, Plan, bad_switches, own_group, plan
 from theinference.proc.rundir import TMPFS_SLACK
 from theinference.proc.sandbox import (
     Isolation,
@@ -136,7 +137,7 @@ class ZygoteProcess:
                 # Student code killed its monitor (or forged its words): its group dies, the orphans it left
                 # came back to the grader (theinference.proc.strays), and the run is an error.
                 kill_group(self.pid)
-                self.returncode, self.monitor_lost = -signal.SIGKILL, True
+                self.returncode, self.monitor_lost = -SIGKILL, True
             self.conn.close()
         return self.returncode
 
@@ -425,8 +426,13 @@ def _check_switches() -> None:
 
 
 def _can_fork_a_zygote() -> bool:
-    """fork, Unix sockets and fd passing: what the zygote needs (and no switch saying there is no fork)."""
-    return plan().spawn == "fork" and hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds")
+    """fork, Unix sockets and fd passing: what the zygote needs (and no switch saying there is no fork); and a child
+    subreaper. Without one the monitor finds a re-parented orphan by the mark its run's processes carry in their
+    environment (trees.Watch), which only a process started by exec shows (/proc/PID/environ, macOS's
+    KERN_PROCARGS2): a worker forked from the zygote shows the zygote's, so a double fork from it would escape."""
+    chosen = plan()
+    unix = hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds")
+    return chosen.spawn == "fork" and chosen.orphans == "subreaper" and unix
 
 
 def _launcher_choice(untrusted: bool) -> str:
@@ -440,8 +446,8 @@ def _launcher_choice(untrusted: bool) -> str:
 
 def default_launcher(env: dict | None = None, untrusted: bool = False, allow_root: bool = False) -> Launcher:
     """For untrusted submissions, a fresh interpreter under the strongest isolation available;
-    otherwise the zygote where the machine can fork one (fork, Unix sockets, fd passing), else a fresh interpreter
-    per run.
+    otherwise the zygote where the machine can fork one and keep its tree (fork, fd passing, a child subreaper), else
+    a fresh interpreter per run.
 
     THEINFERENCE_LAUNCHER=subprocess (or zygote) overrides the choice for trusted runs only.
     """
@@ -465,11 +471,7 @@ def mechanisms(untrusted: bool = False) -> dict[str, str]:
         "launcher": "zygote (forked from a pre-warmed interpreter)" if zygote else "a fresh interpreter per run",
         "spawn": "fork" if zygote or chosen.spawn == "fork" else "subprocess (no fork)",
         "group": "setsid" if chosen.group == "setsid" else "CREATE_NEW_PROCESS_GROUP",
-        "orphans": (
-            "PR_SET_CHILD_SUBREAPER"
-            if chosen.orphans == "subreaper"
-            else f"the monitor's watch over its tree (psutil, every {WATCH_POLL:g} s)"
-        ),
+        "orphans": _orphans(chosen, zygote, WATCH_POLL),
         "kill": f"/proc scan: {stop}" if chosen.kill == "proc" else f"psutil: {stop}",
         "grader-death": (
             "PR_SET_PDEATHSIG and end-of-file on the status socket"
@@ -485,6 +487,15 @@ def mechanisms(untrusted: bool = False) -> dict[str, str]:
         ),
         "hangs": "the grader's timeouts (the tree killed)",
     }
+
+
+def _orphans(chosen: Plan, zygote: bool, poll: float) -> str:
+    if chosen.orphans == "subreaper":
+        return "PR_SET_CHILD_SUBREAPER"
+    watch = f"the monitor's watch over its tree (psutil, every {poll:g} s)"
+    if zygote:  # forked workers show the zygote's environment, not their run's mark (_can_fork_a_zygote)
+        return f"{watch}, and the run's mark in the environment of the processes it executes"
+    return f"{watch}, and the run's mark in its processes' environment"
 
 
 def _worker_limits() -> bool:

@@ -49,8 +49,8 @@ SWITCHES = {
     "THEINFERENCE_KILL": "psutil",  # kill trees through psutil, as where /proc cannot be read
     "THEINFERENCE_GRADER_DEATH": "eof",  # no PR_SET_PDEATHSIG: end-of-file on the status socket only
 }
-PASSED_ON = (*SWITCHES, "THEINFERENCE_PSUTIL_PROCFS")
-MARK_ENV = "THEINFERENCE_TREE_MARK"  # what a watched tree carries in its environment (trees.Watch)  # what the monitors' environment carries from the grader's
+PASSED_ON = (*SWITCHES, "THEINFERENCE_PSUTIL_PROCFS")  # what the monitors' environment carries from the grader's
+MARK_ENV = "THEINFERENCE_TREE_MARK"  # what a watched tree carries in its environment (trees.Watch)
 
 
 @dataclass(frozen=True)
@@ -118,15 +118,15 @@ def become_subreaper() -> bool:
     return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
-    """Receive signum when the parent (pid `parent`, read before) dies; False if it is already gone.
+def die_with_parent(parent: int, signum: int | None = None) -> bool:
+    """Receive signum (SIGKILL by default) when the parent (pid `parent`, read before) dies; False if it is already gone.
 
     Where there is no PR_SET_PDEATHSIG (or it is forced off) this is True: end-of-file on the status socket
     (guard) is then what tells the grader's death."""
     prctl = _prctl()
     if prctl is None or plan().grader_death != "pdeathsig":
         return True
-    prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL if signum is None else signum), 0, 0, 0)
     return os.getppid() == parent  # it died before the prctl: no signal will come
 
 

@@ -138,7 +138,9 @@ class Watch:
         self._stopped.set()
         self._thread.join()
         self.look()
-        for process in _marked(self.mark, self.since - 1):  # create times are rounded: a second of slack
+        # The mark is this watch's alone: `since` only spares reading old processes' environments, and create times
+        # (boot time plus clock ticks) may be off by a second or more.
+        for process in _marked(self.mark, self.since - 10):
             key = _key(process)
             if key is not None and process.pid != self.root.pid:
                 self.seen.setdefault(key, process)
