@@ -480,10 +480,12 @@ def mechanisms(untrusted: bool = False) -> dict[str, str]:
         ),
         "interrupt": "killpg" if hasattr(os, "killpg") else "psutil: the tree killed",
         "limits": "setrlimit: address space, file size" if limits else "none in the worker (no resource module)",
+        # The run's cgroup holds the tree to its memory limit where the grader can make one with a memory controller
+        # (accounting.Cgroup, decided per run); else the runner's watch does (accounting.TreeMemory).
         "memory": (
-            "the worker's address-space limit and the grader's watch over the tree"
+            "the worker's address-space limit, and the run's cgroup or else the grader's watch over the tree"
             if limits
-            else "the grader's watch over the tree"
+            else "the run's cgroup or else the grader's watch over the tree"
         ),
         "hangs": "the grader's timeouts (the tree killed)",
     }
