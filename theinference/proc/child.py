@@ -297,7 +297,7 @@ def _drop_privileges() -> None:
 def main() -> None:
     _drop_privileges()
     job: protocol.Job = json.loads(Path(sys.argv[1]).read_text())
-    fd = int(os.environ.pop(protocol.PROTOCOL_FD_ENV))
+    fd = protocol.inherited(os.environ.pop(protocol.PROTOCOL_FD_ENV), os.O_WRONLY)
     os.set_inheritable(fd, False)  # processes the student starts do not get the grader's pipe
     proto = os.fdopen(fd, "w")
     _apply_limits(job["limits"])
@@ -333,7 +333,7 @@ def _one_blas_thread() -> None:
 def _serve_calls(func, out_dir: Path, proto) -> None:
     """Interactive jobs (cache-scaling): each call's arguments arrive only when the grader starts it."""
     _one_blas_thread()
-    fd = int(os.environ.pop(protocol.CALLS_FD_ENV))
+    fd = protocol.inherited(os.environ.pop(protocol.CALLS_FD_ENV), os.O_RDONLY)
     os.set_inheritable(fd, False)
     with os.fdopen(fd, "r") as calls:
         for line in calls:

@@ -12,6 +12,10 @@ import signal
 import threading
 
 
+# The number a Popen-style returncode -9 names "killed" by; Windows' signal module has no SIGKILL.
+SIGKILL = getattr(signal, "SIGKILL", 9)
+
+
 class Terminated(KeyboardInterrupt):
     """The grader received SIGTERM."""
 
@@ -46,7 +50,16 @@ def install() -> None:
 
 
 def kill_group(pgid: int) -> None:
-    """SIGKILL a process group; one already gone (or no longer ours) is nothing to do."""
+    """SIGKILL a process group; one already gone (or no longer ours) is nothing to do.
+
+    Where there is no killpg (Windows), the process pgid and its descendants are killed instead (psutil), which
+    finds what still hangs from it; its monitor kills the rest. (A Windows job object would hold the whole group
+    without that; it is not used here.)"""
+    if not hasattr(os, "killpg"):
+        from theinference.proc import trees  # psutil: only where this path is taken
+
+        trees.kill([pgid])
+        return
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

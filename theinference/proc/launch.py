@@ -2,9 +2,10 @@
 
 Both give a Popen-like handle (pid, returncode, wait(timeout)); the process is the leader of
 its own process group, has stdin closed, and writes stdout/stderr to the given files. Both run
-it under a monitor that is a child subreaper (theinference.proc.reaper): wait() returns only once
-every process the student started is dead. Each launcher's `isolation` says how confined
-student processes are (theinference.proc.sandbox); the fresh-interpreter launcher can sandbox them.
+it under a monitor (theinference.proc.reaper): wait() returns only once every process the student
+started that the monitor can find is dead (mechanisms() says how it finds and kills them). Each
+launcher's `isolation` says how confined student processes are (theinference.proc.sandbox); the
+fresh-interpreter launcher can sandbox them.
 """
 
 import atexit
@@ -23,8 +24,9 @@ from pathlib import Path
 from typing import Protocol
 
 from theinference.proc import protocol, strays, tempdirs
-from theinference.proc.interrupt import kill_group
+from theinference.proc.interrupt import SIGKILL, kill_group
 from theinference.proc.node import HARNESS, worker_for_job
+from theinference.proc.reaper import PASSED_ON, SWITCHES, Plan, bad_switches, own_group, plan
 from theinference.proc.rundir import TMPFS_SLACK
 from theinference.proc.sandbox import (
     Isolation,
@@ -135,7 +137,7 @@ class ZygoteProcess:
                 # Student code killed its monitor (or forged its words): its group dies, the orphans it left
                 # came back to the grader (theinference.proc.strays), and the run is an error.
                 kill_group(self.pid)
-                self.returncode, self.monitor_lost = -signal.SIGKILL, True
+                self.returncode, self.monitor_lost = -SIGKILL, True
             self.conn.close()
         return self.returncode
 
@@ -190,9 +192,9 @@ class SubprocessLauncher:
         return self._sandbox.command(inner, cwd, args[0], weights, quota=quota)
 
     def _student_env(self, args: list[str], cwd: str, env: dict, proto_fd: int, calls_fd: int | None) -> dict:
-        env = {**env, protocol.PROTOCOL_FD_ENV: str(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**env, protocol.PROTOCOL_FD_ENV: protocol.token(proto_fd), "PYTHONDONTWRITEBYTECODE": "1"}
         if calls_fd is not None:
-            env[protocol.CALLS_FD_ENV] = str(calls_fd)
+            env[protocol.CALLS_FD_ENV] = protocol.token(calls_fd)
         if self.isolation.run_as is None:
             return env
         uid = self._uid_for(cwd)
@@ -244,12 +246,12 @@ class SubprocessLauncher:
                     *self._command(args, cwd, env, quota),
                 ],
                 cwd=cwd,
-                env=env,
+                env={**env, **_passed_on()},
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
-                pass_fds=(proto_fd, theirs.fileno(), *([calls_fd] if calls_fd is not None else [])),
-                start_new_session=True,
+                **protocol.handed_on([proto_fd, *([calls_fd] if calls_fd is not None else [])], [theirs.fileno()]),
+                **own_group(),
             )
             strays.register(monitor.pid)
         tmpfs = quota is not None and self._sandbox is not None and self._sandbox.tmpfs
@@ -291,7 +293,7 @@ def _check_readable(course_root: str, weights: str) -> None:
 
 
 class ZygoteLauncher:
-    """Forks student processes from a zygote that has numpy imported (Linux).
+    """Forks student processes from a zygote that has numpy imported (where fork, Unix sockets and fd passing exist).
 
     `env` is applied to the zygote itself: settings read once when numpy loads (the BLAS
     thread count) must be in place before the fork. The zygote starts from the allow-listed
@@ -320,7 +322,12 @@ class ZygoteLauncher:
         with strays.starting():
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "theinference.proc.zygote", path],
-                env={**allowed_env(os.environ), **self._env, "THEINFERENCE_GRADER_PID": str(os.getpid())},
+                env={
+                    **allowed_env(os.environ),
+                    **self._env,
+                    **_passed_on(),
+                    "THEINFERENCE_GRADER_PID": str(os.getpid()),
+                },
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 start_new_session=True,
@@ -401,13 +408,102 @@ def blas_env(threads: int) -> dict:
     return {name: str(threads) for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
+class SwitchError(ConfigError):
+    """A THEINFERENCE_ switch of the process mechanisms is set to a value it does not take: a setup error."""
+
+
+def _passed_on() -> dict:
+    """The trusted switches of the grader's environment that its monitors and zygote must see (reaper.PASSED_ON):
+    the student's environment may be an allow-listed one without them."""
+    return {name: os.environ[name] for name in PASSED_ON if name in os.environ}
+
+
+def _check_switches() -> None:
+    bad = bad_switches(os.environ)
+    if bad:
+        accepted = ", ".join(f"{name}={value}" for name, value in SWITCHES.items())
+        raise SwitchError(f"{', '.join(bad)}: not a setting of the process mechanisms (each takes one: {accepted})")
+
+
+def _can_fork_a_zygote() -> bool:
+    """fork, Unix sockets and fd passing: what the zygote needs (and no switch saying there is no fork); and a child
+    subreaper. Without one the monitor finds a re-parented orphan by the mark its run's processes carry in their
+    environment (trees.Watch), which only a process started by exec shows (/proc/PID/environ, macOS's
+    KERN_PROCARGS2): a worker forked from the zygote shows the zygote's, so a double fork from it would escape."""
+    chosen = plan()
+    unix = hasattr(socket, "AF_UNIX") and hasattr(socket, "send_fds")
+    return chosen.spawn == "fork" and chosen.orphans == "subreaper" and unix
+
+
+def _launcher_choice(untrusted: bool) -> str:
+    if untrusted:
+        return "subprocess"
+    forced = os.environ.get("THEINFERENCE_LAUNCHER")
+    if forced not in (None, "", "zygote", "subprocess"):
+        raise SwitchError(f"THEINFERENCE_LAUNCHER={forced}: it takes zygote or subprocess")
+    return forced or ("zygote" if _can_fork_a_zygote() else "subprocess")
+
+
 def default_launcher(env: dict | None = None, untrusted: bool = False, allow_root: bool = False) -> Launcher:
     """For untrusted submissions, a fresh interpreter under the strongest isolation available;
-    otherwise the zygote where fork is safe and cheap (Linux), else a fresh interpreter per run.
+    otherwise the zygote where the machine can fork one and keep its tree (fork, fd passing, a child subreaper), else
+    a fresh interpreter per run.
 
     THEINFERENCE_LAUNCHER=subprocess (or zygote) overrides the choice for trusted runs only.
     """
+    _check_switches()
     if untrusted:
         return SubprocessLauncher(strongest_isolation(allow_root))
-    choice = os.environ.get("THEINFERENCE_LAUNCHER") or ("zygote" if sys.platform == "linux" else "subprocess")
-    return ZygoteLauncher(env) if choice == "zygote" else SubprocessLauncher()
+    return ZygoteLauncher(env) if _launcher_choice(untrusted) == "zygote" else SubprocessLauncher()
+
+
+def mechanisms(untrusted: bool = False) -> dict[str, str]:
+    """Which mechanism this machine (and the trusted switches) picked for each job of the process model, named for
+    the report's header: launcher, spawn, group, orphans, kill, grader-death, interrupt, limits, memory, hangs."""
+    from theinference.proc.trees import WATCH_POLL  # psutil: imported for the header, not for every run
+
+    _check_switches()
+    chosen = plan()
+    zygote = _launcher_choice(untrusted) == "zygote"
+    stop = "stopped, then killed" if hasattr(signal, "SIGSTOP") else "killed"
+    limits = _worker_limits()
+    return {
+        "launcher": "zygote (forked from a pre-warmed interpreter)" if zygote else "a fresh interpreter per run",
+        "spawn": "fork" if zygote or chosen.spawn == "fork" else "subprocess (no fork)",
+        "group": "setsid" if chosen.group == "setsid" else "CREATE_NEW_PROCESS_GROUP",
+        "orphans": _orphans(chosen, zygote, WATCH_POLL),
+        "kill": f"/proc scan: {stop}" if chosen.kill == "proc" else f"psutil: {stop}",
+        "grader-death": (
+            "PR_SET_PDEATHSIG and end-of-file on the status socket"
+            if chosen.grader_death == "pdeathsig"
+            else "end-of-file on the status socket"
+        ),
+        "interrupt": "killpg" if hasattr(os, "killpg") else "psutil: the tree killed",
+        "limits": "setrlimit: address space, file size" if limits else "none in the worker (no resource module)",
+        # The run's cgroup holds the tree to its memory limit where the grader can make one with a memory controller
+        # (accounting.Cgroup, decided per run); else the runner's watch does (accounting.TreeMemory).
+        "memory": (
+            "the worker's address-space limit, and the run's cgroup or else the grader's watch over the tree"
+            if limits
+            else "the run's cgroup or else the grader's watch over the tree"
+        ),
+        "hangs": "the grader's timeouts (the tree killed)",
+    }
+
+
+def _orphans(chosen: Plan, zygote: bool, poll: float) -> str:
+    if chosen.orphans == "subreaper":
+        return "PR_SET_CHILD_SUBREAPER"
+    watch = f"the monitor's watch over its tree (psutil, every {poll:g} s)"
+    if zygote:  # forked workers show the zygote's environment, not their run's mark (_can_fork_a_zygote)
+        return f"{watch}, and the run's mark in the environment of the processes it executes"
+    return f"{watch}, and the run's mark in its processes' environment"
+
+
+def _worker_limits() -> bool:
+    """Whether the worker (this same Python) can set its own limits (the resource module)."""
+    try:
+        import resource  # noqa: F401
+    except ImportError:
+        return False
+    return True

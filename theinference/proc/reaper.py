@@ -1,51 +1,132 @@
-"""The monitor of a student process: a child subreaper that kills every descendant it leaves.
+"""The monitor of a student process: it kills every descendant the student's process leaves.
 
-A process the student starts with `start_new_session=True` escapes a process-group kill. On
-Linux the monitor marks itself a child subreaper (prctl PR_SET_CHILD_SUBREAPER), so such
-orphans are re-parented to it instead of to init; once the student's process has exited it
-kills them all, whatever session or group they moved to, and only then reports the exit
-status. The grader accepts results and writes output only after that report.
+A process the student starts with `start_new_session=True` escapes a process-group kill. Where the
+kernel has child subreapers (Linux: prctl PR_SET_CHILD_SUBREAPER) the monitor becomes one, so such
+orphans are re-parented to it instead of to init; elsewhere (macOS, Windows) it watches its tree
+while the worker runs and remembers every descendant it saw (theinference.proc.trees.Watch). Once the
+student's process has exited it kills them all, whatever session or group they moved to (a /proc
+scan, kill_trees, or psutil where /proc cannot be read), and only then reports the exit status. The
+grader accepts results and writes output only after that report.
 
 Run as `python -P -m theinference.proc.reaper STATUS_FD [--cgroup FILE]... -- COMMAND...` (the fresh-interpreter
-and sandbox launchers): forks COMMAND in a new session, writes {"pid": P} and then
-{"status": S} (a Popen-style returncode) to the socket STATUS_FD, one JSON object a line.
+and sandbox launchers): starts COMMAND in a new session (fork_held, or subprocess where there is no fork), writes
+{"pid": P} and then {"status": S} (a Popen-style returncode) to the socket STATUS_FD, one JSON object a line.
 
 The monitor dies with the grader, and takes the student's tree with it: its parent's death
-sends it SIGTERM (PR_SET_PDEATHSIG, checked right after it is set, since the parent may be gone
-already), and the grader's end of STATUS_FD closing (end-of-file) means the same. Either way it
-kills every descendant before it exits.
+sends it SIGTERM (PR_SET_PDEATHSIG where there is one, checked right after it is set, since the parent
+may be gone already), and the grader's end of STATUS_FD closing (end-of-file) means the same. Either
+way it kills every descendant before it exits.
+
+Each mechanism is chosen by what the machine offers (plan); SWITCHES force the portable one on Linux.
 """
 
 import ctypes
+import functools
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 import json
+import secrets
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
 
 from theinference.proc import protocol
 from theinference.proc.accounting import join
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
+
+# Trusted switches (the instructor's environment) that force the portable mechanism where the Linux one exists,
+# so that the portable paths are proven on Linux. Each names the one value it accepts.
+SWITCHES = {
+    "THEINFERENCE_SPAWN": "popen",  # start the worker with subprocess, as where there is no fork
+    "THEINFERENCE_ORPHANS": "watch",  # no child subreaper: the monitor watches its tree (theinference.proc.trees)
+    "THEINFERENCE_KILL": "psutil",  # kill trees through psutil, as where /proc cannot be read
+    "THEINFERENCE_GRADER_DEATH": "eof",  # no PR_SET_PDEATHSIG: end-of-file on the status socket only
+}
+PASSED_ON = (*SWITCHES, "THEINFERENCE_PSUTIL_PROCFS")  # what the monitors' environment carries from the grader's
+MARK_ENV = "THEINFERENCE_TREE_MARK"  # what a watched tree carries in its environment (trees.Watch)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a monitor starts, keeps and kills its worker's tree: each chosen by what this machine offers."""
+
+    spawn: str  # "fork": fork_held (the worker held until its pid is reported); "popen": subprocess (no fork)
+    group: str  # "setsid" or "new-process-group" (Windows' CREATE_NEW_PROCESS_GROUP)
+    orphans: str  # "subreaper": PR_SET_CHILD_SUBREAPER; "watch": the tree looked at while it runs (trees.Watch)
+    kill: str  # "proc": the /proc scan (kill_trees); "psutil": trees.kill
+    grader_death: str  # "pdeathsig": PR_SET_PDEATHSIG and end-of-file; "eof": end-of-file on the status socket only
+
+
+def plan(environ=None) -> Plan:
+    """The mechanisms this process would use, given the switches in environ (os.environ by default)."""
+    environ = os.environ if environ is None else environ
+
+    def forced(name: str) -> bool:
+        return environ.get(name) == SWITCHES[name]
+
+    return Plan(
+        spawn="popen" if forced("THEINFERENCE_SPAWN") or not hasattr(os, "fork") else "fork",
+        group="setsid" if hasattr(os, "setsid") else "new-process-group",
+        orphans="watch" if forced("THEINFERENCE_ORPHANS") or not _subreaper_supported() else "subreaper",
+        kill="psutil" if forced("THEINFERENCE_KILL") or not _proc_readable() else "proc",
+        grader_death="eof" if forced("THEINFERENCE_GRADER_DEATH") or _prctl() is None else "pdeathsig",
+    )
+
+
+def bad_switches(environ) -> list[str]:
+    """The switches set in environ to a value they do not accept, as `NAME=value`."""
+    return [f"{name}={environ[name]}" for name, value in SWITCHES.items() if environ.get(name, value) != value]
+
+
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, where the C library has one (Linux)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError, TypeError):  # no such symbol (macOS); no C library by that name (Windows)
+        return None
+
+
+@functools.cache
+def _subreaper_supported() -> bool:
+    """Whether this kernel has child subreapers (asked without becoming one)."""
+    prctl, value = _prctl(), ctypes.c_int()
+    return prctl is not None and prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) == 0
+
+
+def _proc_readable() -> bool:
+    """Whether /proc is Linux's procfs as the scan reads it (not hidden, not another system's)."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat", "rb") as f:
+            return f.read().startswith(str(os.getpid()).encode() + b" (")
+    except OSError:
+        return False
 
 
 def become_subreaper() -> bool:
-    """Make orphaned descendants re-parent to this process (Linux); False where unsupported."""
-    if sys.platform != "linux":
+    """Make orphaned descendants re-parent to this process; False where unsupported (or forced off)."""
+    prctl = _prctl()
+    if prctl is None or plan().orphans != "subreaper":
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> bool:
-    """Receive signum when the parent (pid `parent`, read before) dies; False if it is already gone or unsupported."""
-    if sys.platform != "linux":
+def die_with_parent(parent: int, signum: int | None = None) -> bool:
+    """Receive signum (SIGKILL by default) when the parent (pid `parent`, read before) dies; False if it is already gone.
+
+    Where there is no PR_SET_PDEATHSIG (or it is forced off) this is True: end-of-file on the status socket
+    (guard) is then what tells the grader's death."""
+    prctl = _prctl()
+    if prctl is None or plan().grader_death != "pdeathsig":
         return True
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL if signum is None else signum), 0, 0, 0)
     return os.getppid() == parent  # it died before the prctl: no signal will come
 
 
@@ -181,9 +262,35 @@ def _any_children() -> bool:
     return True
 
 
+_watch: list = []  # this monitor's trees.Watch, where no subreaper keeps its orphans (watch_tree)
+
+
+def watch_tree(mark: str) -> None:
+    """Remember every descendant of this monitor while its worker runs (trees.Watch), and every process that carries
+    mark (tree_mark): where no subreaper keeps orphans, one that re-parented away is still killed at the end.
+    Started after the worker is forked: a forked worker must not inherit a thread's state."""
+    from theinference.proc import trees  # psutil: only where this path is taken
+
+    _watch.append(trees.Watch(os.getpid(), mark))
+
+
+def tree_mark() -> str:
+    """A mark for this monitor's worker to carry in its environment (MARK_ENV) where it watches its tree."""
+    return f"{os.getpid()}-{secrets.token_hex(8)}"
+
+
 def kill_descendants() -> None:
-    """SIGKILL and reap every descendant of this (subreaper) process (kill_trees)."""
-    if sys.platform != "linux" or not _any_children():
+    """SIGKILL and reap every descendant of this monitor: its tree (kill_trees, or trees.kill where /proc cannot be
+    read) and every process its watch saw (orphans that re-parented away where no subreaper keeps them)."""
+    seen = _watch[0].stop() if _watch else []
+    if seen or plan().kill == "psutil":
+        from theinference.proc import trees
+
+        trees.kill(trees.children(os.getpid()), seen)
+        if plan().kill == "psutil":
+            _reap(lambda: trees.kill(trees.children(os.getpid())))
+            return
+    if not _any_children():
         return
     me = os.getpid()
     kill_trees(lambda table: [pid for pid, (ppid, _) in table.items() if ppid == me])
@@ -197,6 +304,56 @@ def kill_descendants() -> None:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+
+
+def _reap(kill_children: Callable[[], object]) -> None:
+    """Reap every child, killing (kill_children) any still alive: orphans re-parent to a subreaper as they come."""
+    if not hasattr(os, "WNOHANG"):
+        return  # Windows: no zombies, and waitpid takes a process handle, not -1
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:  # none has exited yet: a live one came since the kill
+            kill_children()
+            time.sleep(0.001)
+
+
+def own_group() -> dict:
+    """Popen's keyword arguments that make the process the leader of its own group (a new session where there is
+    setsid, else Windows' CREATE_NEW_PROCESS_GROUP)."""
+    if hasattr(os, "setsid"):
+        return {"start_new_session": True}
+    return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+
+
+def _popen(command: list[str]) -> subprocess.Popen:
+    """Start command with subprocess (where there is no fork): its own group, the protocol's fds handed on."""
+    fds = [
+        protocol.inherited(os.environ[name], mode)
+        for name, mode in ((protocol.PROTOCOL_FD_ENV, os.O_WRONLY), (protocol.CALLS_FD_ENV, os.O_RDONLY))
+        if name in os.environ
+    ]
+    return subprocess.Popen(command, **protocol.handed_on(fds), **own_group())
+
+
+def _spawn(command: list[str], conn: socket.socket) -> tuple[int, Callable[[], None], Callable[[], int]]:
+    """Start the worker as plan().spawn says: (its pid, release it, wait for its Popen-style returncode).
+
+    fork_held holds the worker until release (its pid reported first); subprocess cannot hold it, so a worker
+    started that way runs at once (it must start an interpreter before any student code runs)."""
+    if plan().spawn == "popen":
+        worker = _popen(command)
+        return worker.pid, lambda: None, worker.wait
+    pid, release = fork_held()
+    if pid == 0:
+        conn.close()
+        try:
+            os.execvp(command[0], command)
+        finally:
+            os._exit(127)
+    return pid, release, lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def _send(conn: socket.socket, **message) -> None:
@@ -213,24 +370,25 @@ def monitor(status_fd: int, command: list[str], cgroup: Sequence[str] = ()) -> N
     """
     conn = socket.socket(fileno=status_fd)
     parent = os.getppid()
-    become_subreaper()
+    subreaper = become_subreaper()
     guard(conn, parent)
     join(cgroup)
     protocol_fd = os.environ.get(protocol.PROTOCOL_FD_ENV)
-    pid, release = fork_held()
-    if pid == 0:
-        conn.close()
-        try:
-            os.execvp(command[0], command)
-        finally:
-            os._exit(127)
+    mark = tree_mark()
+    if not subreaper:
+        os.environ[MARK_ENV] = mark  # the worker's environment, and so its descendants'
+    pid, release, wait = _spawn(command, conn)
+    if not subreaper:
+        watch_tree(mark)
     if protocol_fd:
-        os.close(int(protocol_fd))  # the grader sees end-of-stream when the student's side closes it
+        os.close(
+            protocol.inherited(protocol_fd, os.O_WRONLY)
+        )  # the grader sees end-of-stream when the student's side closes it
     _send(conn, pid=pid)
     release()
-    _, status = os.waitpid(pid, 0)
+    status = wait()
     kill_descendants()
-    _send(conn, status=os.waitstatus_to_exitcode(status))
+    _send(conn, status=status)
 
 
 def _arguments(argv: list[str]) -> tuple[int, list[str], list[str]]:

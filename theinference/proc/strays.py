@@ -11,10 +11,10 @@ monitor died, before anything of that run is accepted.
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from theinference.proc.reaper import _children, become_subreaper, kill_trees
+from theinference.proc.reaper import _children, become_subreaper, kill_trees, plan
 
 _lock = threading.RLock()
 _ours: set[int] = set()  # the grader's own children: zygotes and monitors
@@ -49,6 +49,15 @@ def kill_strays() -> int:
     """SIGKILL and reap every child of this process that no launcher registered, until none is left; how many."""
     with _lock:
         me = os.getpid()
+        if plan().kill == "psutil":  # no /proc to scan
+            from theinference.proc import trees
+
+            def left() -> list[int]:
+                return [pid for pid in trees.children(me) if pid not in _ours]
+
+            killed = trees.kill(left())
+            _reap(left)
+            return killed
         # Stopped and killed whole first (a fork bomb outruns killing it a generation at a time), then reaped.
         killed = kill_trees(lambda table: [pid for pid, (ppid, _) in table.items() if ppid == me and pid not in _ours])
         for _ in range(10_000):  # a process that keeps forking loses the race: each round takes its parents
@@ -66,3 +75,19 @@ def kill_strays() -> int:
                 except ChildProcessError:
                     pass
     return killed
+
+
+def _reap(left: Callable[[], list[int]]) -> None:
+    """Kill and reap the strays left (psutil's view) until none is: a process that keeps forking loses the race."""
+    for _ in range(10_000):
+        found = left()
+        if not found:
+            return
+        from theinference.proc import trees
+
+        trees.kill(found)
+        for pid in found:
+            try:
+                os.waitpid(pid, 0)
+            except (ChildProcessError, OSError):
+                pass

@@ -28,14 +28,25 @@ import safetensors.numpy  # noqa: F401
 import theinference.proc.child
 from theinference.proc import protocol, tempdirs
 from theinference.proc.accounting import join
-from theinference.proc.reaper import become_subreaper, die_with_parent, fork_held, guard, kill_descendants
+from theinference.proc.reaper import (
+    MARK_ENV,
+    become_subreaper,
+    die_with_parent,
+    fork_held,
+    guard,
+    kill_descendants,
+    tree_mark,
+    watch_tree,
+)
 
 _MAX_REQUEST = 1 << 20
 _GRADER_PID_ENV = "THEINFERENCE_GRADER_PID"  # the zygote's parent, as the grader saw itself before the fork
 
 
-def _worker(request: dict, fds: list[int]) -> None:
-    """In the forked worker (its own session already, fork_held): become the student's process and run the child protocol."""
+def _worker(request: dict, fds: list[int], mark: str | None) -> None:
+    """In the forked worker (its own session already, fork_held): become the student's process and run the child protocol.
+
+    mark: what its environment carries where its monitor watches its tree (reaper.watch_tree)."""
     stdout_fd, stderr_fd, proto_fd, *calls = fds
     devnull = os.open(os.devnull, os.O_RDONLY)
     for src, dst in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):
@@ -44,6 +55,8 @@ def _worker(request: dict, fds: list[int]) -> None:
     os.environ.update(request["env"])
     tempfile.tempdir = None  # found again from this run's TMPDIR (its run directory), not the zygote's
     os.environ[protocol.PROTOCOL_FD_ENV] = str(proto_fd)
+    if mark is not None:
+        os.environ[MARK_ENV] = mark
     if calls:
         os.environ[protocol.CALLS_FD_ENV] = str(calls[0])
     os.chdir(request["cwd"])
@@ -71,13 +84,15 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int], zygote: int) ->
     """In the monitor: fork the worker, report its pid, wait for it, kill what it left, report its exit status.
 
     If the zygote or the grader dies meanwhile (guard), the monitor kills the worker's whole tree first."""
-    become_subreaper()
+    subreaper, mark = become_subreaper(), tree_mark()
     join(request.get("cgroup", []))  # before the fork: everything the worker starts is counted from its birth
     pid, release = fork_held()  # the worker runs only once its pid is reported
     if pid == 0:
         conn.close()
-        _worker(request, fds)
+        _worker(request, fds, None if subreaper else mark)
     guard(conn, zygote)  # after the fork: the worker runs on in Python, and must not inherit a thread's state
+    if not subreaper:
+        watch_tree(mark)  # no subreaper keeps its orphans: remember what the tree holds while it runs
     for fd in fds:
         os.close(fd)
     conn.sendall(json.dumps({"pid": pid, "monitor": os.getpid()}).encode() + b"\n")
