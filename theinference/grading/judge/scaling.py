@@ -264,18 +264,21 @@ class Verdict:
 
 
 class _Watched:
-    """The session's CPU meter, read through, keeping the largest fall of its count (a complete count never falls)."""
+    """The session's CPU meter, read through, adding up every fall of its count (a complete count never falls).
+
+    The falls are summed, not the largest kept: work hidden in many short processes that end unseen falls a little
+    at each, where the count saw them run."""
 
     def __init__(self, meter: Any):
         self.meter, self.name, self.complete = meter, meter.name, meter.complete
-        self.peak: float | None = None
-        self.fell = 0.0
+        self.last: float | None = None
+        self.fell = 0.0  # CPU seconds the count lost, in all
 
     def cpu_seconds(self) -> float:
         value = self.meter.cpu_seconds()
-        if self.peak is not None:
-            self.fell = max(self.fell, self.peak - value)
-        self.peak = value if self.peak is None else max(self.peak, value)
+        if self.last is not None and value < self.last:
+            self.fell += self.last - value
+        self.last = value
         return value
 
     def __getattr__(self, name: str):
@@ -397,7 +400,7 @@ class _Run:
         fell = max(self.meter.fell if self.meter is not None else 0.0, -cpu)
         if fell > _RESOLUTION:
             message = (
-                f"the CPU count of your process tree fell by {fell:.3g} s by the end of {what}: a complete count "
+                f"the CPU count of your process tree fell by {fell:.3g} s in all by the end of {what}: a complete count "
                 "never falls, so a process of the tree ended with its CPU uncounted (a child nobody waited for); "
                 "the cost cannot be read"
             )
