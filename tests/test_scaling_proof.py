@@ -229,3 +229,18 @@ def test_the_terminal_says_not_provable_here_and_a_self_check_plainly():
     assert "✔ cache-scaling" in self_check and "a self-check, not a grade of record" in self_check
     record = _terminal(_run_result(_timed(_run(), *A_CACHE)))
     assert "✔ cache-scaling" in record and "self-check" not in record and "provable" not in record
+
+
+def test_the_class_report_shows_the_guarantee_from_the_json_document():
+    from theinference.report import html
+
+    for verdict, said in (
+        (_timed(_run(complete=False, untrusted=True), *A_CACHE), "not provable in grading mode: the process tree"),
+        (_timed(_run(complete=False), *A_CACHE), "a self-check, not a grade of record"),
+    ):
+        case = json.loads(render_json(_run_result(verdict), "0"))["stages"][0]["cases"][0]
+        assert said in html._scaling(case)
+    record = json.loads(render_json(_run_result(_timed(_run(), *A_CACHE)), "0"))["stages"][0]["cases"][0]
+    assert "guarantee" not in html._scaling(record) and "of the oracle's full recompute here (at most" in html._scaling(
+        record
+    )

@@ -102,9 +102,13 @@ _GROWTH = 2.5
 NODE_FACTOR = 3.0
 # The floor a token's cost cannot go below (cost_floor): a cached decode step still reads every weight once (every
 # layer's matrices and the tied LM head), as the oracle's one-token step does, so no honest cache costs less than
-# that step divided by _FLOOR_SHARE. Measured side by side (bench/cost_floor.py, proof preset: the reference cache's
-# CPU per token over the floor, each measured quiet and beside two CPU burners per core, crossed):
-#   see the bench's docstring for the figures.
+# that step divided by _FLOOR_SHARE. Measured side by side (bench/cost_floor.py --rounds 2, proof preset, a cgroup
+# counting; the reference cache's cheapest call of 12 per token over the floor, each measured quiet (a machine shared
+# with five other jobs) and beside two CPU burners per core, crossed):
+#   floor quiet 1.19 ms (step 5.93 ms), loaded 1.67 ms; the cache's cheapest quiet 7.68 ms, loaded 9.00 ms
+#   cache quiet / floor quiet 6.47, / floor loaded 4.60; cache loaded / floor quiet 7.58, / floor loaded 5.38
+# The worst cross (a floor measured starved, a cache run once the machine is free) keeps 4.6x: a cache twice as fast
+# as the reference's would still be 2.3x above the floor.
 # _RESOLUTION covers the coarsest meter's rounding (clock ticks: 10 ms on Linux, 15.6 ms on Windows; a thread or
 # child that ends loses under one tick of its count): a count below the floor, or fallen, by less says nothing.
 _FLOOR_SHARE = 5.0
@@ -640,7 +644,7 @@ def _run_case(run: _Run, index: int, job: AdapterJob, output_cap) -> tuple[CaseR
             return _case_result(case, _ended(outcome, "")), outcome
         assert session.meter is not None, "a loaded session has a meter"
         run.complete = session.meter.complete
-        # Every reading the session takes goes through the watch, which keeps the largest fall of the count.
+        # Every reading the session takes goes through the watch, which adds up the count's falls.
         run.meter = _Watched(session.meter)
         session.meter = cast(Any, run.meter)
         _tell(run, index, f"untimed warm-up: {warm_n} new tokens")
