@@ -140,14 +140,22 @@ def _batch(tmp: Path) -> list[Path]:
 
 
 def _check_batch(doc: dict, level: str, accounting: str) -> None:
+    """The control passes where a cgroup counts the CPU; on a process tree (which misses processes that end unseen)
+    a batch gives no pass at all, so the control is unproven, its figures those of a pass. Every trick fails."""
     by_id = {s["id"]: s for s in doc["submissions"]}
     control = by_id["solution-control"]
-    assert control["points"] == 10, json.dumps(control["results"]["stages"][0]["cases"][0])[:3000]
     case = control["results"]["stages"][0]["cases"][0]
     assert case["scaling"]["accounting"].startswith(accounting)
     assert control["results"]["isolation"]["level"] == level
+    if case["scaling"]["accounting_complete"]:
+        assert control["points"] == 10, json.dumps(case)[:3000]
+    else:
+        assert case["status"] == "unproven" and control["points"] == 0, json.dumps(case)[:3000]
+        t = case["scaling"]
+        assert t["ratio"] <= t["max_ratio"] and t["fraction_of_recompute"] <= t["max_fraction"]
     for trick in TRICKS:
-        assert by_id[trick]["points"] == 0, (trick, by_id[trick]["results"]["stages"][0]["cases"][0]["message"])
+        case = by_id[trick]["results"]["stages"][0]["cases"][0]
+        assert by_id[trick]["points"] == 0 and case["status"] not in ("pass", "unproven"), (trick, case["message"])
 
 
 @pytest.mark.slow
@@ -177,7 +185,8 @@ def _weakest_level_command(venv_bin: Path, args: list[str], cache: Path) -> list
 @pytest.mark.slow
 @pytest.mark.skipif(bool(as_nobody.available()), reason=as_nobody.available() or "-")
 def test_every_trick_fails_at_the_weakest_level_as_a_non_root_user(tiny_path, proof_cache):
-    """No bwrap, no unshare, not root: the subreaper level, CPU counted from /proc (no cgroup can be made)."""
+    """No bwrap, no unshare, not root: the subreaper level, CPU counted from /proc (no cgroup can be made), where
+    a batch proves no cache: the control is unproven, every trick still fails on its own."""
     venv_bin = Path(sys.executable).parent
     work = Path(tempfile.mkdtemp(prefix="theinference-weak-"))
     try:

@@ -21,13 +21,14 @@ RECOMPUTE_480 = 50.0  # CPU seconds of the oracle's full recompute of 480 tokens
 STEP = 0.01  # and of its single-token step
 
 
-def _run(adapters: str = "adapters.py", n_ctx: int = 512) -> scaling._Run:
+def _run(adapters: str = "adapters.py", n_ctx: int = 512, untrusted: bool = False) -> scaling._Run:
     costs = scaling._Costs({8: 1.0, 480: RECOMPUTE_480}, STEP)
     ctx = SimpleNamespace(
         course=SimpleNamespace(adapters=Path("tests") / adapters),
         model=SimpleNamespace(config=SimpleNamespace(n_ctx=n_ctx, n_vocab=50257), path="proof", stamp=()),
         cache=SimpleNamespace(memo=lambda key, measure: costs),
         on_case=None,
+        untrusted=untrusted,
     )
     return scaling._Run(STAGE, ctx, timeout=120.0, weights_note="")
 

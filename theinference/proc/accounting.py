@@ -117,6 +117,8 @@ class Cgroup:
     @classmethod
     def create(cls, limits: TreeLimits = TreeLimits()) -> "Cgroup | None":
         """Make the run's groups where this process may; None where CPU cannot be counted this way."""
+        if os.environ.get("THEINFERENCE_METER") in ("proc", "psutil"):  # the instructor's switch: a weaker meter
+            return None
         _remove_stale_groups_once()
         mounts, own = _mounts(), _own_paths()
         groups: dict[str, Path] = {}

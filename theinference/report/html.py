@@ -9,7 +9,7 @@ failing case, and the diagnosis (shape, finding, hint). Every text from a submis
 import math
 from html import escape
 
-from theinference.report.text import timed_calls
+from theinference.report.text import guarantee_text, timed_calls
 from theinference.grading.tools.classview import ClassView, anchor, stage_results
 
 _CSS = """
@@ -23,7 +23,7 @@ vertical-align:top}th{background:#f4f4f4}.pass{color:#17702b}.fail,.error,.timeo
 .finding{font-weight:600}svg text{font:11px sans-serif;fill:#444}
 """
 
-_STATUS_ORDER = ("pass", "fail", "not-started", "error", "timeout", "crash", "not graded")
+_STATUS_ORDER = ("pass", "fail", "unproven", "not-started", "error", "timeout", "crash", "not graded")
 
 
 def _number(value) -> float:
@@ -239,6 +239,9 @@ def _scaling(case: dict) -> str:
     ]
     if t.get("weights_note"):
         lines.insert(0, escape(str(t["weights_note"])))
+    guarantee = guarantee_text(str(t.get("guarantee", "")), str(t.get("accounting", "")))
+    if guarantee:
+        lines.append(f'<span class="guarantee">{escape(guarantee)}</span>')
     speedup = _number(t.get("speedup"))
     if case.get("status") == "pass" and math.isfinite(speedup):
         lines.append(

@@ -18,6 +18,8 @@ def _scaling_properties(scaling) -> list[ET.Element]:
         ("fraction_of_recompute", "" if scaling.fraction is None else f"{scaling.fraction:.4g}"),
         ("max_fraction", f"{scaling.max_fraction:g}"),
         ("accounting", scaling.accounting),
+        ("accounting_complete", str(scaling.complete).lower()),
+        ("guarantee", scaling.guarantee),
     ]
     if scaling.stopped_at is not None:  # that length's figure is a lower bound
         values.append(("stopped_at", str(scaling.stopped_at)))
@@ -64,7 +66,8 @@ def render_junit(run: RunResult, version: str) -> str:
                 if case.scaling:  # a failure's text carries these numbers; a pass shows them here
                     ET.SubElement(element, "system-out").text = scaling_summary(case)
                 continue
-            tag = "error" if case.status in NO_ANSWER else "failure"
+            # no answer from the student's code, or none the grader could prove: not a failure of the code
+            tag = "error" if case.status in NO_ANSWER or case.status == Status.UNPROVEN else "failure"
             # A stage read across its cases diagnoses none of them alone: each failing case carries the stage's.
             diagnosis = case.diagnosis or (stage.cross_case if case.status == Status.FAIL else None)
             message = diagnosis.summary if diagnosis else (for_terminal(case.message) or case.status)

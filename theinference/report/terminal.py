@@ -15,7 +15,7 @@ from rich.text import Text
 from theinference.model import tokenizer
 from theinference.headline import headline_parts
 from theinference.untrusted import for_terminal
-from theinference.report.text import both_figures, timed_calls
+from theinference.report.text import both_figures, guarantee_text, timed_calls
 from theinference.terminals import plain_console
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.judge.results import (
@@ -39,6 +39,7 @@ _MARK: dict[str, str] = {
     Status.ERROR: "✘",
     Status.TIMEOUT: "⏱",
     Status.CRASH: "✘",
+    Status.UNPROVEN: "?",
 }
 _STYLE: dict[str, str] = {
     Status.PASS: "green",
@@ -47,6 +48,7 @@ _STYLE: dict[str, str] = {
     Status.ERROR: "red",
     Status.TIMEOUT: "red",
     Status.CRASH: "red",
+    Status.UNPROVEN: "yellow",
 }
 _WORDS: dict[str, str] = {
     Status.PASS: "passed",
@@ -55,6 +57,7 @@ _WORDS: dict[str, str] = {
     Status.ERROR: "error",
     Status.TIMEOUT: "timed out",
     Status.CRASH: "crashed",
+    Status.UNPROVEN: "not provable here",
 }
 
 
@@ -346,6 +349,9 @@ def scaling_lines(case: CaseResult) -> list[Text]:
         lines.append(Text(f"  {figures}", style="dim"))
     if t.weights_note:
         lines.insert(0, Text(f"  {t.weights_note}", style="dim"))
+    guarantee = guarantee_text(t.guarantee, t.accounting)
+    if guarantee:
+        lines.append(Text(f"  {guarantee}", style="yellow"))
     if case.status == Status.PASS and t.speedup is not None:
         lines.append(
             Text(

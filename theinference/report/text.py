@@ -1,7 +1,7 @@
 """Short plain-text summaries of results, shared by the CI renderers."""
 
 from theinference.untrusted import for_terminal
-from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, StageResult, Status
+from theinference.grading.judge.results import CaseResult, Diagnosis, Guarantee, RunResult, StageResult, Status
 
 
 def run_summary(run: RunResult) -> str:
@@ -37,6 +37,22 @@ def both_figures(t) -> str:
     return " · ".join(parts)
 
 
+def guarantee_text(guarantee: str, accounting: str) -> str:
+    """What a cache-scaling verdict's CPU count proves, in words ("" for a grade of record)."""
+    missed = f"the {accounting} does not count a process that ends without being waited for"
+    if guarantee == Guarantee.SELF_CHECK:
+        return (
+            f"a self-check, not a grade of record: {missed} (grades of record come from CI on Linux, where a cgroup "
+            "counts every process)"
+        )
+    if guarantee == Guarantee.UNPROVABLE:
+        return (
+            f"not provable in grading mode: {missed}, so no pass is given on its count (a cgroup counts every "
+            "process: run the grader as root, or in a delegated cgroup v2 subtree)"
+        )
+    return ""
+
+
 def scaling_summary(case: CaseResult) -> str:
     """cache-scaling's numbers in one line: how counted, ms per token at each length, both tests' figures."""
     t = case.scaling
@@ -57,9 +73,11 @@ def scaling_summary(case: CaseResult) -> str:
         figures.append(f"(b) {bound}{t.fraction:.0%} of the oracle's full recompute (at most {t.max_fraction:.0%})")
     if not figures:
         figures.append(f"not judged: the case ended before its {t.lengths[-1]}-token call")
+    guarantee = guarantee_text(t.guarantee, t.accounting)
     return (
         f"CPU time per token, counted by the grader ({t.accounting}){note}: {per or 'no call finished'}; "
         + "; ".join(figures)
+        + (f"; {guarantee}" if guarantee else "")
     )
 
 

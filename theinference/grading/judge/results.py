@@ -17,6 +17,16 @@ class Status(StrEnum):
     ERROR = "error"
     TIMEOUT = "timeout"
     CRASH = "crash"
+    # cache-scaling in grading mode where the CPU meter misses processes that end unseen: a pass cannot be proven
+    UNPROVEN = "unproven"
+
+
+class Guarantee(StrEnum):
+    """What a cache-scaling verdict's CPU figures prove, from how they were counted (ScalingResult.guarantee)."""
+
+    RECORD = "record"  # a complete meter (a cgroup: every process ever in the tree): a grade of record
+    SELF_CHECK = "self-check"  # an incomplete meter (a process tree) on the student's own run: the verdict stands
+    UNPROVABLE = "unprovable"  # an incomplete meter in grading mode: a pass cannot be proven, so none is given
 
 
 # The student's code gave no answer to judge (JUnit says <error>, not <failure>).
@@ -91,12 +101,17 @@ class ScalingResult:
     seconds: tuple[float | None, ...]
     max_ratio: float  # (a): the stage's threshold on ratio
     max_fraction: float  # (b): the stage's threshold on fraction
-    accounting: str  # how the CPU was counted (theinference.proc.accounting: a cgroup, or /proc)
+    accounting: str  # how the CPU was counted: the meter's name (theinference.proc.accounting: a cgroup, or /proc)
     oracle_seconds: float | None = None  # the oracle's full recompute of the longest length here (CPU, 1 thread)
     step_ms: float | None = None  # the oracle's cost of one single-token step here: what a cached token costs
     calls: tuple[TimedCall, ...] = ()  # every timed call, in order
     stopped_at: int | None = None  # the length whose call was stopped at its CPU budget, if one was
     weights_note: str = ""  # why the stage ran on other weights than the graded ones ("" if it did not)
+    # Whether the meter counts every process ever in the tree, however it ended (a cgroup), or only those it sees
+    # (a process tree: one that ends without being waited for takes its CPU out of the count).
+    complete: bool = True
+    guarantee: str = Guarantee.RECORD  # a Guarantee: what the figures prove, from `complete` and the run's trust
+    floor_ms: float | None = None  # the least CPU ms a token can cost here (scaling.cost_floor): below it, tampering
 
     @property
     def ms_per_token(self) -> tuple[float | None, ...]:

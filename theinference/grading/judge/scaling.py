@@ -16,14 +16,21 @@ Two tests, both required:
       never beats (b).
 Budgets are CPU seconds; the wall-clock limit is a backstop that says "busy machine", never
 "no cache".
+
+What the count proves depends on the meter (ScalingResult.guarantee). A cgroup counts every process ever in the
+tree: its verdicts are grades of record. A process tree misses one that ends without being waited for, so it can
+only miss CPU, never add it: a failure on cost stands, but a pass is a self-check on the student's own run, and in
+grading mode (an untrusted run) no pass is given at all: Status.UNPROVEN. Whatever the meter, a count no cache
+could cost (below cost_floor per token) or a count that fell is evidence that work left the count: tampering.
 """
 
 import dataclasses
 import math
 import random
 import time
+from typing import Any, cast
 
-from theinference.grading.judge.results import CaseResult, Diagnosis, ScalingResult, Status, TimedCall
+from theinference.grading.judge.results import CaseResult, Diagnosis, Guarantee, ScalingResult, Status, TimedCall
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
 from theinference.grading.judge.verification import check_steps, token_problem
@@ -49,6 +56,12 @@ _TOO_SLOW = (
     "whether there is a cache. Common causes: float64 arithmetic (a NumPy float64 scalar such as "
     "`1.0 / np.sqrt(head_dim)` promotes float32 activations, and every matmul then converts the weights), "
     "copying the whole cache at every step, or Python loops over elements."
+)
+_TAMPERED = (
+    "the CPU the kernel counted for your process tree cannot be what it did: a complete count never falls, and no "
+    "cache generates a token for less than the floor (every decode step reads every weight once). Work that leaves "
+    "the counted tree (a process that ends without being waited for, so its CPU leaves the count with it) is "
+    "tampering with the measurement, and fails."
 )
 _BUSY = "the machine was too busy to finish, or the code waited (sleep, I/O): re-run when it is quieter"
 _KILL_AT = 1.0  # the longest call is stopped at this multiple of max_fraction of a full recompute: over (b)
@@ -87,6 +100,19 @@ _GROWTH = 2.5
 # so the factor stays. A stopped JavaScript recompute's short calls are dear (9-24 numpy oracle steps per token), so
 # its finding comes from the diagnostic calls (see _GROWTH): 19-21x, against about 1x for the TS reference cache.
 NODE_FACTOR = 3.0
+# The floor a token's cost cannot go below (cost_floor): a cached decode step still reads every weight once (every
+# layer's matrices and the tied LM head), as the oracle's one-token step does, so no honest cache costs less than
+# that step divided by _FLOOR_SHARE. Measured side by side (bench/cost_floor.py --rounds 2, proof preset, a cgroup
+# counting; the reference cache's cheapest call of 12 per token over the floor, each measured quiet (a machine shared
+# with five other jobs) and beside two CPU burners per core, crossed):
+#   floor quiet 1.19 ms (step 5.93 ms), loaded 1.67 ms; the cache's cheapest quiet 7.68 ms, loaded 9.00 ms
+#   cache quiet / floor quiet 6.47, / floor loaded 4.60; cache loaded / floor quiet 7.58, / floor loaded 5.38
+# The worst cross (a floor measured starved, a cache run once the machine is free) keeps 4.6x: a cache twice as fast
+# as the reference's would still be 2.3x above the floor.
+# _RESOLUTION covers the coarsest meter's rounding (clock ticks: 10 ms on Linux, 15.6 ms on Windows; a thread or
+# child that ends loses under one tick of its count): a count below the floor, or fallen, by less says nothing.
+_FLOOR_SHARE = 5.0
+_RESOLUTION = 0.05
 
 
 # Transformer work per token (12 · n_layer · n_embd² MACs) at least this fraction of the LM head's
@@ -186,6 +212,11 @@ def step_seconds(model: Model) -> float:
     return _single_thread_cpu(lambda: oracle.logits(model.params, [0], model.config.n_head), repeats=5)
 
 
+def cost_floor(step: float) -> float:
+    """The least CPU seconds a token can cost with any cache here, from the oracle's one-token step (step_seconds)."""
+    return step / _FLOOR_SHARE
+
+
 @dataclasses.dataclass
 class _Costs:
     """What the oracle's costs are on this machine now, per stage run."""
@@ -236,6 +267,28 @@ class Verdict:
     stderr: str = ""
 
 
+class _Watched:
+    """The session's CPU meter, read through, adding up every fall of its count (a complete count never falls).
+
+    The falls are summed, not the largest kept: work hidden in many short processes that end unseen falls a little
+    at each, where the count saw them run."""
+
+    def __init__(self, meter: Any):
+        self.meter, self.name, self.complete = meter, meter.name, meter.complete
+        self.last: float | None = None
+        self.fell = 0.0  # CPU seconds the count lost, in all
+
+    def cpu_seconds(self) -> float:
+        value = self.meter.cpu_seconds()
+        if self.last is not None and value < self.last:
+            self.fell += self.last - value
+        self.last = value
+        return value
+
+    def __getattr__(self, name: str):
+        return getattr(self.meter, name)
+
+
 class _Run:
     """One case of the stage: the session and the calls so far, which the verdict is read from."""
 
@@ -253,6 +306,9 @@ class _Run:
         self.calls: list[TimedCall] = []
         self.costs = _costs(stage, ctx.model, ctx.cache)
         self.accounting = ""
+        self.complete = True  # the meter's: counts every process ever in the tree (set once the session has one)
+        self.untrusted = ctx.untrusted
+        self.meter: _Watched | None = None
         self.weights_note = weights_note
 
     def short_calls(self) -> list[TimedCall]:
@@ -330,7 +386,39 @@ class _Run:
             calls=tuple(self.calls),
             stopped_at=stopped_at,
             weights_note=self.weights_note,
+            complete=self.complete,
+            guarantee=self.guarantee(),
+            floor_ms=1000 * cost_floor(self.costs.step),
         )
+
+    def guarantee(self) -> Guarantee:
+        """What the figures prove: a grade of record where every process is counted; else a self-check, or in
+        grading mode nothing a pass could rest on."""
+        if self.complete:
+            return Guarantee.RECORD
+        return Guarantee.UNPROVABLE if self.untrusted else Guarantee.SELF_CHECK
+
+    def tampered(self, cpu: float, n_new: int, what: str) -> Verdict | None:
+        """The case's failure when the count cannot be what the tree did: it fell, or a finished call (n_new > 0) was
+        counted less than any cache costs; else None."""
+        fell = max(self.meter.fell if self.meter is not None else 0.0, -cpu)
+        if fell > _RESOLUTION:
+            message = (
+                f"the CPU count of your process tree fell by {fell:.3g} s in all by the end of {what}: a complete count "
+                "never falls, so a process of the tree ended with its CPU uncounted (a child nobody waited for); "
+                "the cost cannot be read"
+            )
+            return _fail(self.stage, "cost-tampered", _TAMPERED, message, self.scaling_result())
+        floor = cost_floor(self.costs.step)
+        if n_new and cpu + _RESOLUTION < n_new * floor:
+            message = (
+                f"{what} was counted {cpu:.3g} s of CPU for {n_new} tokens ({1000 * cpu / n_new:.3g} ms a token): "
+                f"no cache costs less than {1000 * floor:.3g} ms a token here (1/{_FLOOR_SHARE:g} of the oracle's "
+                f"one-token step, {1000 * self.costs.step:.3g} ms with one BLAS thread), so the work was done where "
+                "the count does not see it"
+            )
+            return _fail(self.stage, "cost-tampered", _TAMPERED, message, self.scaling_result())
+        return None
 
 
 def _fail(
@@ -360,6 +448,22 @@ def judge(stage: StageSpec, scaling: ScalingResult) -> Verdict:
         )
         return _fail(stage, "no-cache", _OVER_FLOOR, message, scaling)
     return Verdict(Status.PASS, scaling=scaling)
+
+
+def unproven(verdict: Verdict) -> Verdict:
+    """A pass on a count that misses processes, in grading mode: no credit, and what would make it provable.
+
+    Failures stand: a meter that misses processes can only miss CPU, so a cost found too high is higher still."""
+    scaling = verdict.scaling
+    if verdict.status != Status.PASS or scaling is None or scaling.guarantee != Guarantee.UNPROVABLE:
+        return verdict
+    message = (
+        f"no credit: in grading mode a count by the {scaling.accounting} cannot prove a cache (it misses a process "
+        "that ends without being waited for). A grade of record needs a cgroup to count the CPU: run the grader as "
+        "root (with a writable cgroup file system), or inside a delegated cgroup v2 subtree (for example under "
+        "systemd's user manager: `systemd-run --user --scope -p Delegate=yes theinference grade ...`)"
+    )
+    return dataclasses.replace(verdict, status=Status.UNPROVEN, message=message)
 
 
 def judge_stopped(run: _Run, outcome: CallOutcome, n_new: int, prompt: int = 0) -> Verdict:
@@ -455,7 +559,7 @@ def _timed_rounds(session: CallSession, run: _Run, rng: random.Random, output_ca
             if ended := _call(session, run, rng, output_cap, case, (index, n_new, spec.prompt_tokens), label):
                 return ended
             index += 1
-    return judge(run.stage, run.scaling_result())
+    return unproven(judge(run.stage, run.scaling_result()))
 
 
 def _diagnose(session: CallSession, run: _Run, rng, output_cap, case: int, index: int) -> Verdict | None:
@@ -485,7 +589,8 @@ def _call(
     outcome = session.call(index, [prompt, n_new], output_cap(n_new), budget)
     what = f"{'diagnostic' if diagnostic else 'timed'} call {index} ({n_new} tokens after {prompt_tokens} random ones)"
     if outcome.status == protocol.TIMEOUT and outcome.limit:
-        return judge_stopped(run, outcome, n_new, prompt_tokens if diagnostic else 0)
+        stopped = judge_stopped(run, outcome, n_new, prompt_tokens if diagnostic else 0)
+        return run.tampered(outcome.cpu_seconds or 0.0, 0, what) or stopped
     if outcome.status != protocol.OK:
         return _ended(outcome, what)
     if wrong := run.wrong_tokens(outcome, prompt, n_new, what):
@@ -493,7 +598,7 @@ def _call(
     cpu = outcome.cpu_seconds or 0.0
     call = TimedCall(n_new, cpu, outcome.seconds, clock=outcome.clock, prompt_tokens=prompt_tokens)
     run.calls.append(dataclasses.replace(call, diagnostic=diagnostic is not None))
-    return None
+    return run.tampered(cpu, n_new, what)
 
 
 def grade_case(
@@ -537,18 +642,27 @@ def _run_case(run: _Run, index: int, job: AdapterJob, output_cap) -> tuple[CaseR
         if session.failure is not None:  # the adapters did not load: the import's error is the verdict
             outcome = session.failure
             return _case_result(case, _ended(outcome, "")), outcome
+        assert session.meter is not None, "a loaded session has a meter"
+        run.complete = session.meter.complete
+        # Every reading the session takes goes through the watch, which adds up the count's falls.
+        run.meter = _Watched(session.meter)
+        session.meter = cast(Any, run.meter)
         _tell(run, index, f"untimed warm-up: {warm_n} new tokens")
         outcome = session.call(
             0, [case.inputs["prompt"], warm_n], output_cap(warm_n), _budget(job.timeout, job.timeout)
         )
         if outcome.status == protocol.TIMEOUT and outcome.limit:
-            verdict = judge_stopped(run, outcome, warm_n)
+            verdict = run.tampered(outcome.cpu_seconds or 0.0, 0, "the warm-up call") or judge_stopped(
+                run, outcome, warm_n
+            )
         elif outcome.status != protocol.OK:
             verdict = _ended(outcome, "the warm-up call")
         else:
-            verdict = run.wrong_tokens(
-                outcome, case.inputs["prompt"], warm_n, f"the warm-up call on {case.name!r}"
-            ) or _timed_rounds(session, run, random.SystemRandom(), output_cap, index)
+            verdict = (
+                run.wrong_tokens(outcome, case.inputs["prompt"], warm_n, f"the warm-up call on {case.name!r}")
+                or run.tampered(outcome.cpu_seconds or 0.0, 0, "the warm-up call")
+                or _timed_rounds(session, run, random.SystemRandom(), output_cap, index)
+            )
         whole = session.output()  # what the student's code printed in every call, not only the last
     if session.monitor_lost:  # known once the worker is gone: whatever its calls showed, none of it counts
         outcome = CallOutcome(status=protocol.ERROR, message=MONITOR_LOST)

@@ -1,7 +1,7 @@
 """The names of the failure shapes a diagnosis can give: the keys a stage file's [hints] may use.
 
 theinference.grading.judge.diagnose names the first eight from the rows (its docstring says what each means);
-theinference.grading.judge.scaling names the last three from the cost of cache-scaling's calls.
+theinference.grading.judge.scaling names the last four from the cost of cache-scaling's calls.
 """
 
 SHAPES = (
@@ -16,4 +16,5 @@ SHAPES = (
     "no-cache",
     "too-slow",
     "machine-busy",
+    "cost-tampered",
 )
