@@ -27,7 +27,7 @@ if __name__ == "__main__":
     # and the one this file's own import below must find.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from theinference.proc import protocol  # noqa: E402 - after the path is set, for the sandbox's copy
+from theinference.proc import protocol, seal  # noqa: E402 - after the path is set, for the sandbox's copy
 from theinference.sizes import size_text  # noqa: E402 - the same
 
 _GRADER_DIR = str(Path(__file__).resolve().parents[1])
@@ -304,6 +304,8 @@ def main() -> None:
     if job["limits"].get("shares_uid"):
         _cap_tasks()
     _guard_grader_modules()
+    if job["limits"].get("seal"):
+        seal.seal()  # where it cannot, the grader sees no seal (seal.tree_sealed) and counts the tree as it is
     sys.path.insert(0, job["course_root"])
     func = _load(job, proto)
     if func is None:

@@ -15,6 +15,8 @@ MAX_PIDS = 512  # processes and threads of one run together, where a cgroup can 
 # instructor's to change, in the grader's environment (never the course's theinference.toml).
 RUN_DIR_MB_ENV = "THEINFERENCE_RUN_DIR_MB"
 DEFAULT_RUN_DIR_MB = 256
+# THEINFERENCE_SEAL=0 leaves the worker unsealed (theinference.proc.seal): the instructor's switch, for tests.
+SEAL_ENV = "THEINFERENCE_SEAL"
 
 
 def run_dir_mb() -> int:
@@ -45,6 +47,7 @@ class Limits:
             memory_bytes=self.memory_mb * 2**20 if self.memory_mb else None,
             file_bytes=min(file_bytes, self.run_dir_bytes),
             shares_uid=shares_uid,
+            seal=os.environ.get(SEAL_ENV, "1") != "0",
         )
 
     def tree(self) -> TreeLimits:

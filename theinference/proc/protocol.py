@@ -72,6 +72,9 @@ class Limits(TypedDict):
     # The student's processes run as the grader's own user, with nothing else counting them (no uid of their own, no
     # namespace, no cgroup's pids.max): cap that user's tasks at what it runs now and child.MAX_PROCESSES more.
     shares_uid: bool
+    # Seal the worker before the student's code runs (theinference.proc.seal): no process it starts can be reaped
+    # unseen by the count of its tree's CPU.
+    seal: bool
 
 
 class Job(TypedDict):

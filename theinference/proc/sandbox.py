@@ -45,7 +45,7 @@ ALLOW_ROOT_ENV = "THEINFERENCE_ALLOW_ROOT"
 _PACKAGE = Path(__file__).resolve().parents[1]
 # The stub package the student sees: weights_path() and the student-side runner; they import only the standard library and each other at module level
 # (tests/test_architecture.py checks it), so nothing else need be copied.
-STUB_FILES = ("__init__.py", "sizes.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py")
+STUB_FILES = ("__init__.py", "sizes.py", "proc/__init__.py", "proc/child.py", "proc/protocol.py", "proc/seal.py")
 NODE_HARNESS = "proc/harness.mjs"  # the TypeScript edition's worker (theinference.proc.node), copied beside them
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 _NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
