@@ -385,6 +385,11 @@ class PsutilTree:
     complete = False  # as ProcTree; and without children, what a process used after the last look is lost too
 
     def __init__(self, monitor_pid: int, children: bool | None = None):
+        if not _psutil_works():  # not this run's fault: say what is missing, not that the run ended
+            raise MeterUnavailable(
+                "no CPU meter can count the adapter's processes here: no cgroup may be made, /proc shows no "
+                "processes, and psutil cannot read them"
+            )
         self.ps = _psutil()
         self.children = psutil_children() if children is None else children
         try:

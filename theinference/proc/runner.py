@@ -247,8 +247,8 @@ class _Child:
             return None
         try:
             return accounting.TreeMemory(self.proc.monitor_pid, limit, self.tree_kind)
-        except (accounting.MonitorGone, AttributeError):
-            return None  # the monitor is gone already (the run ends without a result), or none to watch under
+        except (accounting.MonitorGone, accounting.MeterUnavailable, AttributeError):
+            return None  # the monitor is gone already (the run ends without a result), or nothing reads the tree
 
     def next_message(self, deadline: float) -> dict | None:
         """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed,
@@ -547,8 +547,8 @@ class StepClock:
             self.tree: accounting.ProcTree | accounting.PsutilTree | None = accounting.tree_meter(
                 child.proc.monitor_pid, kind
             )
-        except (accounting.MonitorGone, AttributeError):
-            self.tree = None  # no monitor (gone already, or a launcher without one): plain wall-clock time
+        except (accounting.MonitorGone, accounting.MeterUnavailable, AttributeError):
+            self.tree = None  # no monitor (gone, or a launcher without one), or nothing reads it: wall-clock time
         # Where the tree's run-queue wait cannot be read (psutil), a step is charged its wall-clock time.
         self.knows_wait = isinstance(self.tree, accounting.ProcTree)
         self._begin()
