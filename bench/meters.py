@@ -1,6 +1,7 @@
 """Benchmark: cache-scaling's two tests counted by each CPU meter, side by side in one run.
 
     python bench/meters.py [--load] [--sources cgroup,proc,psutil-no-children] [--subjects a,b] [--repeats N]
+                           [--stop-at X]
 
 Grades the built-in cache-scaling stage exactly as `theinference test` does, for the reference cache (must pass),
 the careful recompute (the no-cache mutant decode-recomputes-last-row: every layer over the whole sequence, the LM
@@ -15,6 +16,8 @@ longest call's fraction of the oracle's full recompute (at most max_fraction pas
 (threshold / figure for code that must pass, figure / threshold for code that must fail: above 1 is on the right
 side; '>' marks a lower bound, from a call stopped at its budget), the verdict and the source the report names.
 
+--stop-at X stops the longest call at X times (b)'s floor instead of at the floor, so that the margins of code that
+must fail are measured up to X (a recompute's longest call then finishes: its (a) ratio is measured too).
 --load runs everything a second time beside two CPU burners per core (started for that pass, stopped after it) and
 prints both passes side by side. psutil reads this machine's /proc here, as it reads the real procfs bound
 elsewhere where a test hides /proc (THEINFERENCE_PSUTIL_PROCFS, tests/test_meters.py): the same readings.
@@ -22,6 +25,7 @@ elsewhere where a test hides /proc (THEINFERENCE_PSUTIL_PROCFS, tests/test_meter
 
 import argparse
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -34,6 +38,7 @@ from cache_scaling import row, stage_for  # noqa: E402
 
 from theinference.bundled import data_dir  # noqa: E402
 from theinference.course import load_course  # noqa: E402
+from theinference.grading.judge import scaling  # noqa: E402
 from theinference.grading.judge.grade import GradeContext, grade  # noqa: E402
 from theinference.grading.oracle.cache import OracleCache  # noqa: E402
 from theinference.grading.tools.mutants import build_mutant, load_mutants  # noqa: E402
@@ -85,8 +90,10 @@ def run_pass(stage, model, found, sources) -> dict[tuple[str, str], list[str]]:
                 ctx = GradeContext(course=load_course(course), model=model, cache=cache, launcher=SubprocessLauncher())
                 result = grade(stage, ctx)
             figures = row(name, must_pass, result)
-            scaling = result.cases[0].scaling
-            figures.append(scaling.accounting if scaling is not None else "-")
+            counted = result.cases[0].scaling
+            figures.append(counted.accounting if counted is not None else "-")
+            if figures[7].endswith("WRONG") or "WRONG " in figures[7]:  # why, in its own words
+                figures[7] += f" ({result.cases[0].message[:70]})"
             rows[(name, source)] = figures
             print(f"  … {name} [{source}]: {' '.join(figures[1:])}", file=sys.stderr, flush=True)
     return rows
@@ -118,12 +125,16 @@ def main() -> None:
     parser.add_argument("--sources", default=",".join(SOURCES), help="the meters (comma-separated)")
     parser.add_argument("--subjects", default="", help="only these subjects (comma-separated names)")
     parser.add_argument("--repeats", type=int, default=0, help="timed rounds per subject (default: the stage's)")
+    parser.add_argument("--stop-at", type=float, default=0.0, help="stop the longest call at this multiple of (b)")
     args = parser.parse_args()
     sources = [s for s in args.sources.split(",") if s]
     unknown = [s for s in sources if s not in SOURCES]
     if unknown:
         sys.exit(f"unknown meter source {unknown[0]!r}: one of {', '.join(SOURCES)}")
     stage = stage_for(argparse.Namespace(graded="", lengths="", repeats=args.repeats))
+    if args.stop_at:
+        scaling._KILL_AT = args.stop_at
+        stage = dataclasses.replace(stage, timeout=3600)
     spec = stage.check.params
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
         work = Path(tmp)

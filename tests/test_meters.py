@@ -249,10 +249,9 @@ def _scaling(doc: dict) -> dict:
     "hide, env, source",
     [
         (True, {PSUTIL_CHILDREN_ENV: "0"}, "process tree (psutil)"),  # as on macOS and Windows; no meter forced
-        (True, {PSUTIL_CHILDREN_ENV: "1"}, "process tree (psutil)"),  # psutil as on Linux
         (False, {METER_ENV: "proc"}, "process tree (/proc)"),  # as root here a cgroup would be chosen
     ],
-    ids=["psutil-no-children-proc-hidden", "psutil-children-proc-hidden", "proc-forced"],
+    ids=["psutil-no-children-proc-hidden", "proc-forced"],
 )
 def test_the_reference_solution_passes_every_stage_counted_by_a_tree_meter(
     solution_course, proof_cache, hide, env, source
@@ -273,3 +272,10 @@ def test_a_recompute_fails_cache_scaling_as_no_cache_where_proc_is_hidden(tmp_pa
     case = _scaling(doc)
     assert case["status"] == "fail" and case["diagnosis"]["shape"] == "no-cache", case
     assert case["scaling"]["accounting"] == "process tree (psutil)"
+
+
+def test_a_forced_meter_that_cannot_work_stops_the_run_with_exit_2(cli, solution_course, tiny_path, monkeypatch):
+    monkeypatch.setenv(METER_ENV, "kernel")
+    result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "forward")
+    assert result.exit_code == 2
+    assert "THEINFERENCE_METER='kernel' names no CPU meter: it is one of cgroup, proc, psutil" in result.output

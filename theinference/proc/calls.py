@@ -90,6 +90,9 @@ class CallSession:
         except accounting.MonitorGone:
             self._fail(CallOutcome(status=protocol.CRASH, message="the adapter's process ended before it started"))
             return
+        except accounting.MeterUnavailable:  # nothing on this machine can count it: the worker goes, the error stands
+            self.close()
+            raise
         clock = StepClock(self.child, budget.timeout)
         while self.failure is None:
             try:
