@@ -14,7 +14,10 @@ are measured under the same load; one oracle cache per pass, so (b)'s full recom
 For each it prints (a) the per-token ratio (longest over shortest length: at most max_ratio passes) and (b) the
 longest call's fraction of the oracle's full recompute (at most max_fraction passes), each with its margin
 (threshold / figure for code that must pass, figure / threshold for code that must fail: above 1 is on the right
-side; '>' marks a lower bound, from a call stopped at its budget), the verdict and the source the report names.
+side; '>' marks a lower bound, from a call stopped at its budget), what a stopped call's verdict rests on (as
+bench/cache_scaling.py prints them: "diag", a token's marginal cost after the diagnostic calls' long prompt over the
+short calls' rate, against scaling._GROWTH; "grew", the longest call's CPU over its tokens at the short calls' rate,
+against scaling._GROWN), the verdict (and, where it is wrong, its message) and the source the report names.
 
 --stop-at X stops the longest call at X times (b)'s floor instead of at the floor, so that the margins of code that
 must fail are measured up to X (a recompute's longest call then finishes: its (a) ratio is measured too).
@@ -108,14 +111,14 @@ def print_table(passes: list[tuple[str, dict]], found, sources) -> None:
     print("margins (above 1: on the right side of the threshold)")
     header = f"  {'subject':<18} {'meter':<19}"
     for label, _ in passes:
-        header += f" | {label + ': (a) ratio  margin  (b) of recompute  margin  verdict':<62}"
+        header += f" | {label + ': (a) ratio  margin  (b) of recompute  margin         diag  grew  verdict':<84}"
     print(header + " | source named")
     for name, _, _ in found:
         for source in sources:
             line = f"  {name:<18} {source:<19}"
             for _, rows in passes:
-                _, ratio, m_a, fraction, m_b, _diag, _grew, verdict, named = rows[(name, source)]
-                line += f" | {ratio:>9} {m_a:>7} {fraction:>17} {m_b:>7}  {verdict:<20}"
+                _, ratio, m_a, fraction, m_b, diag, grew, verdict, named = rows[(name, source)]
+                line += f" | {ratio:>9} {m_a:>7} {fraction:>17} {m_b:>7} {diag:>12} {grew:>5}  {verdict:<20}"
             print(f"{line} | {named}", flush=True)
 
 

@@ -584,14 +584,20 @@ def run_cgroup(limits: TreeLimits = TreeLimits()) -> Cgroup | None:
     return group
 
 
+NO_METER = "none: no cgroup may be made, /proc shows no processes and psutil cannot read them"
+
+
 def meter_name() -> str:
     """The name of the meter a run started now would count its CPU with (for the report's header): what its
-    readings are printed as. Makes and removes a probe cgroup where one may be made."""
+    readings are printed as (NO_METER where none can count here: cache-scaling cannot be judged). Makes and
+    removes a probe cgroup where one may be made."""
     group = run_cgroup()
     if group is not None:
         group.remove()
         return group.name
-    return ProcTree.name if tree_kind(forced_meter()) == "proc" else PsutilTree.name
+    if tree_kind(forced_meter()) == "proc":
+        return ProcTree.name
+    return PsutilTree.name if _psutil_works() else NO_METER
 
 
 def _alive(pid: int) -> bool:
