@@ -1,7 +1,9 @@
 """CPU time of a student's whole process tree, counted by the kernel and read from outside it.
 
 Nothing the student's process says about itself is used: a cache-scaling verdict (and a CPU
-budget) rests on what the grader reads here. Two ways, the first that works:
+budget) rests on what the grader reads here. Three meters, the first that works here (chosen by what
+the machine offers, never by its platform's name; THEINFERENCE_METER=cgroup|proc|psutil forces one,
+and a forced meter that cannot work is an error, not a fallback):
 
 - `cgroup`: a control group made for the run (cgroup v2 `cpu.stat`, else v1 `cpuacct.usage`).
   The monitor joins it before it forks the worker, so every process and thread the submission
@@ -9,27 +11,56 @@ budget) rests on what the grader reads here. Two ways, the first that works:
   Made where the grader may (root, or a delegated v2 subtree); a student process running as
   another user cannot leave it. The same group caps the tree's processes and memory (v2
   `pids.max`/`memory.max`, v1 `pids`/`memory` hierarchies) where those controllers exist.
-- `process tree`: /proc of the monitor and every descendant: each live thread's run time
+- `proc` (`ProcTree`): /proc of the monitor and every descendant: each live thread's run time
   (schedstat, in ns), each process's dead threads and reaped children (stat's utime, stime,
   cutime, cstime, in clock ticks). The monitor is a child subreaper, so orphans stay in the
   tree and are reaped by it. A dead monitor ends the measurement: `MonitorGone`.
+- `psutil` (`PsutilTree`): the same tree through psutil, where /proc shows no processes (macOS,
+  Windows). Where psutil reports reaped children's CPU (Linux) it counts as ProcTree does; where it
+  does not (those fields are 0), an exited process keeps the last reading seen of it.
 
-Memory is capped the same two ways: by the cgroup's memory controller where the group has one, else by
-`TreeMemory`, the grader's own sum over the process tree of what each process holds (its proportional
-share of anonymous and shared-memory pages, and its swap), checked while the run goes on.
+The last two are not complete: a child the kernel reaps by itself (its parent ignores SIGCHLD) takes
+its CPU out of their count, and so, with psutil where children's CPU is not reported, does the CPU a
+process uses after the last look at it. Their readings are raw (never clamped): a count that shrinks
+is for the verdict's side to judge.
+
+Memory is capped the same ways: by the cgroup's memory controller where the group has one, else by
+`TreeMemory`, the grader's own sum over the process tree of what each process holds (/proc: its proportional
+share of anonymous and shared-memory pages, and its swap; psutil: its unique set size, else its resident set),
+checked while the run goes on.
 """
 
 import functools
 import os
 import signal
-from collections.abc import Sequence
+import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
+
+from theinference.errors import ConfigError
 
 _TICK = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 _PREFIX = "theinference-"
+_PROC = Path("/proc")  # where cgroup discovery and the /proc meter's test look (a test points it elsewhere)
+
+METER_ENV = "THEINFERENCE_METER"  # cgroup | proc | psutil: force one meter (trusted: the instructor's, for tests)
+# 0: ignore psutil's reaped-children fields, as on macOS and Windows where they are 0 (1: count them); unset: probed
+PSUTIL_CHILDREN_ENV = "THEINFERENCE_PSUTIL_CHILDREN"
+# Test-only: the procfs psutil reads (on Linux), so that psutil works with /proc itself hidden and nothing of ours
+# that reads /proc directly does
+PSUTIL_PROCFS_ENV = "THEINFERENCE_PSUTIL_PROCFS"
+MeterKind = Literal["cgroup", "proc", "psutil"]
+TreeKind = Literal["proc", "psutil"]
+KINDS: tuple[MeterKind, ...] = ("cgroup", "proc", "psutil")
+
+
+class MeterUnavailable(ConfigError):
+    """THEINFERENCE_METER names a meter that cannot work on this machine (or no meter at all)."""
 
 
 class MemoryExceeded(Exception):
@@ -52,8 +83,8 @@ def _mounts() -> dict[str, Path]:
     """Where each cgroup hierarchy is mounted: 'v2' -> the unified mount, a v1 controller name -> its mount."""
     found: dict[str, Path] = {}
     try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
+        lines = (_PROC / "self" / "mountinfo").read_text().splitlines()
+    except (OSError, UnicodeError):  # no /proc (hidden, or none on this platform): no cgroup
         return found
     for line in lines:
         left, _, right = line.partition(" - ")
@@ -73,10 +104,12 @@ def _own_paths() -> dict[str, str]:
     """This process's cgroup path in each hierarchy: 'v2' and the v1 controller names."""
     found: dict[str, str] = {}
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
+        lines = (_PROC / "self" / "cgroup").read_text().splitlines()
+    except (OSError, UnicodeError):
         return found
     for line in lines:
+        if line.count(":") < 2:
+            continue
         _, controllers, path = line.split(":", 2)
         if controllers == "":
             found["v2"] = path
@@ -242,7 +275,7 @@ def _process_seconds(fields: list[bytes], pid: int, own: bool) -> float:
 
 
 class ProcTree:
-    """CPU of a monitor's descendants from /proc (the fallback where no cgroup can be made)."""
+    """CPU of a monitor's descendants from /proc (where no cgroup can be made and /proc shows processes)."""
 
     name = "process tree (/proc)"
     # A child auto-reaped by the kernel (its parent ignores SIGCHLD) takes its CPU out of every count here.
@@ -293,6 +326,136 @@ class ProcTree:
         cpu = sum(_process_seconds(fields, pid, pid != self.monitor) for pid, fields in tree.items())
         return cpu, sum(_live_threads_ns(pid, 1) for pid in tree if pid != self.monitor) / 1e9
 
+    def held(self) -> int:
+        """Bytes the monitor's descendants hold together now (held_bytes of each)."""
+        return sum(held_bytes(pid) for pid in self.descendants())
+
+
+def _psutil() -> Any:
+    """psutil, reading the procfs THEINFERENCE_PSUTIL_PROCFS names where that is set (a test's real /proc, bound
+    elsewhere while /proc itself is hidden)."""
+    import psutil  # type: ignore[import-untyped]
+
+    procfs = os.environ.get(PSUTIL_PROCFS_ENV)
+    if procfs and hasattr(psutil, "PROCFS_PATH"):
+        psutil.PROCFS_PATH = procfs
+    return psutil
+
+
+_BURN = "import time\nwhile time.process_time() < 0.03: pass"  # 3 clock ticks: a reaped child's CPU shows
+
+
+@functools.cache
+def _children_reported() -> bool:
+    """Whether psutil reports a process's reaped children's CPU here: a child that burned 30 ms is reaped, and our
+    children's CPU must have grown (on macOS and Windows psutil gives 0 for them, on Linux the kernel's count)."""
+    me = _psutil().Process()
+    before = me.cpu_times()
+    subprocess.run([sys.executable, "-c", _BURN], check=False, stdin=subprocess.DEVNULL, capture_output=True)
+    after = me.cpu_times()
+    return after.children_user + after.children_system > before.children_user + before.children_system
+
+
+def _children_forced() -> bool | None:
+    """THEINFERENCE_PSUTIL_CHILDREN: 0 or 1, None where unset."""
+    value = os.environ.get(PSUTIL_CHILDREN_ENV, "").strip()
+    if value in ("0", "1"):
+        return value == "1"
+    if value:
+        raise MeterUnavailable(f"{PSUTIL_CHILDREN_ENV}={value!r}: 0 (ignore reaped children's CPU) or 1 (count it)")
+    return None
+
+
+def psutil_children() -> bool:
+    """Whether PsutilTree counts reaped children's CPU (else each exited process's last reading):
+    THEINFERENCE_PSUTIL_CHILDREN=0 or 1, else what psutil reports here."""
+    forced = _children_forced()
+    return _children_reported() if forced is None else forced
+
+
+class PsutilTree:
+    """CPU of a monitor's descendants through psutil (where /proc shows no processes: macOS, Windows).
+
+    With `children` (psutil reports reaped children's CPU: Linux) a look counts as ProcTree's does: every live
+    descendant's user and system time and its reaped children's, and the monitor's reaped children (the orphans
+    it adopted). Without (macOS, Windows: those fields are 0), a process that has exited keeps the last reading
+    seen of it, keyed by pid and start time so that a reused pid is another process: what it used after that
+    look is not counted, so the reading must be taken often while a call runs (calls.py does). Run-queue wait
+    cannot be read: sample() gives 0 for it (StepClock then charges wall-clock time)."""
+
+    name = "process tree (psutil)"
+    complete = False  # as ProcTree; and without children, what a process used after the last look is lost too
+
+    def __init__(self, monitor_pid: int, children: bool | None = None):
+        if not _psutil_works():  # not this run's fault: say what is missing, not that the run ended
+            raise MeterUnavailable(
+                "no CPU meter can count the adapter's processes here: no cgroup may be made, /proc shows no "
+                "processes, and psutil cannot read them"
+            )
+        self.ps = _psutil()
+        self.children = psutil_children() if children is None else children
+        try:
+            self.monitor = self.ps.Process(monitor_pid)
+        except self.ps.Error as e:
+            raise MonitorGone(f"process {monitor_pid} is gone ({e})") from None
+        self.last: dict[tuple[int, float], float] = {}  # without children: (pid, started) -> last CPU seen
+
+    def _tree(self) -> list[Any]:
+        """The monitor's descendants now; MonitorGone once it is dead (or its pid is another process)."""
+        try:
+            if not self.monitor.is_running() or self.monitor.status() == self.ps.STATUS_ZOMBIE:
+                raise MonitorGone(f"the monitor (process {self.monitor.pid}) is gone")
+            return self.monitor.children(recursive=True)
+        except self.ps.Error as e:
+            raise MonitorGone(f"the monitor (process {self.monitor.pid}) is gone ({e})") from None
+
+    def descendants(self) -> list[int]:
+        """The monitor's descendants now (not the monitor: its memory and work are the grader's)."""
+        return [p.pid for p in self._tree()]
+
+    def cpu_seconds(self) -> float:
+        tree = self._tree()
+        if not self.children:
+            for process in tree:
+                try:
+                    with process.oneshot():
+                        times, started = process.cpu_times(), process.create_time()
+                except self.ps.Error:
+                    continue  # gone since: its last reading stands
+                self.last[(process.pid, started)] = times.user + times.system
+            return sum(self.last.values())
+        try:
+            mine = self.monitor.cpu_times()  # only what it reaped counts: its own work is the grader's
+        except self.ps.Error as e:
+            raise MonitorGone(f"the monitor (process {self.monitor.pid}) is gone ({e})") from None
+        total = mine.children_user + mine.children_system
+        for process in tree:
+            try:
+                times = process.cpu_times()
+            except self.ps.Error:
+                continue  # gone since: reaped into its parent's children's time, as in ProcTree
+            total += times.user + times.system + times.children_user + times.children_system
+        return total
+
+    def sample(self) -> tuple[float, float]:
+        """(cpu_seconds, 0.0): the run-queue wait is not known here."""
+        return self.cpu_seconds(), 0.0
+
+    def held(self) -> int:
+        """Bytes the monitor's descendants hold together now: each one's unique set size where psutil reads it,
+        else its resident set (which counts shared and mapped pages too: an overcount, never an undercount)."""
+        return sum(self._held(process) for process in self._tree())
+
+    def _held(self, process: Any) -> int:
+        try:
+            info = process.memory_full_info()  # no uss where psutil cannot read the maps: rss
+        except self.ps.Error:
+            try:
+                info = process.memory_info()
+            except self.ps.Error:
+                return 0  # gone meanwhile
+        return getattr(info, "uss", info.rss)
+
 
 def _kb_fields(text: bytes) -> dict[bytes, int]:
     """The 'Name:  123 kB' lines of a /proc file, as {name: kB}."""
@@ -336,21 +499,21 @@ def memory_message(held: int, limit: int) -> str:
 
 class TreeMemory:
     """The memory limit over a monitor's whole process tree where no cgroup sets one: the grader sums what its
-    descendants hold (held_bytes), read from /proc, and the run stops once that is over the limit.
+    descendants hold (ProcTree.held from /proc, else PsutilTree.held), and the run stops once that is over the
+    limit.
 
     Measured, so passed by what the tree allocates before the next look (each process is still held to the
-    limit by its own address-space cap, RLIMIT_AS)."""
+    limit by its own address-space cap, RLIMIT_AS, where the platform has one)."""
 
-    def __init__(self, monitor_pid: int, limit: int):
-        self.tree, self.limit = ProcTree(monitor_pid), limit
+    def __init__(self, monitor_pid: int, limit: int, kind: TreeKind | None = None):
+        self.tree, self.limit = tree_meter(monitor_pid, kind), limit
 
     def held(self) -> int:
         """Bytes the monitor's descendants hold together now (0 once the monitor is gone: the run is over)."""
         try:
-            pids = self.tree.descendants()
+            return self.tree.held()
         except MonitorGone:
             return 0
-        return sum(held_bytes(pid) for pid in pids)
 
     def check(self) -> None:
         """MemoryExceeded if the tree holds more than the limit now."""
@@ -359,10 +522,102 @@ class TreeMemory:
             raise MemoryExceeded(memory_message(held, self.limit))
 
 
-def stale_groups() -> list[Path]:
-    """Groups left by graders that were killed (their pid is gone): removable once empty."""
+def forced_meter() -> MeterKind | None:
+    """The meter THEINFERENCE_METER forces, None where it is unset."""
+    value = os.environ.get(METER_ENV, "").strip()
+    if not value:
+        return None
+    for kind in KINDS:
+        if value == kind:
+            return kind
+    raise MeterUnavailable(f"{METER_ENV}={value!r} names no CPU meter: it is one of {', '.join(KINDS)}")
+
+
+def proc_shows_processes() -> bool:
+    """Whether /proc is there and shows this process (where it does not, the /proc meter cannot work)."""
+    try:
+        with open(_PROC / str(os.getpid()) / "stat", "rb") as f:
+            return bool(f.read())
+    except OSError:
+        return False
+
+
+def _psutil_works() -> bool:
+    try:
+        _psutil().Process().cpu_times()
+    except Exception:  # noqa: BLE001 - not installed, or nothing readable here: the meter cannot work
+        return False
+    return True
+
+
+def tree_kind(forced: MeterKind | None = None) -> TreeKind:
+    """Which tree meter a run without a cgroup uses: /proc where it shows processes, else psutil (or the one
+    forced: MeterUnavailable where it cannot work here; a forced cgroup leaves the choice to the machine). Also
+    what StepClock and TreeMemory read the tree with, beside a cgroup too."""
+    if forced == "proc" and not proc_shows_processes():
+        raise MeterUnavailable(f"{METER_ENV}=proc, but /proc shows no processes here")
+    if forced == "psutil" and not _psutil_works():
+        raise MeterUnavailable(f"{METER_ENV}=psutil, but psutil cannot read this machine's processes")
+    kind: TreeKind = forced if forced in ("proc", "psutil") else "proc" if proc_shows_processes() else "psutil"
+    if kind == "psutil":
+        _children_forced()  # a wrong value is an error now, before a run starts
+    return kind
+
+
+Meter = Cgroup | ProcTree | PsutilTree  # each has name, complete and cpu_seconds()
+
+
+def tree_meter(monitor_pid: int, kind: TreeKind | None = None) -> ProcTree | PsutilTree:
+    """The tree meter of that kind (by default the one tree_kind chooses) over the monitor's descendants."""
+    if kind is None:
+        kind = tree_kind(forced_meter())
+    return ProcTree(monitor_pid) if kind == "proc" else PsutilTree(monitor_pid)
+
+
+def run_cgroup(limits: TreeLimits = TreeLimits()) -> Cgroup | None:
+    """The run's cgroup where the meter is one (THEINFERENCE_METER unset or cgroup); MeterUnavailable where a
+    cgroup is forced and cannot be made here."""
+    forced = forced_meter()
+    if forced not in (None, "cgroup"):
+        return None
+    group = Cgroup.create(limits)
+    if group is None and forced == "cgroup":
+        raise MeterUnavailable(f"{METER_ENV}=cgroup, but this process may make no cgroup here")
+    return group
+
+
+NO_METER = "none: no cgroup may be made, /proc shows no processes and psutil cannot read them"
+
+
+def meter_name() -> str:
+    """The name of the meter a run started now would count its CPU with (for the report's header): what its
+    readings are printed as (NO_METER where none can count here: cache-scaling cannot be judged). Makes and
+    removes a probe cgroup where one may be made."""
+    group = run_cgroup()
+    if group is not None:
+        group.remove()
+        return group.name
+    if tree_kind(forced_meter()) == "proc":
+        return ProcTree.name
+    return PsutilTree.name if _psutil_works() else NO_METER
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process of this pid exists (signal 0: asks the kernel, needs no /proc)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, as another user's
+        return True
+    return True
+
+
+def stale_groups() -> list[tuple[str, Path]]:
+    """(hierarchy, group) of each group left by a grader that was killed (its pid is gone): what is still in it
+    was that grader's students' (its monitor died with it; they need not have)."""
     mounts, own = _mounts(), _own_paths()
-    found = []
+    found: list[tuple[str, Path]] = []
     for key in ("v2", "cpuacct", "pids", "memory"):
         if key in mounts and key in own:
             base = mounts[key] / own[key].lstrip("/")
@@ -372,16 +627,18 @@ def stale_groups() -> list[Path]:
                 continue
             for path in entries:
                 pid = path.name.removeprefix(_PREFIX).split("-")[0]
-                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                    found.append(path)
+                if pid.isdigit() and not _alive(int(pid)):
+                    found.append((key, path))
     return found
+
+
+def remove_stale_groups() -> None:
+    """Kill the processes still in the groups killed graders left behind, then remove the groups."""
+    for key, path in stale_groups():
+        Cgroup({key: path}, key).remove()
 
 
 @functools.cache
 def _remove_stale_groups_once() -> None:
-    """Remove the empty groups graders killed before their cleanup left behind (once per grader process)."""
-    for path in stale_groups():
-        try:
-            path.rmdir()
-        except OSError:
-            pass
+    """remove_stale_groups, once per grader process (before its first group is made)."""
+    remove_stale_groups()

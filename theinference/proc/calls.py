@@ -51,7 +51,7 @@ class CallSession:
         self.launcher, self.course_root = job.launcher, str(job.course_root)
         self.monitor_lost = False  # the worker killed its monitor: none of the session's calls count
         self.child: _Child | None = _Child(job, 0, self.work, interactive=True)
-        self.meter: accounting.Cgroup | accounting.ProcTree | None = None
+        self.meter: accounting.Meter | None = None
         self.failure: CallOutcome | None = None  # once set, the worker is gone and every later call gets it
         self.defined_at: tuple[str, int] | None = None
         self.accounting = ""
@@ -90,13 +90,16 @@ class CallSession:
         except accounting.MonitorGone:
             self._fail(CallOutcome(status=protocol.CRASH, message="the adapter's process ended before it started"))
             return
+        except accounting.MeterUnavailable:  # nothing on this machine can count it: the worker goes, the error stands
+            self.close()
+            raise
         clock = StepClock(self.child, budget.timeout)
         while self.failure is None:
             try:
                 message = self.child.next_message(min(clock.backstop, time.monotonic() + _POLL))
             except TimeoutError:
                 if clock.charged() >= budget.timeout or time.monotonic() >= clock.backstop:
-                    why = f"timed out after {budget.timeout:g} s while importing the adapters"
+                    why = f"timed out after {budget.timeout:g} s while importing the adapters{clock.wall_note()}"
                     self._fail(CallOutcome(status=protocol.TIMEOUT, message=why, limit="time"))
                 continue
             except ProtocolError as e:
@@ -225,7 +228,9 @@ def _over_budget(clock: StepClock, budget: Budget, used: float) -> CallOutcome |
     if time.monotonic() > clock.backstop:
         return CallOutcome(status=protocol.TIMEOUT, message=starved_message(clock), cpu_seconds=used, limit="wall")
     if clock.charged() > budget.timeout:  # time that was not spent waiting for a CPU: the code waited
-        message = f"timed out after {budget.timeout:g} s while running, having used {used:.2g} s of CPU"
+        message = (
+            f"timed out after {budget.timeout:g} s while running, having used {used:.2g} s of CPU{clock.wall_note()}"
+        )
         return CallOutcome(status=protocol.TIMEOUT, message=message, cpu_seconds=used, limit="time")
     return None
 

@@ -191,6 +191,9 @@ class _Child:
                     )
                 )
             )
+        # Which meters count this run (MeterUnavailable for a forced one that cannot work, before anything starts).
+        self.tree_kind = accounting.tree_kind(accounting.forced_meter())
+        self.cgroup = accounting.run_cgroup(job.limits.tree())
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.untrusted else dict(os.environ)
         # Temporary files go to the run's directory, which the quota covers (and, sandboxed, the one writable place).
@@ -205,7 +208,6 @@ class _Child:
             calls_read, self.calls = os.pipe()
         self.run_dir: RunDir | None = None
         self.over_quota: str | None = None  # the final measurement's verdict, once finished
-        self.cgroup = accounting.Cgroup.create(job.limits.tree())
         try:
             with os.fdopen(out_fd, "wb") as out, os.fdopen(err_fd, "wb") as err:
                 self.proc = job.launcher.start(
@@ -244,9 +246,9 @@ class _Child:
         if limit is None or (self.cgroup is not None and self.cgroup.caps_memory):
             return None
         try:
-            return accounting.TreeMemory(self.proc.monitor_pid, limit)
-        except (accounting.MonitorGone, AttributeError):
-            return None  # no /proc, or the monitor is gone already (the run ends without a result)
+            return accounting.TreeMemory(self.proc.monitor_pid, limit, self.tree_kind)
+        except (accounting.MonitorGone, accounting.MeterUnavailable, AttributeError):
+            return None  # the monitor is gone already (the run ends without a result), or nothing reads the tree
 
     def next_message(self, deadline: float) -> dict | None:
         """The next message, None at end of stream; TimeoutError past the deadline, ProtocolError if malformed,
@@ -322,11 +324,12 @@ class _Child:
             self.cgroup.remove()
             self.cgroup = None
 
-    def meter(self) -> "accounting.Cgroup | accounting.ProcTree":
-        """What counts this process tree's CPU from outside it: its cgroup, else /proc under its monitor."""
+    def meter(self) -> "accounting.Meter":
+        """What counts this process tree's CPU from outside it: its cgroup, else its monitor's descendants through
+        /proc where it shows processes, else through psutil (accounting.tree_kind)."""
         if self.cgroup is not None:
             return self.cgroup
-        return accounting.ProcTree(self.proc.monitor_pid)
+        return accounting.tree_meter(self.proc.monitor_pid, self.tree_kind)
 
     def send_call(self, index: int, args: list) -> None:
         """Interactive jobs: hand the worker one call's arguments (it is waiting for them)."""
@@ -533,15 +536,21 @@ class StepClock:
     """A step's time as the student is charged for it: wall-clock time less the time the student's processes
     spent runnable but waiting for a CPU (the kernel's run-queue delay, theinference.proc.accounting), so a
     busy machine does not eat the budget while sleeping or blocking does; never less than the CPU used over the
-    cores (charge). A wall-clock backstop of BACKSTOP
+    cores (charge). Where the wait cannot be read (the psutil meter: no /proc), the whole wall-clock time is
+    charged (knows_wait is False), so a busy machine can time a step out. A wall-clock backstop of BACKSTOP
     times the timeout still ends a step that a starved machine cannot finish, and says so."""
 
     def __init__(self, child: "_Child", timeout: float):
         self.timeout, self.before = timeout, 0.0  # before: the charged time of this child's earlier steps
         try:
-            self.tree: accounting.ProcTree | None = accounting.ProcTree(child.proc.monitor_pid)
-        except (accounting.MonitorGone, AttributeError):
-            self.tree = None  # no /proc (or no monitor): plain wall-clock time
+            kind = getattr(child, "tree_kind", None)
+            self.tree: accounting.ProcTree | accounting.PsutilTree | None = accounting.tree_meter(
+                child.proc.monitor_pid, kind
+            )
+        except (accounting.MonitorGone, accounting.MeterUnavailable, AttributeError):
+            self.tree = None  # no monitor (gone, or a launcher without one), or nothing reads it: wall-clock time
+        # Where the tree's run-queue wait cannot be read (psutil), a step is charged its wall-clock time.
+        self.knows_wait = isinstance(self.tree, accounting.ProcTree)
         self._begin()
 
     def _sample(self) -> tuple[float, float]:
@@ -581,6 +590,12 @@ class StepClock:
     def cpu(self) -> float:
         """CPU seconds the tree has used (for the backstop's message)."""
         return self._sample()[0]
+
+    def wall_note(self) -> str:
+        """What a timeout's message adds where the charged time is the wall clock's (the wait is not known)."""
+        if self.knows_wait or self.tree is None:
+            return ""
+        return " (wall-clock time: this machine's wait for a CPU cannot be read here, so a busy machine counts too)"
 
 
 @dataclass
@@ -713,7 +728,7 @@ def _spent_message(job: AdapterJob) -> str:
 def _timeout_message(job: AdapterJob, loaded: bool, stage: tuple[float, _StageBudget], clock: StepClock) -> str:
     if time.monotonic() >= stage[0] or stage[1].over(clock):
         return _spent_message(job)
-    return f"timed out after {job.timeout:g} s while {'running' if loaded else 'importing the adapters'}"
+    return f"timed out after {job.timeout:g} s while {'running' if loaded else 'importing the adapters'}{clock.wall_note()}"
 
 
 def _stage_budget(job: AdapterJob) -> float:
