@@ -1,8 +1,9 @@
 """What a cache-scaling verdict rests on, through the real CLI: the reference cache counted by a meter that misses
-processes (forced with THEINFERENCE_METER=proc, the instructor's switch) earns no credit in grading mode and passes
-as a self-check in plain `test`; a cache whose work runs in children nobody waits for fails as tampering there, and
-passes where a cgroup counts it (it is a cache: only where its CPU went was hidden). The rules themselves are
-tested on built inputs in test_scaling_proof.py."""
+processes (forced with THEINFERENCE_METER=proc, the instructor's switch, and the worker left unsealed with
+THEINFERENCE_SEAL=0) earns no credit in grading mode and passes as a self-check in plain `test`; sealed, the same
+count misses nothing and is a grade of record. A cache whose work runs in children nobody waits for fails as
+tampering on an unsealed tree, passes where a cgroup counts it (it is a cache: only where its CPU went was hidden),
+and cannot even start on a sealed one. The rules themselves are tested on built inputs in test_scaling_proof.py."""
 
 import json
 import os
@@ -64,6 +65,12 @@ def test_the_reference_cache_on_a_process_tree_is_unproven_in_grading_mode_and_a
     course = tmp_path / "cache"
     write_adapters(course, SOLUTION_CACHE)
     code, doc = _grade(cli, course, tiny_path, quick, "--untrusted")
+    case = doc["stages"][0]["cases"][0]  # sealed (the default): the tree's count misses no process
+    assert code == 0 and case["status"] == "pass" and case["scaling"]["guarantee"] == "record", case["message"]
+    assert case["scaling"]["accounting"] == "process tree (/proc), sealed: no process of it can be reaped unseen"
+
+    monkeypatch.setenv("THEINFERENCE_SEAL", "0")
+    code, doc = _grade(cli, course, tiny_path, quick, "--untrusted")
     stage = doc["stages"][0]
     case = stage["cases"][0]
     assert code == 1 and stage["status"] == "unproven" and stage["points"] == 0, case["message"]
@@ -87,6 +94,13 @@ def test_work_in_unwaited_children_is_tampering_on_a_process_tree_and_counted_by
 ):
     course = tmp_path / "unwaited"
     write_adapters(course, UNWAITED_CHILD)
+    monkeypatch.setenv("THEINFERENCE_METER", "proc")
+    code, doc = _grade(cli, course, tiny_path, quick)  # sealed: SIGCHLD cannot be ignored
+    case = doc["stages"][0]["cases"][0]
+    assert code == 1 and case["status"] == "error" and "Operation not permitted" in case["message"], case["message"]
+
+    monkeypatch.setenv("THEINFERENCE_SEAL", "0")
+    monkeypatch.delenv("THEINFERENCE_METER")
     code, doc = _grade(cli, course, tiny_path, quick)
     case = doc["stages"][0]["cases"][0]
     assert code == 0 and case["scaling"]["guarantee"] == "record", case["message"]  # a cgroup counts the children

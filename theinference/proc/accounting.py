@@ -150,8 +150,6 @@ class Cgroup:
     @classmethod
     def create(cls, limits: TreeLimits = TreeLimits()) -> "Cgroup | None":
         """Make the run's groups where this process may; None where CPU cannot be counted this way."""
-        if os.environ.get("THEINFERENCE_METER") in ("proc", "psutil"):  # the instructor's switch: a weaker meter
-            return None
         _remove_stale_groups_once()
         mounts, own = _mounts(), _own_paths()
         groups: dict[str, Path] = {}
@@ -278,7 +276,8 @@ class ProcTree:
     """CPU of a monitor's descendants from /proc (where no cgroup can be made and /proc shows processes)."""
 
     name = "process tree (/proc)"
-    # A child auto-reaped by the kernel (its parent ignores SIGCHLD) takes its CPU out of every count here.
+    # A child auto-reaped by the kernel (its parent ignores SIGCHLD) takes its CPU out of every count here, unless
+    # the tree is sealed (theinference.proc.seal: none can be), which the grader reads from outside (seal()).
     complete = False
 
     def __init__(self, monitor_pid: int):
@@ -325,6 +324,12 @@ class ProcTree:
         tree = self._tree()
         cpu = sum(_process_seconds(fields, pid, pid != self.monitor) for pid, fields in tree.items())
         return cpu, sum(_live_threads_ns(pid, 1) for pid in tree if pid != self.monitor) / 1e9
+
+    def seal(self) -> None:
+        """The tree is sealed (theinference.proc.seal.tree_sealed, read by the grader): every process of it that exits
+        is waited for by another of it, or by the monitor, so its CPU stays in the count: complete."""
+        self.complete = True
+        self.name = "process tree (/proc), sealed: no process of it can be reaped unseen"
 
     def held(self) -> int:
         """Bytes the monitor's descendants hold together now (held_bytes of each)."""

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from theinference.proc import accounting, protocol, strays, tempdirs
+from theinference.proc import accounting, protocol, seal, strays, tempdirs
 from theinference.proc.rundir import QuotaExceeded
 from theinference.proc.runner import (
     OVER_LIMIT,
@@ -110,8 +110,20 @@ class CallSession:
                 continue
             if message is not None and message["event"] == protocol.LOADED:
                 self.defined_at = _defined_at(message)
+                self._read_seal()
                 return
             self._fail(self._load_failure(message))
+
+    def _read_seal(self) -> None:
+        """A /proc count of a sealed tree misses nothing (theinference.proc.seal): read from outside, once the worker
+        has loaded (it seals itself before it imports the adapters), never from what it says."""
+        if isinstance(self.meter, accounting.ProcTree):
+            try:
+                if seal.tree_sealed(self.meter.descendants()):
+                    self.meter.seal()
+                    self.accounting = self.meter.name
+            except accounting.MonitorGone:
+                pass  # the next reading ends the session
 
     def _crashed(self) -> CallOutcome:
         """The outcome of a worker that ended without a word: the quota's, if its run directory is past it."""
