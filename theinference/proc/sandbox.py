@@ -122,15 +122,37 @@ _LEASE_DIRS = ("/run/theinference-uids", os.path.join(tempfile.gettempdir(), "th
 
 def _lease_dir() -> str:
     """The lease directory, made by root (0700) and checked to be root's own real directory, not a planted link."""
-    for path in _LEASE_DIRS:
+    found = _private_dir(_LEASE_DIRS)
+    if found is None:
+        raise NoUidFree("no private directory for uid leases (tried " + ", ".join(_LEASE_DIRS) + ")")
+    return found
+
+
+def _private_dir(paths: tuple[str, ...]) -> str | None:
+    """The first of paths that is (or is now made) a real directory of this user's that no other may write."""
+    me = _own_uid()
+    for path in paths:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
             info = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022:
+        if stat.S_ISDIR(info.st_mode) and (me is None or info.st_uid == me) and not info.st_mode & 0o022:
             return path
-    raise NoUidFree("no private directory for uid leases (tried " + ", ".join(_LEASE_DIRS) + ")")
+    return None
+
+
+def lock_dir() -> str:
+    """A directory for the locks every grader of this user on this machine shares (root's is the lease directory),
+    which no student process can write or replace; ConfigError if none can be made."""
+    if _is_root():
+        return _lease_dir()
+    me = _own_uid()
+    paths = (os.path.join(tempfile.gettempdir(), f"theinference-locks-{me if me is not None else 'user'}"),)
+    found = _private_dir(paths)
+    if found is None:
+        raise ConfigError(f"no private directory for the grader's locks (tried {paths[0]}): remove what is there")
+    return found
 
 
 def runs_processes(uid: int) -> bool:

@@ -24,9 +24,11 @@ from theinference.grading.judge.results import RunResult, StageResult
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.drive.threads import blas_threads_for_load
+from theinference.grading.drive.costlock import LOCK_NAME, CostLock
 from theinference.model.weights import Model
 from theinference.model.weights_choice import WeightsChoice
 from theinference.proc.launch import Launcher, default_launcher
+from theinference.proc.sandbox import lock_dir
 from theinference.grading.drive.plan import RunOptions, RunPlan, timeouts
 
 __all__ = ["Grader", "OracleProgress", "RunOptions"]
@@ -55,6 +57,12 @@ class Grader:
     plan: RunPlan = field(default_factory=lambda: RunPlan(course=None, trusted=True, stage_dirs=()))
     # The last run graded with fingerprint=False and its outputs, until fingerprint() reads them (or grade() runs).
     unmatched: Unmatched | None = field(default=None, repr=False)
+    # The cost stage runs while no other stage does (costlock.py): across the graders of this machine too when grading
+    # is untrusted (a student's own `test` shares its machine with nobody).
+    cost_lock: CostLock = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.cost_lock = CostLock(Path(lock_dir()) / LOCK_NAME if self.plan.untrusted else None)
 
     @property
     def untrusted(self) -> bool:
@@ -105,7 +113,8 @@ class Grader:
         self.unmatched = None  # an earlier run's arrays go before this one's come
         results, outputs = [], []
         for stage in self.with_seed(stages, options):
-            graded = grade_stage(stage, ctx)
+            with self._stage_lock(stage):
+                graded = grade_stage(stage, ctx)
             results.append(dataclasses.replace(graded.result, origin=self.plan.stage_origin(stage)))
             outputs.append(graded.outputs)
             if on_stage is not None:
@@ -116,6 +125,10 @@ class Grader:
         if options.diagnosis:  # kept for fingerprint(), beside the run
             self.unmatched = Unmatched(run, tuple(outputs))
         return run
+
+    def _stage_lock(self, stage: StageSpec):
+        """The lock a stage is graded under: exclusive for the one judged on cost, shared for every other."""
+        return self.cost_lock.exclusive() if isinstance(stage.check, ScalingCheck) else self.cost_lock.shared()
 
     def run_result(
         self,
