@@ -25,7 +25,7 @@ import as_nobody
 
 from conftest import my_children, scaled, write_adapters, write_quick_scaling_stage
 from test_runner import SOLUTION_IMPORTS
-from theinference.proc.sandbox import ALLOW_ROOT_ENV, NOBODY, reachable_by_others, submission_uids
+from theinference.proc.sandbox import ALLOW_ROOT_ENV, ALLOW_WEAK_ENV, NOBODY, reachable_by_others, submission_uids
 
 STAGE = "prove-one-layer"
 needs_linux = pytest.mark.skipif(sys.platform != "linux", reason="the subreaper monitor is Linux-only")
@@ -819,8 +819,8 @@ def weak(tmp_path_factory, tiny_dir):
     def command(*args, script: str | None = None, level: str = "subreaper", env: dict | None = None) -> list[str]:
         """The grader: as nobody with nothing on PATH (subreaper), only unshare (nobody-namespaces) or bubblewrap
         too (nobody-sandbox), or as root
-        with only unshare (namespaces) or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way;
-        and `env`."""
+        with only unshare (namespaces) or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way,
+        THEINFERENCE_ALLOW_WEAK_ISOLATION=1 (the subreaper level's consent), and `env`."""
         subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
         bin_dir = work / f"bin-{level}"
         if not bin_dir.exists():
@@ -829,6 +829,7 @@ def weak(tmp_path_factory, tiny_dir):
                 for name in ("unshare", "true", *(["bwrap"] if level == "nobody-sandbox" else [])):
                     os.symlink(shutil.which(name) or name, bin_dir / name)
         base = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
+        base[ALLOW_WEAK_ENV] = "1"  # these tests grade at the subreaper level for other ends (tests/test_isolation.py)
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
         return as_nobody.command(
             [*python, *map(str, args)],
