@@ -18,7 +18,7 @@ import pytest
 
 from conftest import write_adapters, write_quick_scaling_stage
 from test_integrity_levels import _kill, _left_behind, needs_linux, needs_nobody
-from test_integrity_levels import weak as weak_fixture  # noqa: F401 (pytest finds it by its own name, weak)
+from test_integrity_levels import weak  # noqa: F401 (a fixture)
 from test_runner import SOLUTION_IMPORTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -36,7 +36,7 @@ SOLVES = SOLUTION_IMPORTS + "def run_layer_equiv(seq_ids):\n    return _solve(se
 @pytest.mark.slow
 @needs_linux
 @needs_nobody
-def test_untrusted_grading_at_the_subreaper_level_is_refused_without_the_instructors_consent(weak):
+def test_untrusted_grading_at_the_subreaper_level_is_refused_without_the_instructors_consent(weak):  # noqa: F811 (the fixture)
     work, command = weak
     write_adapters(work / "c", SOLVES)
     args = ["test", "--course", work / "c", "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
@@ -70,7 +70,7 @@ def run_layer_equiv(seq_ids):
 @needs_linux
 @needs_nobody
 @pytest.mark.parametrize("level", ["subreaper", "nobody-namespaces"])
-def test_untrusted_grading_from_an_install_the_students_uid_can_write_is_refused(weak, level):
+def test_untrusted_grading_from_an_install_the_students_uid_can_write_is_refused(weak, level):  # noqa: F811 (the fixture)
     """The grader as nobody, from a copy of its package nobody owns (PYTHONPATH): the student runs as nobody too
     (its own uid at subreaper; mapped to root in a user namespace at nobody-namespaces) and could patch it."""
     work, command = weak
@@ -80,6 +80,8 @@ def test_untrusted_grading_from_an_install_the_students_uid_can_write_is_refused
 
     install = work / "install"
     shutil.copytree(Path(theinference.__file__).parent, install / "theinference")
+    for data in ("stages", "course"):  # found beside the package, as in a checkout (theinference.bundled)
+        (install / data).symlink_to(Path(theinference.__file__).parents[1] / data)
     scaling = install / "theinference" / "grading" / "judge" / "scaling.py"
     original = scaling.read_text()
     write_adapters(work / "c", PATCHER.replace("SCALING", repr(str(scaling))))
@@ -207,7 +209,7 @@ SIDE_BY_SIDE = (
 @pytest.mark.slow
 @needs_linux
 @needs_nobody
-def test_a_neighbour_in_the_batch_cannot_serve_a_no_cache_submissions_timed_calls(weak, proof_cache):
+def test_a_neighbour_in_the_batch_cannot_serve_a_no_cache_submissions_timed_calls(weak, proof_cache):  # noqa: F811 (the fixture)
     """`namespaces` as root (no bubblewrap): each submission runs as its own uid, in its own PID and network
     namespaces, but both see /tmp: the server listens on a unix socket there (and leaves a daemon doing the same),
     the client hands it every call. The cost stage runs while nothing else does: the client is never served."""
