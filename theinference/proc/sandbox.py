@@ -194,13 +194,24 @@ def lease_uid(taken: set[int]) -> tuple[int, int]:
     raise NoUidFree("every uid for student processes is in use by a grading on this machine; try again when one ends")
 
 
-# Where any user may write outside the sandbox: what a student's uid leaves there is removed after each run.
-SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+# Where any user may write outside the sandbox: what a student's uid leaves there is removed after each run (with the
+# grader's own $TMPDIR, shared_tmp), and in the world-writable directories within them (/tmp/.X11-unix, ...).
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+_SHARED_DEPTH = 3  # how deep world-writable directories within them are searched
 
 
-def _entries_of(uid: int, where: tuple[str, ...]):
-    """(entry, its lstat) for each top-level entry of the shared temp directories that uid owns."""
-    for directory in where:
+def shared_tmp() -> tuple[str, ...]:
+    """SHARED_TMP and the grader's temporary directory, each once (/var/lock is often a link to /run/lock)."""
+    found: dict[str, str] = {}
+    for path in (*SHARED_TMP, tempfile.gettempdir()):
+        found.setdefault(os.path.realpath(path), path)
+    return tuple(found)
+
+
+def _entries_of(uid: int, where: tuple[str, ...] | None, depth: int = _SHARED_DEPTH):
+    """(entry, its lstat) for each entry uid owns in the shared temp directories, or in a world-writable directory
+    of another's within them (never through a link)."""
+    for directory in shared_tmp() if where is None else where:
         try:
             entries = list(os.scandir(directory))
         except OSError:
@@ -212,9 +223,11 @@ def _entries_of(uid: int, where: tuple[str, ...]):
                 continue
             if info.st_uid == uid:
                 yield entry, info
+            elif depth > 1 and stat.S_ISDIR(info.st_mode) and info.st_mode & 0o002:
+                yield from _entries_of(uid, (entry.path,), depth - 1)
 
 
-def files_of(uid: int, where: tuple[str, ...] = SHARED_TMP) -> frozenset[tuple[int, int]]:
+def files_of(uid: int, where: tuple[str, ...] | None = None) -> frozenset[tuple[int, int]]:
     """(device, inode) of what uid owns in the shared temp directories now: taken when its lease begins, so that
     only what appeared during the lease is removed after (uid nobody may own files there of somebody else's)."""
     return frozenset((info.st_dev, info.st_ino) for _, info in _entries_of(uid, where))
@@ -226,7 +239,10 @@ def kill_processes_of(uid: int) -> None:
 
     kill(-1) from a process running as uid reaches every process of uid at once (the kernel signals them under one
     lock of its task list, so none forks away meanwhile); repeated until /proc shows none alive (one of uid that
-    was just being started). Zombies are left to their parents: they run nothing."""
+    was just being started). Zombies are left to their parents: they run nothing. Only a root grader kills, and
+    never root's own processes or its own uid's: kill(-1) as root would end every process on the machine."""
+    if not _is_root() or uid in (0, _own_uid()):
+        return
     kill = shutil.which("kill")
     for _ in range(50):
         live = _live_pids_of(uid)
@@ -259,7 +275,7 @@ def _live_pids_of(uid: int) -> list[int]:
     return found
 
 
-def remove_files_of(uid: int, before: frozenset[tuple[int, int]], where: tuple[str, ...] = SHARED_TMP) -> list[str]:
+def remove_files_of(uid: int, before: frozenset[tuple[int, int]], where: tuple[str, ...] | None = None) -> list[str]:
     """Remove what uid (a submission's leased uid) left in the shared temp directories: each entry there it owns that
     was not there when its lease began (before, from files_of) and is no running grader's (tempdirs.a_live_graders),
     whole; never through a link (lstat; rmtree follows none). What was removed.
