@@ -24,7 +24,7 @@ from test_runner import SOLUTION_IMPORTS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from scaling_subjects import _HEAD  # noqa: E402
 
-from theinference.proc.sandbox import ALLOW_WEAK_ENV  # noqa: E402
+from theinference.proc.sandbox import ALLOW_WEAK_ENV, strongest_isolation  # noqa: E402
 
 STAGE = "prove-one-layer"
 SOLVES = SOLUTION_IMPORTS + "def run_layer_equiv(seq_ids):\n    return _solve(seq_ids)\n"
@@ -105,27 +105,12 @@ def test_untrusted_grading_from_an_install_the_students_uid_can_write_is_refused
 
 # --- Two submissions of one batch: one serves the other's calls ---------------------------------------------------
 
-SERVER = (
-    _HEAD
-    + """\
-import json, signal, socket, threading
-from src.kvcache import generate_cached
+# Each channel gives the server `_serve_forever(handle)` (handle(prompt, n) -> tokens) and the client `_ask(prompt, n)`
+# (the tokens, or None when nobody answers within 10 s).
+SOCKET_CHANNEL = """\
+import json, signal, socket
 
 SOCK = SOCKET
-_served, _last = [0], [0.0]
-
-
-def _serve(server):
-    while True:
-        conn, _ = server.accept()
-        with conn, conn.makefile("rwb") as f:
-            asked = json.loads(f.readline())
-            params, n_head = _model()
-            tokens = generate_cached(params, asked["prompt"], asked["n"], n_head)
-            f.write((json.dumps([int(t) for t in tokens]) + "\\n").encode())
-            f.flush()
-        _served[0] += 1
-        _last[0] = time.monotonic()
 
 
 def _listen():
@@ -140,24 +125,130 @@ def _listen():
     return server
 
 
-threading.Thread(target=_serve, args=(_listen(),), daemon=True).start()
-if os.fork() == 0:  # a daemon of its own, out of the monitor's tree, serving as long as it lives
-    os.setsid()
-    if os.fork() == 0:
-        _serve(_listen())
-    os._exit(0)
-if os.getppid() > 1:  # its monitor, outside its PID namespace: refused to another uid
-    try:
-        os.kill(os.getppid(), signal.SIGKILL)
-    except OSError:
-        pass
+def _serve_forever(handle, server=None):
+    server = server or _listen()
+    if os.fork() == 0:  # a daemon of its own, out of the monitor's tree, serving as long as it lives
+        os.setsid()
+        if os.fork() == 0:
+            _serve_forever(handle, _listen())
+        os._exit(0)
+    if os.getppid() > 1:  # its monitor, outside its PID namespace: refused to another uid
+        try:
+            os.kill(os.getppid(), signal.SIGKILL)
+        except OSError:
+            pass
+    while True:
+        conn, _ = server.accept()
+        with conn, conn.makefile("rwb") as f:
+            asked = json.loads(f.readline())
+            f.write((json.dumps(handle(asked["prompt"], asked["n"])) + "\\n").encode())
+            f.flush()
+
+
+def _ask(prompt, n):
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(SOCK)
+        except OSError:
+            time.sleep(0.1)
+            continue
+        with conn, conn.makefile("rwb") as f:
+            f.write((json.dumps({"prompt": [int(t) for t in prompt], "n": int(n)}) + "\\n").encode())
+            f.flush()
+            return json.loads(f.readline())
+    return None
+"""
+# POSIX record locks on a file every sandbox binds in read-only (numpy's own): a read lock's offset is a message of
+# 62 bits (tag, sequence number, a 48-bit word), read by the other side with F_GETLK; each word is echoed back.
+FLOCK_CHANNEL = """\
+import fcntl, struct
+import numpy
+
+_FD = os.open(os.path.join(os.path.dirname(numpy.__file__), "version.py"), os.O_RDONLY)
+_FLOCK = "hhqqi4x"  # struct flock on 64-bit Linux: type, whence, start, len, pid
+REQUEST, RESPONSE = 2, 4  # tags; each side echoes a word with its tag + 1
+
+
+def _hold(value):
+    fcntl.fcntl(_FD, fcntl.F_SETLK, struct.pack(_FLOCK, fcntl.F_UNLCK, 0, 0, 0, 0))
+    if value:
+        fcntl.fcntl(_FD, fcntl.F_SETLK, struct.pack(_FLOCK, fcntl.F_RDLCK, 0, value, 1, 0))
+
+
+def _other():
+    probe = struct.pack(_FLOCK, fcntl.F_WRLCK, 0, 0, 0, 0)
+    kind, _, start, _, _ = struct.unpack(_FLOCK, fcntl.fcntl(_FD, fcntl.F_GETLK, probe))
+    return 0 if kind == fcntl.F_UNLCK else start
+
+
+def _send(words, tag, deadline=None):
+    for i, word in enumerate(words):
+        seq = i % 255 + 1
+        _hold((tag << 56) | (seq << 48) | word)
+        while True:
+            got = _other()
+            if (got >> 56 == tag + 1 and (got >> 48) & 0xFF == seq) or got >> 56 > tag + 1:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                _hold(0)
+                return False
+            time.sleep(0.0005)
+    return True
+
+
+def _receive(tag, count):
+    words, seq = [], 1
+    while len(words) < count(words):
+        got = _other()
+        if got >> 56 == tag and (got >> 48) & 0xFF == seq:
+            words.append(got & ((1 << 48) - 1))
+            _hold(((tag + 1) << 56) | (seq << 48))
+            seq = seq % 255 + 1
+        else:
+            time.sleep(0.0005)
+    return words
+
+
+def _serve_forever(handle):
+    while True:
+        asked = _receive(REQUEST, lambda words: 1 + (words[0] >> 16 if words else 0))
+        prompt, n = asked[1:], asked[0] & 0xFFFF
+        _send([int(t) for t in handle(prompt, n)], RESPONSE)
+        _hold(0)
+
+
+def _ask(prompt, n):
+    if not _send([len(prompt) << 16 | int(n), *map(int, prompt)], REQUEST, time.monotonic() + 10):
+        return None
+    return _receive(RESPONSE, lambda words: int(n))
+"""
+SERVER = (
+    _HEAD
+    + """\
+import threading
+from src.kvcache import generate_cached
+CHANNEL
+_served, _last = [0], [0.0]
+
+
+def _handle(prompt, n):
+    params, n_head = _model()
+    tokens = [int(t) for t in generate_cached(params, list(prompt), n, n_head)]
+    _served[0] += 1
+    _last[0] = time.monotonic()
+    return tokens
+
+
+threading.Thread(target=_serve_forever, args=(_handle,), daemon=True).start()
 _waited = []
 
 
 def run_greedy(prompt_ids, n_new):
     if not _waited:  # alive while the neighbour's calls come: until they stop, or nobody came
         _waited.append(time.monotonic())
-        while time.monotonic() - _waited[0] < WAIT and not (_served[0] and time.monotonic() - _last[0] > 5):
+        while time.monotonic() - _waited[0] < 8 and not (_served[0] and time.monotonic() - _last[0] > 5):
             time.sleep(0.1)
     params, n_head = _model()
     return generate_cached(params, prompt_ids, n_new, n_head)
@@ -166,36 +257,14 @@ def run_greedy(prompt_ids, n_new):
 CLIENT = (
     _HEAD
     + """\
-import json, socket
-
-SOCK = SOCKET
-_alone = []
-
-
-def _ask(prompt, n):
-    deadline = time.monotonic() + 10
-    while not _alone:
-        try:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect(SOCK)
-        except OSError:
-            if time.monotonic() > deadline:
-                _alone.append(1)
-            time.sleep(0.1)
-            continue
-        with conn, conn.makefile("rwb") as f:
-            f.write((json.dumps({"prompt": [int(t) for t in prompt], "n": int(n)}) + "\\n").encode())
-            f.flush()
-            return json.loads(f.readline())
-    return None
-
+CHANNEL
 
 def run_greedy(prompt_ids, n_new):
-    served = _ask(prompt_ids, n_new)
-    if served is not None:
-        print("served by the neighbour", flush=True)
-        return served
-    raise RuntimeError("no neighbour to serve the call")  # a submission with no cache of its own
+    served = _ask(list(prompt_ids), n_new)
+    if served is None:
+        raise RuntimeError("no neighbour to serve the call")  # a submission with no cache of its own
+    print("served by the neighbour", flush=True)
+    return served
 """
 )
 # The grader whose cost stage runs beside other stages: its exclusive hold is a shared one.
@@ -203,6 +272,28 @@ SIDE_BY_SIDE = (
     "import sys, theinference.grading.drive.costlock as c; c.CostLock.exclusive = c.CostLock.shared; "
     "sys.argv[0] = 'theinference'; from theinference.cli.app import main; main()"
 )
+
+
+def _pair(work: Path, channel: str, proof_cache: Path) -> list:
+    """The server and the client with their channel, the proof preset readable by their uids, and `grade`'s
+    arguments for both (the cost stage at short calls: who computed the client's tokens is the evidence here,
+    not its cost's verdict)."""
+    for name, source in (("a-server", SERVER), ("b-client", CLIENT)):
+        write_adapters(work / "subs" / name, source.replace("CHANNEL", channel))
+    shutil.copytree(proof_cache, work / "cache")
+    subprocess.run(["chmod", "-R", "a+rX", str(work / "cache")], check=True)  # read by the students' uids
+    stages = write_quick_scaling_stage(work / "stages", longest=16)
+    args = ["grade", work / "subs" / "a-server", work / "subs" / "b-client", "--stages-dir", stages]
+    return [*args, "--stage", "quick-scaling", "--format", "json", "--jobs", "2", "--out", work / "grades.json"]
+
+
+def _client(work: Path, level: str) -> tuple[float, str]:
+    """The client's points and what it printed, from the batch's results (both graded at level)."""
+    doc = json.loads((work / "grades.json").read_text())
+    assert all(s["results"] for s in doc["submissions"]), [s.get("error") for s in doc["submissions"]]
+    assert {s["results"]["isolation"]["level"] for s in doc["submissions"]} == {level}
+    client = next(s for s in doc["submissions"] if s["id"] == "b-client")
+    return client["points"], client["results"]["stages"][0]["cases"][0].get("stdout", "")
 
 
 @pytest.mark.slow
@@ -216,40 +307,42 @@ def test_a_neighbour_in_the_batch_cannot_serve_a_no_cache_submissions_timed_call
     if not shutil.which("unshare"):
         pytest.skip("no unshare here")
     marker = f"neighbour-{uuid.uuid4().hex[:12]}"
-    socket_path = repr(f"/tmp/{marker}.sock")
-    write_adapters(work / "subs" / "a-server", SERVER.replace("SOCKET", socket_path).replace("WAIT", "8"))
-    write_adapters(work / "subs" / "b-client", CLIENT.replace("SOCKET", socket_path))
-    shutil.copytree(proof_cache, work / "cache")
-    subprocess.run(["chmod", "-R", "a+rX", str(work / "cache")], check=True)  # read by the students' uids
-    # Short calls: the client's evidence (who computed its tokens) is what counts here, not its cost's verdict.
-    stages = write_quick_scaling_stage(work / "stages", longest=16)
-    out = work / "grades.json"
-    args = ["grade", work / "subs" / "a-server", work / "subs" / "b-client", "--weights"]
-    args += [work / "tiny" / "model.safetensors", "--stages-dir", stages, "--stage", "quick-scaling"]
-    args += ["--format", "json", "--jobs", "2", "--out", out]
-
-    def client() -> dict:
-        doc = json.loads(out.read_text())
-        assert all(s["results"] for s in doc["submissions"]), [s.get("error") for s in doc["submissions"]]
-        assert {s["results"]["isolation"]["level"] for s in doc["submissions"]} == {"namespaces"}
-        return next(s for s in doc["submissions"] if s["id"] == "b-client")
-
+    args = _pair(work, SOCKET_CHANNEL.replace("SOCKET", repr(f"/tmp/{marker}.sock")), proof_cache)
+    args += ["--weights", work / "tiny" / "model.safetensors"]
     try:
         done = subprocess.run(command(*args, level="namespaces"), capture_output=True, text=True, timeout=1200)
         assert done.returncode == 0, done.stderr
-        b = client()
-        stdout = b["results"]["stages"][0]["cases"][0].get("stdout", "")
-        assert b["points"] == 0 and "served by the neighbour" not in stdout, stdout
+        points, stdout = _client(work, "namespaces")
+        assert points == 0 and "served by the neighbour" not in stdout, stdout
         assert _left_behind(marker, work / "subs" / "a-server") == []  # its daemon died with its run
         # Side by side, the server answers the client's calls (the channel is real).
-        out.unlink()
         side = subprocess.run(command(*args, script=SIDE_BY_SIDE, level="namespaces"), capture_output=True,
                               text=True, timeout=1200)  # fmt: skip
         assert side.returncode == 0, side.stderr
-        assert "served by the neighbour" in client()["results"]["stages"][0]["cases"][0].get("stdout", "")
+        assert "served by the neighbour" in _client(work, "namespaces")[1]
     finally:
         _kill(_left_behind(marker, work / "subs" / "a-server"))
         Path(f"/tmp/{marker}.sock").unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+@needs_linux
+@pytest.mark.skipif(strongest_isolation(allow_root=True).level != "sandbox", reason="bubblewrap does not run here")
+def test_in_the_sandbox_a_neighbour_cannot_serve_a_no_cache_submission_through_file_locks(
+    cli, tmp_path, tiny_path, proof_cache, monkeypatch
+):
+    """Two sandboxes share no writable place, but both see numpy's files read-only, and a lock on one is seen by
+    the other: the server answers the client's calls through lock offsets. Never while the cost stage runs."""
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(tmp_path / "cache"))
+    args = [*_pair(tmp_path, FLOCK_CHANNEL, proof_cache), "--weights", tiny_path]
+    done = cli(*args)
+    assert done.exit_code == 0, done.output
+    points, stdout = _client(tmp_path, "sandbox")
+    assert points == 0 and "served by the neighbour" not in stdout, stdout
+    side = subprocess.run([sys.executable, "-c", SIDE_BY_SIDE, *map(str, args)], env=dict(os.environ),
+                          capture_output=True, text=True, timeout=1200)  # fmt: skip
+    assert side.returncode == 0, side.stderr
+    assert "served by the neighbour" in _client(tmp_path, "sandbox")[1]
 
 
 # --- The grader's outputs: a directory planted where they go -------------------------------------------------------
