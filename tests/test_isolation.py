@@ -402,3 +402,25 @@ def test_a_results_file_is_written_through_a_private_directory_beside_it(tmp_pat
     )
     assert (tmp_path / "out" / "grades.csv").read_text() == "id,status\n"
     assert os.listdir(tmp_path / "out") == ["grades.csv"]
+
+
+@pytest.mark.slow
+@needs_linux
+@needs_nobody
+def test_without_bubblewrap_a_directory_planted_at_the_output_path_is_a_clear_exit_2(weak):  # noqa: F811 (the fixture)
+    """`unprivileged`: the grader is root, the student a uid of its own, the output in a directory any user may
+    write (as /tmp)."""
+    work, command = weak
+    output = work / "shared" / "results.json"
+    output.parent.mkdir()
+    output.parent.chmod(0o1777)
+    write_adapters(work / "c", PLANTER.replace("OUTPUT", repr(str(output))))
+    args = ["test", "--course", work / "c", "--weights", work / "tiny" / "model.safetensors", "--stage", STAGE]
+    done = subprocess.run(command(*args, "--format", "json", "--output", output, level="unprivileged"),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    message = " ".join(done.stderr.split())
+    assert done.returncode == 2 and "Traceback" not in message, done.stderr
+    assert f"{output} is a directory, not a file" in message
+    kept = Path(message.split("is kept in ")[1].split()[0])
+    assert json.loads(kept.read_text())["isolation"]["level"] == "unprivileged"
+    assert kept.parent.stat().st_uid == 0 and kept.parent.stat().st_mode & 0o777 == 0o700  # out of nobody's reach
