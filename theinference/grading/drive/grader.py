@@ -113,7 +113,10 @@ class Grader:
         self.unmatched = None  # an earlier run's arrays go before this one's come
         results, outputs = [], []
         for stage in self.with_seed(stages, options):
+            waiting = time.monotonic()
             with self._stage_lock(stage):
+                if ctx.deadline is not None:  # the time spent waiting for other submissions is not this one's
+                    ctx.deadline += time.monotonic() - waiting
                 graded = grade_stage(stage, ctx)
             results.append(dataclasses.replace(graded.result, origin=self.plan.stage_origin(stage)))
             outputs.append(graded.outputs)
