@@ -26,7 +26,7 @@ from conftest import write_adapters, write_quick_scaling_stage
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from scaling_subjects import FORGERY, FORK_OFFLOAD, PADDING, SOLUTION_CACHE, TRICKS  # noqa: E402
 
-from theinference.proc.sandbox import NOBODY, strongest_isolation  # noqa: E402
+from theinference.proc.sandbox import ALLOW_WEAK_ENV, NOBODY, strongest_isolation  # noqa: E402
 
 EVIDENCE = {
     "clock": "clock patched: process_time() = 0.0",
@@ -178,6 +178,7 @@ def _weakest_level_command(venv_bin: Path, args: list[str], cache: Path) -> list
         "HOME": str(cache),
         "NO_COLOR": "1",
         "COLUMNS": "120",
+        ALLOW_WEAK_ENV: "1",  # the subreaper level, by the instructor's consent
     }
     return as_nobody.command([str(venv_bin / "theinference"), *args], env)
 

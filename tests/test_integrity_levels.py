@@ -23,9 +23,9 @@ import pytest
 
 import as_nobody
 
-from conftest import my_children, scaled, write_adapters
+from conftest import my_children, scaled, write_adapters, write_quick_scaling_stage
 from test_runner import SOLUTION_IMPORTS
-from theinference.proc.sandbox import ALLOW_ROOT_ENV, NOBODY, reachable_by_others, submission_uids
+from theinference.proc.sandbox import ALLOW_ROOT_ENV, ALLOW_WEAK_ENV, NOBODY, reachable_by_others, submission_uids
 
 STAGE = "prove-one-layer"
 needs_linux = pytest.mark.skipif(sys.platform != "linux", reason="the subreaper monitor is Linux-only")
@@ -453,7 +453,7 @@ def run_layer_equiv(seq_ids):
 ZERO_WORK = "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.zeros((len(seq_ids), 128))\n"
 
 
-def test_a_poisoned_preset_is_refused_in_grading_and_remade_in_plain_test(cli, tmp_path, solution_course):
+def test_a_poisoned_preset_is_remade_before_any_grading_uses_it(cli, tmp_path, solution_course):
     from theinference.model.synth import made_digest
     from theinference.model.weights_choice import synthetic_path
 
@@ -463,10 +463,15 @@ def test_a_poisoned_preset_is_refused_in_grading_and_remade_in_plain_test(cli, t
     cli("test", "--course", tmp_path / "hostile", *common)  # plain test of a hostile course: it runs as the user
     made = synthetic_path("tiny")
     assert not np_any(made), "the hostile course did not zero the cached checkpoint"
-    refused = cli("test", "--untrusted", "--course", tmp_path / "lazy", *common)
-    assert refused.exit_code == 2 and str(made) in " ".join(refused.stderr.split())
-    assert "the file was changed" in refused.stderr
-    # Plain test remakes it (the digest is known), and the honest solution passes again.
+    # Untrusted grading checks it, makes it again (never exit 2), says so in the report, and grades on true weights.
+    remade = cli("test", "--untrusted", "--course", tmp_path / "lazy", *common)
+    assert remade.exit_code == 1, remade.output
+    doc = json.loads(remade.stdout)
+    assert doc["points"] == 0
+    assert any(str(made) in n and "was altered since it was made" in n for n in doc["notices"]), doc["notices"]
+    assert hashlib.sha256(made.read_bytes()).hexdigest() == made_digest("tiny", 0)
+    # Plain test does the same, and the honest solution passes again.
+    cli("test", "--course", tmp_path / "hostile", *common)
     assert cli("test", "--course", solution_course, *common).exit_code == 0
     assert hashlib.sha256(made.read_bytes()).hexdigest() == made_digest("tiny", 0)
     # Without the check, the poisoned checkpoint gives the zero-work submission every point.
@@ -490,10 +495,10 @@ def test_a_poisoned_preset_is_refused_in_grading_and_remade_in_plain_test(cli, t
     assert unverified.returncode == 0 and json.loads(unverified.stdout)["status"] == "pass"
 
 
-def test_a_poisoned_proof_preset_is_refused_in_untrusted_grading(
-    cli, tmp_path, solution_course, proof_cache, tiny_path
-):
-    """cache-scaling's own weights, made in the same cache a student's plain `test` could write, are checked too."""
+def test_a_poisoned_proof_preset_is_remade_in_untrusted_grading(cli, tmp_path, solution_course, proof_cache, tiny_path):
+    """cache-scaling's own weights, made in the same cache a student's plain `test` could write, are checked too:
+    one altered is made again (a notice in the stage's weights note), never exit 2 for every later grading."""
+    from theinference.model.synth import made_digest
     from theinference.model.weights_choice import synthetic_path
 
     made = synthetic_path("proof")
@@ -501,10 +506,13 @@ def test_a_poisoned_proof_preset_is_refused_in_untrusted_grading(
     with open(made, "r+b") as f:  # one weight changed: the last tensor's last bytes (zeros as made)
         f.seek(-4, os.SEEK_END)
         f.write(b"\x01\x02\x03\x04")
-    args = ("--course", solution_course, "--weights", tiny_path, "--stage", "cache-scaling", "--format", "json")
-    refused = cli("test", "--untrusted", *args)
-    assert refused.exit_code == 2, refused.output
-    assert str(made) in " ".join(refused.stderr.split()) and "the file was changed" in refused.stderr
+    stages = write_quick_scaling_stage(tmp_path / "stages", longest=32)  # its plumbing only, not its cost
+    args = ("--course", solution_course, "--weights", tiny_path, "--stages-dir", stages, "--stage", "quick-scaling")
+    graded = cli("test", "--untrusted", *args, "--format", "json")
+    assert graded.exit_code in (0, 1), graded.output
+    note = json.loads(graded.stdout)["stages"][0]["cases"][0]["scaling"]["weights_note"]
+    assert str(made) in note and "was altered since it was made" in note, note
+    assert hashlib.sha256(made.read_bytes()).hexdigest() == made_digest("proof", 0)
 
 
 def np_any(path: Path) -> bool:
@@ -811,8 +819,8 @@ def weak(tmp_path_factory, tiny_dir):
     def command(*args, script: str | None = None, level: str = "subreaper", env: dict | None = None) -> list[str]:
         """The grader: as nobody with nothing on PATH (subreaper), only unshare (nobody-namespaces) or bubblewrap
         too (nobody-sandbox), or as root
-        with only unshare (namespaces) or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way;
-        and `env`."""
+        with only unshare (namespaces) or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way,
+        THEINFERENCE_ALLOW_WEAK_ISOLATION=1 (the subreaper level's consent), and `env`."""
         subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
         bin_dir = work / f"bin-{level}"
         if not bin_dir.exists():
@@ -821,6 +829,7 @@ def weak(tmp_path_factory, tiny_dir):
                 for name in ("unshare", "true", *(["bwrap"] if level == "nobody-sandbox" else [])):
                     os.symlink(shutil.which(name) or name, bin_dir / name)
         base = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
+        base[ALLOW_WEAK_ENV] = "1"  # these tests grade at the subreaper level for other ends (tests/test_isolation.py)
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
         return as_nobody.command(
             [*python, *map(str, args)],

@@ -39,6 +39,7 @@ from theinference.grading.drive.watch import Watch
 from theinference.proc.runner import DEFAULT_MEMORY_MB
 from theinference.report import TEXT_FORMATS
 from theinference.report.github import render_summary
+from theinference.files import check_target
 from theinference.report.terminal import render_run
 
 
@@ -146,6 +147,8 @@ def test_command(
 
     Exit codes: 0 every selected stage passed; 1 some stage failed (including errors, timeouts, crashes and stages not started); 2 usage or configuration error (unknown stage, no adapters file, unreadable weights, invalid stage file); 3 internal error: a bug in the grader, please report it.
     """
+    if output:  # refused now, not once graded: a planted directory there would lose the results
+        check_target(output)
     # Results that count as grades come from the instructor's inputs only (see the README's threat model).
     plan = plan_run(
         course,

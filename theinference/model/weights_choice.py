@@ -1,13 +1,14 @@
 """Which weights to grade against, and why: --weights > env > theinference.toml > HF cache > synthetic."""
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from theinference import WEIGHTS_ENV
 from theinference.model.synth import PRESETS, SYNTH_VERSION, preset_problem, write_synthetic
-from theinference.model.weights import Model, WeightsError, load_model
+from theinference.model.weights import Model, load_model
 
 HF_REPOS = ("models--openai-community--gpt2", "models--gpt2")
 DEFAULT_SYNTH = ("gpt2", 0)  # preset, seed of the checkpoint made on first use
@@ -113,29 +114,48 @@ def obtain_weights(
 ) -> tuple[WeightsChoice, Model, bool]:
     """Resolve, make if it is a missing or altered preset, and load: (choice, model, whether it was made).
 
-    untrusted: a synthetic preset whose file was altered is an error (WeightsError naming it), not remade.
-    """
+    A preset found altered is made again, and the model's notices say so (untrusted is kept for the callers'
+    sake: an altered preset is never used, trusted or not)."""
     choice = resolve_weights(cli_path, course_weights, os.environ, course_setting)
-    made = ensure_weights(choice, progress, untrusted)
-    return choice, load_model(choice.path), made
+    notices: list[str] = []
+    made = ensure_weights(choice, progress, untrusted, notices)
+    model = load_model(choice.path)
+    model.notices[:0] = notices
+    return choice, model, made
 
 
-def ensure_weights(choice: WeightsChoice, progress: Callable[..., None] | None = None, untrusted: bool = False) -> bool:
-    """Make a synthetic preset if it is the choice and missing, or (trusted runs) altered; True if it was made.
+def ensure_weights(
+    choice: WeightsChoice,
+    progress: Callable[..., None] | None = None,
+    untrusted: bool = False,
+    notices: list[str] | None = None,
+) -> bool:
+    """Make a synthetic preset if it is the choice and missing or altered; True if it was made. Why an altered one
+    was made again goes into notices.
 
-    A preset is made in a cache any process of this user may write, a student's included: it is
-    used only once its bytes are the ones the preset makes (preset_problem), never as found.
-    """
+    A preset is made in a cache any process of this user may write, a student's included (at the levels without a
+    sandbox, or in an earlier plain `test`): it is used only once its bytes are the ones the preset makes
+    (preset_problem), never as found. One found altered is made again, trusted or not: grading goes on, on the
+    preset's true bytes, and says so."""
     if not choice.preset:
         return False
     if choice.path.is_file() or choice.path.is_symlink():
         problem = preset_problem(choice.path, choice.preset, DEFAULT_SYNTH[1])
         if problem is None:
             return False
-        if untrusted:
-            raise WeightsError(
-                f"{choice.path}: {problem}; untrusted grading does not use it. Remove it (any plain "
-                f"`theinference test --weights {choice.preset}` makes it again), or pass weights by path"
+        if notices is not None:
+            notices.append(
+                f"the {choice.preset} preset at {choice.path} was altered since it was made ({problem}): made it "
+                "again, and graded on what it makes"
+                + (" (untrusted grading never uses it as found)" if untrusted else "")
             )
+    _clear(choice.path)
     write_synthetic(choice.path.parent, preset=choice.preset, seed=DEFAULT_SYNTH[1], progress=progress)
     return True
+
+
+def _clear(path: Path) -> None:
+    """A directory planted where the preset's file goes is removed (in the user's own cache): a file replaces a link
+    or another file, never a directory."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)

@@ -12,17 +12,24 @@ Levels, strongest first (the report header names the one in use):
   network; the filesystem, the grader's package included, stays readable.
 - `unprivileged`: no namespaces, but the grader runs as root: student processes run as nobody.
 - `subreaper`: student processes run with the grader's rights; their monitor kills every
-  descendant, whatever session it moved to, before results are accepted (Linux).
+  descendant, whatever session it moved to, before results are accepted (Linux). A process that kills
+  its monitor and the grader outlives the grading, and may change the grader's files.
 - `process-group`: elsewhere (macOS): only the student's process group is killed.
+
+The last two cannot promise that nothing of a submission survives its grading: untrusted grading refuses
+them (WeakIsolationRefused, exit 2) unless the instructor sets THEINFERENCE_ALLOW_WEAK_ISOLATION=1 (or
+consents to root), which every report then names. At every level but `sandbox` the student's uid could
+write the grader's installed code: untrusted grading refuses an install that uid can write
+(WritableInstall).
 
 Run as root, the `sandbox` and `namespaces` levels also run the student as nobody (or, while another
 grading on this machine holds nobody, an unused uid below it: `lease_uid`). Untrusted grading
 never runs student code as root: where no level can drop to nobody, it refuses (RootRefused, exit 2)
-unless the instructor sets THEINFERENCE_ALLOW_ROOT=1, which every report then names. Untrusted modes (`grade`, CI) use the
+unless the instructor sets THEINFERENCE_ALLOW_ROOT=1, which every report then names. After each submission every
+process of its leased uid is killed (kill_processes_of). Untrusted modes (`grade`, CI) use the
 strongest level available; `test` on a student's own machine keeps the fast zygote launcher.
 """
 
-import fcntl
 import functools
 import os
 import shutil
@@ -42,6 +49,9 @@ from theinference.proc.rundir import TMPFS_SLACK, RunDir
 NOBODY = 65534  # the uid and gid of `nobody` on Debian, Ubuntu, Fedora, Alpine
 # The instructor's explicit consent to untrusted grading as root where nothing can drop to nobody.
 ALLOW_ROOT_ENV = "THEINFERENCE_ALLOW_ROOT"
+# The instructor's explicit consent to untrusted grading where student code runs as the grader's own user, in no
+# namespace of its own (the subreaper and process-group levels).
+ALLOW_WEAK_ENV = "THEINFERENCE_ALLOW_WEAK_ISOLATION"
 _PACKAGE = Path(__file__).resolve().parents[1]
 # The stub package the student sees: weights_path() and the student-side runner; they import only the standard library and each other at module level
 # (tests/test_architecture.py checks it), so nothing else need be copied.
@@ -57,6 +67,14 @@ class NoUidFree(ConfigError):
 
 class RootRefused(ConfigError):
     """Untrusted grading would run student code as root: refused unless the instructor insists (exit 2)."""
+
+
+class WeakIsolationRefused(ConfigError):
+    """Untrusted grading at a level whose student processes may outlive it: refused unless the instructor insists."""
+
+
+class WritableInstall(ConfigError):
+    """Untrusted grading from an install the student's uid could change: refused (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -104,15 +122,37 @@ _LEASE_DIRS = ("/run/theinference-uids", os.path.join(tempfile.gettempdir(), "th
 
 def _lease_dir() -> str:
     """The lease directory, made by root (0700) and checked to be root's own real directory, not a planted link."""
-    for path in _LEASE_DIRS:
+    found = _private_dir(_LEASE_DIRS)
+    if found is None:
+        raise NoUidFree("no private directory for uid leases (tried " + ", ".join(_LEASE_DIRS) + ")")
+    return found
+
+
+def _private_dir(paths: tuple[str, ...]) -> str | None:
+    """The first of paths that is (or is now made) a real directory of this user's that no other may write."""
+    me = _own_uid()
+    for path in paths:
         try:
             os.makedirs(path, mode=0o700, exist_ok=True)
             info = os.lstat(path)
         except OSError:
             continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and not info.st_mode & 0o022:
+        if stat.S_ISDIR(info.st_mode) and (me is None or info.st_uid == me) and not info.st_mode & 0o022:
             return path
-    raise NoUidFree("no private directory for uid leases (tried " + ", ".join(_LEASE_DIRS) + ")")
+    return None
+
+
+def lock_dir() -> str:
+    """A directory for the locks every grader of this user on this machine shares (root's is the lease directory),
+    which no student process can write or replace; ConfigError if none can be made."""
+    if _is_root():
+        return _lease_dir()
+    me = _own_uid()
+    paths = (os.path.join(tempfile.gettempdir(), f"theinference-locks-{me if me is not None else 'user'}"),)
+    found = _private_dir(paths)
+    if found is None:
+        raise ConfigError(f"no private directory for the grader's locks (tried {paths[0]}): remove what is there")
+    return found
 
 
 def runs_processes(uid: int) -> bool:
@@ -141,6 +181,8 @@ def lease_uid(taken: set[int]) -> tuple[int, int]:
             continue
         fd = os.open(os.path.join(directory, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
+            import fcntl  # Unix only; only root leases uids
+
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
@@ -152,13 +194,24 @@ def lease_uid(taken: set[int]) -> tuple[int, int]:
     raise NoUidFree("every uid for student processes is in use by a grading on this machine; try again when one ends")
 
 
-# Where any user may write outside the sandbox: what a student's uid leaves there is removed after each run.
-SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+# Where any user may write outside the sandbox: what a student's uid leaves there is removed after each run (with the
+# grader's own $TMPDIR, shared_tmp), and in the world-writable directories within them (/tmp/.X11-unix, ...).
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+_SHARED_DEPTH = 3  # how deep world-writable directories within them are searched
 
 
-def _entries_of(uid: int, where: tuple[str, ...]):
-    """(entry, its lstat) for each top-level entry of the shared temp directories that uid owns."""
-    for directory in where:
+def shared_tmp() -> tuple[str, ...]:
+    """SHARED_TMP and the grader's temporary directory, each once (/var/lock is often a link to /run/lock)."""
+    found: dict[str, str] = {}
+    for path in (*SHARED_TMP, tempfile.gettempdir()):
+        found.setdefault(os.path.realpath(path), path)
+    return tuple(found)
+
+
+def _entries_of(uid: int, where: tuple[str, ...] | None, depth: int = _SHARED_DEPTH):
+    """(entry, its lstat) for each entry uid owns in the shared temp directories, or in a world-writable directory
+    of another's within them (never through a link)."""
+    for directory in shared_tmp() if where is None else where:
         try:
             entries = list(os.scandir(directory))
         except OSError:
@@ -170,18 +223,66 @@ def _entries_of(uid: int, where: tuple[str, ...]):
                 continue
             if info.st_uid == uid:
                 yield entry, info
+            elif depth > 1 and stat.S_ISDIR(info.st_mode) and info.st_mode & 0o002:
+                yield from _entries_of(uid, (entry.path,), depth - 1)
 
 
-def files_of(uid: int, where: tuple[str, ...] = SHARED_TMP) -> frozenset[tuple[int, int]]:
+def files_of(uid: int, where: tuple[str, ...] | None = None) -> frozenset[tuple[int, int]]:
     """(device, inode) of what uid owns in the shared temp directories now: taken when its lease begins, so that
     only what appeared during the lease is removed after (uid nobody may own files there of somebody else's)."""
     return frozenset((info.st_dev, info.st_ino) for _, info in _entries_of(uid, where))
 
 
-def remove_files_of(uid: int, before: frozenset[tuple[int, int]], where: tuple[str, ...] = SHARED_TMP) -> list[str]:
-    """Remove what uid (a submission's leased uid, all its processes dead) left in the shared temp directories: each
-    entry there it owns that was not there when its lease began (before, from files_of) and is no running grader's
-    (tempdirs.a_live_graders), whole; never through a link (lstat; rmtree follows none). What was removed."""
+def kill_processes_of(uid: int) -> None:
+    """SIGKILL every process that runs as uid (a submission's leased uid, after its run): a daemon it started that
+    left its monitor's tree (setsid, double fork, its monitor killed) would serve the next submission.
+
+    kill(-1) from a process running as uid reaches every process of uid at once (the kernel signals them under one
+    lock of its task list, so none forks away meanwhile); repeated until /proc shows none alive (one of uid that
+    was just being started). Zombies are left to their parents: they run nothing. Only a root grader kills, and
+    never root's own processes or its own uid's: kill(-1) as root would end every process on the machine."""
+    if not _is_root() or uid in (0, _own_uid()):
+        return
+    kill = shutil.which("kill")
+    for _ in range(50):
+        live = _live_pids_of(uid)
+        if not live:
+            return
+        try:  # user=: the grader's subprocess drops to uid after its fork, before the exec
+            if not kill:
+                raise OSError("no kill executable")
+            subprocess.run([kill, "-KILL", "-1"], user=uid, group=uid, extra_groups=[], capture_output=True)
+        except (OSError, subprocess.SubprocessError):  # one at a time, then: what forks meanwhile is found next round
+            for pid in live:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    continue
+        time.sleep(0.02)
+
+
+def _live_pids_of(uid: int) -> list[int]:
+    """The processes of uid that are not zombies, from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            if entry.name.isdigit() and entry.stat(follow_symlinks=False).st_uid == uid:
+                with open(os.path.join(entry.path, "stat"), "rb") as f:
+                    if f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X"):
+                        found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def remove_files_of(uid: int, before: frozenset[tuple[int, int]], where: tuple[str, ...] | None = None) -> list[str]:
+    """Remove what uid (a submission's leased uid) left in the shared temp directories: each entry there it owns that
+    was not there when its lease began (before, from files_of) and is no running grader's (tempdirs.a_live_graders),
+    whole; never through a link (lstat; rmtree follows none). What was removed.
+
+    Every process of uid is killed first: one still running (a daemon that left its monitor's tree) would make its
+    files, or a socket the next submission could reach, again."""
+    kill_processes_of(uid)
     removed = []
     for entry, info in _entries_of(uid, where):
         if (info.st_dev, info.st_ino) in before or tempdirs.a_live_graders(entry.path):
@@ -297,7 +398,23 @@ def strongest_isolation(allow_root: bool = False) -> Isolation:
     """The strongest isolation available on this machine (for untrusted submissions).
 
     Never student code as root: RootRefused where only that is left, unless allow_root (--allow-root) or
-    THEINFERENCE_ALLOW_ROOT=1 says otherwise."""
+    THEINFERENCE_ALLOW_ROOT=1 says otherwise. Never a level whose student processes may outlive the grading
+    (WeakIsolationRefused) unless THEINFERENCE_ALLOW_WEAK_ISOLATION=1 (or the consent to root) says otherwise.
+    Never from an install the student's uid could write (WritableInstall)."""
+    isolation = _strongest(allow_root)
+    if isolation.bwrap is None:  # the sandbox binds the install in read-only
+        student = isolation.run_as if isolation.run_as is not None else _own_uid()
+        # Root (by the instructor's consent) can change anything anyway, as its report says.
+        if student not in (None, 0) and (found := writable_install(student)):
+            raise WritableInstall(_writable_message(found, isolation))
+    return isolation
+
+
+def _own_uid() -> int | None:
+    return os.getuid() if hasattr(os, "getuid") else None
+
+
+def _strongest(allow_root: bool) -> Isolation:
     bwrap = _working_bwrap()
     if bwrap:
         as_nobody = f" as user nobody ({NOBODY})" if _is_root() else ""
@@ -310,8 +427,9 @@ def strongest_isolation(allow_root: bool = False) -> Isolation:
         )
     basic, unshare = basic_isolation(), _working_unshare()
     run_as = NOBODY if _is_root() and reachable_by_others(Path(sys.executable)) else None
+    allow_root = allow_root or os.environ.get(ALLOW_ROOT_ENV) == "1"
     if _is_root() and run_as is None:
-        if not allow_root and os.environ.get(ALLOW_ROOT_ENV) != "1":
+        if not allow_root:
             raise RootRefused(
                 f"refusing to run student code as root: bubblewrap is unavailable and this Python "
                 f"({Path(sys.executable).resolve()}) is not readable by user nobody, whom student code would run as. "
@@ -338,11 +456,90 @@ def strongest_isolation(allow_root: bool = False) -> Isolation:
     if run_as:
         return Isolation(
             "unprivileged",
-            f"no sandbox (bubblewrap unavailable): student code runs{who}; every process it starts is killed",
+            f"no sandbox (bubblewrap unavailable): student code runs{who}; every process of that user is killed "
+            "after each submission",
             run_as=run_as,
         )
+    if not allow_root and os.environ.get(ALLOW_WEAK_ENV) != "1":
+        raise WeakIsolationRefused(
+            f"refusing untrusted grading at the {basic.level} level: neither bubblewrap nor unshare works here, so "
+            "student code would run as your own user in no namespace of its own. A process it starts that kills its "
+            "monitor and the grader outlives the grading: it can serve the next submission's calls, change the "
+            "grader's files and overwrite results. Install bubblewrap (apt-get install bubblewrap), or grade as root "
+            f"so that student code runs as user nobody. {ALLOW_WEAK_ENV}=1 grades here anyway, and every report "
+            "says so."
+        )
     root = "; AS ROOT (allowed by --allow-root), since Python is not readable by nobody" if _is_root() else ""
-    return Isolation(basic.level, f"{basic.summary} (bubblewrap unavailable{root})")
+    consent = "allowed by --allow-root" if allow_root else f"allowed by {ALLOW_WEAK_ENV}=1"
+    return Isolation(
+        basic.level,
+        f"{basic.summary} (bubblewrap unavailable{root}); {consent}: a process it starts that kills the grader "
+        "can outlive the grading and change the grader's files",
+    )
+
+
+def _writable_by(uid: int, info: os.stat_result) -> bool:
+    """Whether uid may write the file or directory info describes (its mode bits: owner, its own group, others)."""
+    if info.st_uid == uid:
+        return bool(info.st_mode & 0o200)
+    groups = {uid} if uid != _own_uid() or not hasattr(os, "getgroups") else {os.getgid(), *os.getgroups()}
+    if info.st_gid in groups:  # nobody's group is nogroup, numbered as nobody on the systems NOBODY names
+        return bool(info.st_mode & 0o020)
+    return bool(info.st_mode & 0o002)
+
+
+def _replaceable_by(uid: int, path: Path) -> bool:
+    """Whether uid could change path (a file or directory) or put another in its place: it may write path, or a
+    directory on the way to it, where the sticky bit does not keep it from renaming another user's entry."""
+    try:
+        chain = [os.lstat(path), *(os.lstat(p) for p in path.parents)]
+    except OSError:
+        return False
+    if _writable_by(uid, chain[0]):
+        return True
+    for child, parent in zip(chain, chain[1:]):
+        if _writable_by(uid, parent) and not (parent.st_mode & stat.S_ISVTX and child.st_uid != uid):
+            return True
+    return False
+
+
+def _install_paths() -> list[Path]:
+    """What the grader runs as code: its package (every file of it), the standard library, each site-packages and
+    the entries directly in it (a package directory uid could write, or a .pth file it could add)."""
+    import sysconfig
+
+    paths = [_PACKAGE, *(Path(root) / name for root, dirs, files in os.walk(_PACKAGE) for name in dirs + files)]
+    paths.append(Path(sysconfig.get_paths()["stdlib"]))
+    for site in {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and os.path.isdir(p)}:
+        paths.append(Path(site))
+        try:
+            paths += [Path(entry.path) for entry in os.scandir(site)]
+        except OSError:
+            continue
+    return paths
+
+
+def writable_install(uid: int) -> list[Path]:
+    """The parts of the grader's install (its package, the standard library, its site-packages) that uid could change
+    (at most a few); [] if none. Student code as uid would change the grader itself for every later grading."""
+    found: list[Path] = []
+    for path in _install_paths():
+        if _replaceable_by(uid, path):
+            found.append(path)
+            if len(found) == 3:
+                break
+    return found
+
+
+def _writable_message(found: list[Path], isolation: Isolation) -> str:
+    who = f"user nobody ({isolation.run_as})" if isolation.run_as is not None else "your own user"
+    return (
+        f"refusing untrusted grading at the {isolation.level} level: student code runs as {who}, which can change the "
+        f"grader's own installed code ({', '.join(map(str, found))}), and with it every later grading. Install "
+        "theinference where that user cannot write (a virtualenv or system install owned by another user, e.g. "
+        "root, with no directory on its way writable by it), or install bubblewrap (apt-get install bubblewrap): "
+        "its sandbox shows the install read-only."
+    )
 
 
 def _python_dirs() -> list[str]:

@@ -24,9 +24,11 @@ from theinference.grading.judge.results import CaseResult, RunResult, StageResul
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.drive.threads import blas_threads_for_load
+from theinference.grading.drive.costlock import LOCK_NAME, CostLock
 from theinference.model.weights import Model
 from theinference.model.weights_choice import WeightsChoice
 from theinference.proc.launch import Launcher, default_launcher
+from theinference.proc.sandbox import lock_dir
 from theinference.grading.drive.plan import RunOptions, RunPlan, timeouts
 
 __all__ = ["Grader", "OracleProgress", "RunOptions"]
@@ -55,6 +57,12 @@ class Grader:
     plan: RunPlan = field(default_factory=lambda: RunPlan(course=None, trusted=True, stage_dirs=()))
     # The last run graded with fingerprint=False and its outputs, until fingerprint() reads them (or grade() runs).
     unmatched: Unmatched | None = field(default=None, repr=False)
+    # The cost stage runs while no other stage does (costlock.py): across the graders of this machine too when grading
+    # is untrusted (a student's own `test` shares its machine with nobody).
+    cost_lock: CostLock = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.cost_lock = CostLock(Path(lock_dir()) / LOCK_NAME if self.plan.untrusted else None)
 
     @property
     def untrusted(self) -> bool:
@@ -107,19 +115,31 @@ class Grader:
         self.unmatched = None  # an earlier run's arrays go before this one's come
         results, outputs = [], []
         for stage in self.with_seed(stages, options):
-            graded = grade_stage(stage, ctx) if not _past(deadline) else Graded(not_reached(stage, course, budget))
+            waiting = time.monotonic()
+            with self._stage_lock(stage):
+                # The time spent waiting for other submissions' cost stage is not this one's budget (but finish_by,
+                # the autograder's own end, does not move).
+                ctx.deadline = _moved(ctx.deadline, time.monotonic() - waiting, options)
+                if _past(ctx.deadline):
+                    graded = Graded(not_reached(stage, course, budget))
+                else:
+                    graded = grade_stage(stage, ctx)
             results.append(dataclasses.replace(graded.result, origin=self.plan.stage_origin(stage)))
             outputs.append(graded.outputs)
             if on_stage is not None:
                 on_stage(results[-1])
         run = self.run_result(course, results, options, notices)
         if deferred:  # its own outputs, never through self.unmatched: a batch grades submissions in threads
-            return self._match(stages, run, outputs, options, until=deadline)
+            return self._match(stages, run, outputs, options, until=ctx.deadline)
         if options.fingerprint:
             return dataclasses.replace(run, stages=self._run_evidence(stages, run, run.stages))
         if options.diagnosis:  # kept for fingerprint(), beside the run
             self.unmatched = Unmatched(run, tuple(outputs))
         return run
+
+    def _stage_lock(self, stage: StageSpec):
+        """The lock a stage is graded under: exclusive for the one judged on cost, shared for every other."""
+        return self.cost_lock.exclusive() if isinstance(stage.check, ScalingCheck) else self.cost_lock.shared()
 
     def run_result(
         self,
@@ -252,6 +272,16 @@ class Grader:
         if timeouts(course, options).chosen_by_course:
             lines.append(f"timeout from the course's theinference.toml: {course.timeout:g} s per call")
         return lines
+
+
+def _moved(deadline: float | None, waited: float, options: RunOptions) -> float | None:
+    """The run's deadline moved by the seconds it waited for the cost lock, never past finish_by."""
+    if deadline is None or waited <= 0:
+        return deadline
+    moved = deadline + waited
+    if options.finish_by is not None:
+        moved = min(moved, time.monotonic() + options.finish_by - time.time())
+    return moved
 
 
 def _past(deadline: float | None) -> bool:

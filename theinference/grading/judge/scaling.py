@@ -135,8 +135,8 @@ def _check(stage: StageSpec) -> ScalingCheck:
 def proof_model(stage: StageSpec, model: Model, cache, untrusted: bool = False) -> tuple[Model, str]:
     """The weights the stage runs on, and why: the proof preset, or the graded weights where asked and they separate.
 
-    untrusted: a proof preset found altered (a student's earlier plain `test` could write the cache) is an error
-    naming the file, as for the graded preset; trusted runs make it again."""
+    A proof preset found altered (a student's earlier plain `test`, or a submission graded without a sandbox, could
+    write the cache) is made again, and why says so."""
     weights = _check(stage).params.weights
     if weights == "graded" and separates(model):
         return model, ""
@@ -144,20 +144,24 @@ def proof_model(stage: StageSpec, model: Model, cache, untrusted: bool = False) 
     def load() -> Model:
         # Never through resolve_weights: a file named like the preset in the working directory would win there.
         choice = WeightsChoice(synthetic_path(PROOF_PRESET), "synthetic-preset", "cache-scaling", PROOF_PRESET)
-        ensure_weights(choice, untrusted=untrusted)
-        return load_model(choice.path)
+        notices: list[str] = []
+        ensure_weights(choice, untrusted=untrusted, notices=notices)
+        made = load_model(choice.path)
+        made.notices[:0] = notices
+        return made
 
     proof = cache.memo(("proof-model",), load)
+    remade = "".join(f"{notice}; " for notice in proof.notices)  # a synthetic preset's: only that it was made again
     if weights == "proof":
         why = (
-            f"run on the synthetic '{PROOF_PRESET}' preset, the cache proof's own weights (its thresholds were "
+            f"{remade}run on the synthetic '{PROOF_PRESET}' preset, the cache proof's own weights (its thresholds were "
             "measured there; a cache is a cache on any weights)"
         )
         return proof, why
     layers = 12 * model.config.n_layer * model.config.n_embd
     share = model.config.n_vocab / (layers + model.config.n_vocab)
     why = (
-        f"run on the synthetic '{PROOF_PRESET}' preset: on the graded weights the LM head is {share:.0%} of a "
+        f"{remade}run on the synthetic '{PROOF_PRESET}' preset: on the graded weights the LM head is {share:.0%} of a "
         "token's work, which a cache cannot save, so cost cannot tell a cache from a recompute there"
     )
     return proof, why
