@@ -37,6 +37,7 @@ from theinference.proc.sandbox import (
     lease_uid,
     files_of,
     remove_files_of,
+    kill_processes_of,
 )
 
 from theinference.trust import allowed_env
@@ -258,12 +259,17 @@ class SubprocessLauncher:
         return MonitoredProcess(ours, monitor, quota + TMPFS_SLACK if tmpfs and quota is not None else None)
 
     def finished(self, cwd: str) -> None:
-        """A run of the course at cwd has ended, its processes all dead: remove what its uid left in /tmp, /var/tmp
-        and /dev/shm (outside the sandbox, the places besides its run directory where it may write)."""
+        """A run of the course at cwd has ended: every process of its uid is killed (in the sandbox too, where its PID
+        namespace should have ended them: nothing of a submission serves the next), and outside the sandbox what it
+        left in /tmp, /var/tmp and /dev/shm is removed (the places besides its run directory where it may write)."""
         with self._lock:
             uid = self._uids.get(cwd)
-        if uid is not None and self._sandbox is None:
-            remove_files_of(uid, self._owned_before[uid])
+        if uid is None:
+            return
+        if self._sandbox is None:
+            remove_files_of(uid, self._owned_before[uid])  # its processes killed first
+        else:
+            kill_processes_of(uid)
 
     def warm(self) -> None:
         """Nothing to start ahead: every run starts its own interpreter."""
