@@ -48,3 +48,17 @@ def test_progress_records_cache_scaling_on_its_own_weights_not_the_graded_ones(t
     record_progress(tmp_path, dataclasses.replace(run, stages=stages))
     saved = json.loads((tmp_path / ".theinference" / "progress.json").read_text())["stages"]
     assert saved["greedy"]["weights"] == "tiny" and saved["cache-scaling"]["weights"] == "proof"
+
+
+def test_every_report_names_how_the_students_processes_are_started_killed_and_counted(
+    cli, solution_course, tiny_path, monkeypatch
+):
+    monkeypatch.setenv("THEINFERENCE_METER", "proc")  # what a machine without cgroups counts with
+    monkeypatch.setenv("THEINFERENCE_KILL", "psutil")  # and one without a readable /proc kills with
+    result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "forward")
+    assert result.exit_code == 0, result.output
+    header = " ".join(result.stdout.split("✔")[0].split())
+    assert "kill: psutil: stopped, then killed" in header and "cpu: process tree (/proc)" in header
+    doc = json.loads(cli("test", "--course", solution_course, "--weights", tiny_path, "--format", "json").stdout)
+    assert doc["processes"]["cpu"] == "process tree (/proc)" and doc["processes"]["kill"].startswith("psutil")
+    assert {"launcher", "spawn", "orphans", "grader-death", "limits", "memory", "hangs"} <= set(doc["processes"])

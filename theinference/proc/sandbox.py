@@ -382,15 +382,21 @@ def reachable_by_others(path: Path) -> bool:
 
 
 def basic_isolation() -> Isolation:
-    """What every launcher gives without a sandbox: the subreaper monitor on Linux, the process group elsewhere."""
-    if sys.platform == "linux":
+    """What every launcher gives without a sandbox: the subreaper monitor where the kernel keeps orphans in its tree
+    (Linux), else the monitor's watch over its tree (macOS, Windows: theinference.proc.trees), chosen as the monitor
+    chooses (reaper.plan)."""
+    from theinference.proc.reaper import plan  # light: ctypes and the standard library
+
+    if plan().orphans == "subreaper":
         return Isolation(
             "subreaper",
             "no sandbox: student code runs with your rights; "
             "every process it starts is killed before results are accepted",
         )
     return Isolation(
-        "process-group", "no sandbox: student code runs with your rights; its process group is killed after each run"
+        "process-group",
+        "no sandbox: student code runs with your rights; its process group, and every process of its tree its "
+        "monitor saw (psutil) or marked, is killed after each run (one that leaves the tree unseen may outlive it)",
     )
 
 

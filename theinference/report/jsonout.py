@@ -176,6 +176,7 @@ def run_document(run: RunResult, version: str) -> dict:
             "course_supplied": run.course_supplied,
             "notices": run.notices,
             "isolation": {"level": run.isolation, "summary": run.isolation_summary},
+            "processes": dict(run.processes),
             "stages": [stage_document(s) for s in run.stages],
         }
     )

@@ -45,6 +45,7 @@ def render_junit(run: RunResult, version: str) -> str:
             ("weights", run.weights_path),
             ("seed", str(run.seed)),
             ("isolation", f"{run.isolation}: {run.isolation_summary}"),
+            *((f"processes.{key}", value) for key, value in run.processes.items()),
             ("theinference_version", version),
             ("source", stage.origin),
             ("course_supplied", "; ".join(run.course_supplied)),

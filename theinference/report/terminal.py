@@ -113,6 +113,15 @@ def _folded(console: Console, label: str, parts: list[str], style: str = "") -> 
             console.print(Text((head if k == 0 else indent) + piece, style=style), overflow="fold")
 
 
+# The mechanisms the header names, of those in RunResult.processes (the JSON document has them all).
+HEADER_MECHANISMS = ("launcher", "orphans", "kill", "cpu")
+
+
+def process_lines(processes: dict[str, str]) -> list[tuple[str, str]]:
+    """(what, its mechanism) for the header: how the student's processes start, are kept, killed and counted."""
+    return [(f"{key}:", processes[key]) for key in HEADER_MECHANISMS if key in processes]
+
+
 def render_header(console: Console, run: RunResult, version: str, headline_shown: bool = False) -> None:
     """Who grades what: the course, the weights and why, the isolation, what the course chose itself.
 
@@ -127,6 +136,8 @@ def render_header(console: Console, run: RunResult, version: str, headline_shown
         console.print(f"         random extra cases from seed {run.seed}", style="dim")
     if run.isolation:
         _folded(console, "isolation: ", [run.isolation, for_terminal(run.isolation_summary)])
+    if run.processes:
+        _folded(console, " " * 11, [f"{k} {v}" for k, v in process_lines(run.processes)], style="dim")
     if run.untrusted:
         console.print(
             "         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim"

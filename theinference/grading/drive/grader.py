@@ -6,6 +6,7 @@ launcher's pre-warmed processes.
 """
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ from theinference.grading.drive.threads import blas_threads_for_load
 from theinference.grading.drive.costlock import LOCK_NAME, CostLock
 from theinference.model.weights import Model
 from theinference.model.weights_choice import WeightsChoice
-from theinference.proc.launch import Launcher, default_launcher
+from theinference.proc.accounting import meter_name
+from theinference.proc.launch import Launcher, default_launcher, mechanisms
 from theinference.proc.sandbox import lock_dir
 from theinference.grading.drive.plan import RunOptions, RunPlan, timeouts
 
@@ -169,7 +171,13 @@ class Grader:
             course_supplied=self._course_supplied(course, ours, options),
             isolation=self.launcher.isolation.level,
             isolation_summary=self.launcher.isolation.summary,
+            processes=self.processes,
         )
+
+    @functools.cached_property
+    def processes(self) -> dict[str, str]:
+        """The mechanisms this machine gave the process model's jobs, and the CPU meter (for every report's header)."""
+        return {**mechanisms(self.plan.untrusted), "cpu": meter_name()}
 
     def _run_evidence(self, stages: list[StageSpec], run: RunResult, results: list[StageResult]) -> list[StageResult]:
         """The stages of results, each failing one with what its passing cases and the other stages (this run, or

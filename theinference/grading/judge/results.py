@@ -234,6 +234,9 @@ class RunResult:
     course_supplied: list[str] = field(default_factory=list)
     isolation: str = ""  # how student processes were confined: sandbox | unprivileged | subreaper | process-group
     isolation_summary: str = ""  # the same in words
+    # What each job of the process model was given to (launch.mechanisms: launcher, kill, limits, ...) and "cpu",
+    # what counts the tree's CPU (accounting.meter_name): chosen by what the machine offers
+    processes: dict[str, str] = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)  # what to do next, one line each: the terminal report's footer only
 
     @property
