@@ -84,6 +84,7 @@ DEFAULTS = {
         "CACHED_LN_MLP": "ln_2",
         "CACHED_ATTN_RESIDUAL": "x + ",
         "PREFILL_ROW": "-1",
+        "GREEDY_FIRST_ROW": "-1",
         "DECODE_POS": "pos",
         "GREEDY_BODY": "tokens.append(int(np.argmax(m.decode(cache, tokens[-1], len(cache)))))",
         "VAR": "np.var(x, axis=-1, keepdims=True)",
@@ -167,6 +168,7 @@ MISTAKES: dict[str, tuple[str, dict, list[str], set]] = {
         GREEDY,
         {"greedy-fed-token"},
     ),
+    "c-greedy-prefill-first-row": ("classes", {"GREEDY_FIRST_ROW": "0"}, GREEDY, {"greedy-prefill-first-row"}),
     "c-greedy-stops-at-eot": (
         "classes",
         {

@@ -104,3 +104,23 @@ def test_the_ts_starter_says_forward_cached_returns_the_last_row_only():
     comment = text[: text.index("export function forwardCached")].rsplit("}\n", 1)[1]
     assert "last new row only" in comment and "[1][nVocab]" in comment
     assert "forwardCached(w, ids, cache, 0)[0]" in text and "forwardCached(w, [tokenId], cache, pos)[0]" in text
+
+
+def test_a_greedy_loop_choosing_its_first_token_from_prefills_first_row_is_named(tiny_model):
+    from theinference.grading.judge import loops
+    from theinference.model import gpt2
+
+    params, n_head = tiny_model.params, tiny_model.config.n_head
+    prompt, n_new = [464, 3139, 286, 4881, 318], 6
+
+    def greedy(first_row: int) -> list[int]:  # what the student's loop returns, computed by recompute
+        out = [int(gpt2.logits(params, prompt, n_head)[first_row].argmax())]
+        while len(out) < n_new:
+            out.append(int(gpt2.logits(params, prompt + out, n_head)[-1].argmax()))
+        return out
+
+    wrong, right = greedy(0), greedy(-1)
+    assert wrong != right  # these weights tell them apart at this prompt
+    [bug] = [b for b in loops.loop_bugs(tiny_model) if b.name == "greedy-prefill-first-row"]
+    assert loops.reproduces(bug, tiny_model, prompt, n_new, wrong, 1e-4) == ""
+    assert loops.reproduces(bug, tiny_model, prompt, n_new, right, 1e-4) is None
