@@ -38,6 +38,17 @@ def test_every_shape_that_can_lie_inside_a_block_names_the_layer_by_layer_export
         assert EXPORT in hints[shape], (stage_id, shape)
 
 
+@pytest.mark.parametrize("stage_id", ["prove-one-layer", "single-step-attention"])
+def test_every_shape_of_a_one_layer_stage_names_its_own_export_and_a_key_it_has(stage_id, tiny_model):
+    """Their output is layer 0's attention sublayer: the cause is always inside that block, and their export holds it."""
+    stage = _stages()[stage_id]
+    arrays = oracle_arrays(stage, tiny_model, stage.cases[:1])
+    for shape, hint in stage.hints.items():
+        assert f"`theinference oracle --stage {stage_id} --out expected.npz`" in hint, shape
+        for key in re.findall(r"'(<case>\.[^']+)'", hint):
+            assert key.replace("<case>", stage.cases[0].name) in arrays, (shape, key)
+
+
 def test_the_keys_the_hints_name_are_keys_of_the_export(tiny_model):
     stages = _stages()
     forward = stages["forward"]
