@@ -93,6 +93,7 @@ DEFAULTS = {
         "GELU": "0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))",
         "SCALE": "/ math.sqrt(D)",
         "SOFTMAX_AXIS": "-1",
+        "SOFTMAX_MAX_AXIS": "-1",
         "SPLIT": "q, k, v = y[:, :E], y[:, E : 2 * E], y[:, 2 * E :]",
         "MASK_EXTRA": "",
         "DECODE_POS": "len(prompt_ids)",
@@ -190,7 +191,8 @@ MISTAKES: dict[str, tuple[str, dict, list[str], set]] = {
     "c-var-ddof": ("classes", {"VAR": "np.var(x, axis=-1, keepdims=True, ddof=1)"}, FWD, OUTSIDE),
     # loops
     "l-scale-n-head": ("loops", {"SCALE": "/ NH"}, FWD, {"attention-scale"}),
-    "l-softmax-over-queries": ("loops", {"SOFTMAX_AXIS": "0"}, FWD, {"softmax-over-queries"}),
+    "l-softmax-over-queries": ("loops", {"SOFTMAX_AXIS": "0", "SOFTMAX_MAX_AXIS": "0"}, FWD, {"softmax-over-queries"}),
+    "l-softmax-sum-over-queries": ("loops", {"SOFTMAX_AXIS": "0"}, FWD, {"softmax-sum-over-queries"}),
     "l-qkv-per-head": (
         "loops",
         {"SPLIT": "q, k, v = (y.reshape(n, NH, 3, D)[:, :, j].reshape(n, E) for j in range(3))"},

@@ -37,6 +37,7 @@ class Defects:
     mlp_residual: bool = True  # False: x = mlp(ln_2(x))
     # "queries": the attention weights normalised over the query axis (softmax(scores, axis=-2)): in the block each
     # key's column sums to 1 over the queries that see it; a single-query decode step gives every key it sees weight 1.
+    # "queries-sum": only the sum over the query axis, the max each query's own (e = exp(s - s.max(-1)); e / e.sum(-2)).
     softmax_axis: str = "keys"
     # Lengths of consecutive calls that share one cache never cleared: every row attends to every
     # earlier row, and positions restart at 0 with each call.
@@ -134,12 +135,14 @@ def _weights(scores, defects):  # [n_head, n_seq, n_seq] masked scores -> the at
         return softmax(scores)
     # Over the query axis, computed as the student's code computes it: the block's queries together, then each
     # decode step's single query alone (a softmax over one element is 1 for every key it sees).
+    # (With only the sum over the queries, e / e.sum(-2) over one query is still e / e = 1.)
     block = min(defects.prefill, scores.shape[-1])
     weights = np.isfinite(scores).astype(scores.dtype)
     if block:
         part = scores[:, :block, :block]
-        e = np.exp(part - part.max(axis=-2, keepdims=True))
-        weights[:, :block, :block] = e / e.sum(axis=-2, keepdims=True)
+        e = np.exp(part - part.max(axis=-1 if defects.softmax_axis == "queries-sum" else -2, keepdims=True))
+        with np.errstate(invalid="ignore", divide="ignore"):  # a column whose every term underflows: NaN, as theirs
+            weights[:, :block, :block] = e / e.sum(axis=-2, keepdims=True)
     return weights
 
 

@@ -247,6 +247,12 @@ _BUILTIN = (
         Defects(softmax_axis="queries"),
     ),
     Bug(
+        "softmax-sum-over-queries",
+        "the attention softmax's sum taken over the query axis (e / e.sum(axis=-2)), its max over the keys as it should be",
+        WHOLE,
+        Defects(softmax_axis="queries-sum"),
+    ),
+    Bug(
         "prefill-first-row",
         "row 0 taken from prefill's first position instead of its last (the prompt's last row gives the first logits)",
         ("per-step-logits",),
