@@ -65,6 +65,7 @@ DEFAULTS = {
             ]
         ),
         "CACHED_LN_MLP": "ln_2",
+        "FWD_MLP_RESIDUAL": "x + ",
         "DECODE_POS": "len(prompt_ids)",
         "PER_STEP_J": "j",
         "N_OUT": "n_new",
@@ -81,6 +82,9 @@ DEFAULTS = {
         "HEAD": 'self.norm(x, "ln_f") @ self.w["wte.weight"].T',
         "NEW_CACHE": "return KVCache(self.n_layer)",
         "CACHED_LN_MLP": "ln_2",
+        "CACHED_ATTN_RESIDUAL": "x + ",
+        "PREFILL_ROW": "-1",
+        "GREEDY_FIRST_ROW": "-1",
         "DECODE_POS": "pos",
         "GREEDY_BODY": "tokens.append(int(np.argmax(m.decode(cache, tokens[-1], len(cache)))))",
         "VAR": "np.var(x, axis=-1, keepdims=True)",
@@ -89,6 +93,7 @@ DEFAULTS = {
         "GELU": "0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))",
         "SCALE": "/ math.sqrt(D)",
         "SOFTMAX_AXIS": "-1",
+        "SOFTMAX_MAX_AXIS": "-1",
         "SPLIT": "q, k, v = y[:, :E], y[:, E : 2 * E], y[:, 2 * E :]",
         "MASK_EXTRA": "",
         "DECODE_POS": "len(prompt_ids)",
@@ -121,6 +126,7 @@ MISTAKES: dict[str, tuple[str, dict, list[str], set]] = {
         DEC,
         {"cache-not-cleared"},
     ),
+    "f-no-mlp-residual": ("functional", {"FWD_MLP_RESIDUAL": ""}, FWD, {"no-mlp-residual"}),
     "f-greedy-len-out": ("functional", {"GREEDY_POS": "len(out)"}, GREEDY, {"greedy-position"}),
     "f-greedy-one-short": ("functional", {"N_OUT": "n_new - 1"}, GREEDY, {"greedy-one-short"}),
     "f-greedy-lags": (
@@ -143,6 +149,8 @@ MISTAKES: dict[str, tuple[str, dict, list[str], set]] = {
         {"position-offset"},
     ),
     "c-cached-mlp-ln-1": ("classes", {"CACHED_LN_MLP": "ln_1"}, DEC, {"layer-norm-params"}),
+    "c-no-attn-residual": ("classes", {"CACHED_ATTN_RESIDUAL": ""}, DEC, {"no-attn-residual"}),
+    "c-prefill-first-row": ("classes", {"PREFILL_ROW": "0"}, PER, {"prefill-first-row"}),
     "c-no-scale": ("classes", {"SCALE": ""}, FWD, {"missing-scale"}),
     "c-split-kqv": ("classes", {"SPLIT": "k, q, v = np.split(fused, 3, axis=1)"}, FWD, {"qkv-order-kqv"}),
     "c-c-proj-transposed": ("classes", {"C_PROJ": 'self.w[p + "c_proj.weight"].T'}, FWD, {"c-proj-transposed"}),
@@ -161,6 +169,7 @@ MISTAKES: dict[str, tuple[str, dict, list[str], set]] = {
         GREEDY,
         {"greedy-fed-token"},
     ),
+    "c-greedy-prefill-first-row": ("classes", {"GREEDY_FIRST_ROW": "0"}, GREEDY, {"greedy-prefill-first-row"}),
     "c-greedy-stops-at-eot": (
         "classes",
         {
@@ -182,7 +191,8 @@ MISTAKES: dict[str, tuple[str, dict, list[str], set]] = {
     "c-var-ddof": ("classes", {"VAR": "np.var(x, axis=-1, keepdims=True, ddof=1)"}, FWD, OUTSIDE),
     # loops
     "l-scale-n-head": ("loops", {"SCALE": "/ NH"}, FWD, {"attention-scale"}),
-    "l-softmax-over-queries": ("loops", {"SOFTMAX_AXIS": "0"}, FWD, OUTSIDE),
+    "l-softmax-over-queries": ("loops", {"SOFTMAX_AXIS": "0", "SOFTMAX_MAX_AXIS": "0"}, FWD, {"softmax-over-queries"}),
+    "l-softmax-sum-over-queries": ("loops", {"SOFTMAX_AXIS": "0"}, FWD, {"softmax-sum-over-queries"}),
     "l-qkv-per-head": (
         "loops",
         {"SPLIT": "q, k, v = (y.reshape(n, NH, 3, D)[:, :, j].reshape(n, E) for j in range(3))"},

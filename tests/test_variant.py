@@ -35,7 +35,9 @@ def test_one_row_screened_over_the_positions_it_depends_on_equals_that_row_of_th
     whole = families.variant_output(tiny_model, "logits", inputs, variant)
     columns = np.arange(0, tiny_model.config.n_vocab, 97)
     one = families.variant_output(tiny_model, "logits", inputs, variant, row=row, columns=columns)
-    np.testing.assert_allclose(one, whole[row, columns], rtol=1e-5, atol=1e-5)
+    # A screen computes fewer rows, whose float32 products round differently (1.4e-5 without the attention residual):
+    # far inside a tenth of any stage's atol (1e-3), and far below what any wrong row is off by.
+    np.testing.assert_allclose(one, whole[row, columns], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("row", [0, 2, 3, 5])
@@ -170,7 +172,9 @@ def test_a_listed_bug_screened_on_one_row_equals_that_row_of_its_whole_output(ti
     whole = bugs.bug_output(bug, spec, "per-step-logits", tiny_model, inputs, history)
     one = bugs.bug_screen(bug, spec, "per-step-logits", tiny_model, inputs, row, columns, history)
     assert one is not None
-    np.testing.assert_allclose(one, whole[row, columns], rtol=1e-5, atol=1e-5)
+    # A screen computes fewer rows, whose float32 products round differently (1.4e-5 without the attention residual):
+    # far inside a tenth of any stage's atol (1e-3), and far below what any wrong row is off by.
+    np.testing.assert_allclose(one, whole[row, columns], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize(

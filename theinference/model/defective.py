@@ -33,6 +33,12 @@ class Defects:
     ln_eps: float = 1e-5
     gelu: str = "tanh"  # tanh | erf
     ln_f: bool = True
+    attn_residual: bool = True  # False: x = attn(ln_1(x)), the residual x + dropped
+    mlp_residual: bool = True  # False: x = mlp(ln_2(x))
+    # "queries": the attention weights normalised over the query axis (softmax(scores, axis=-2)): in the block each
+    # key's column sums to 1 over the queries that see it; a single-query decode step gives every key it sees weight 1.
+    # "queries-sum": only the sum over the query axis, the max each query's own (e = exp(s - s.max(-1)); e / e.sum(-2)).
+    softmax_axis: str = "keys"
     # Lengths of consecutive calls that share one cache never cleared: every row attends to every
     # earlier row, and positions restart at 0 with each call.
     segments: tuple = ()
@@ -120,8 +126,28 @@ def _heads(qkv, n_head, defects):  # [n_seq, 3 n_embd] -> [n_seq, n_embd]: atten
     scores = q @ k.transpose(0, 2, 1)  # [n_head, n_seq, n_seq]
     scores *= _scale(n_seq, head_dim, defects)
     _mask(scores, defects)
-    heads = softmax(scores) @ v  # [n_head, n_seq, head_dim]
+    heads = _weights(scores, defects) @ v  # [n_head, n_seq, head_dim]
     return heads.transpose(1, 0, 2).reshape(n_seq, n_embd)
+
+
+def _weights(scores, defects):  # [n_head, n_seq, n_seq] masked scores -> the attention weights
+    if defects.softmax_axis == "keys":
+        return softmax(scores)
+    # Over the query axis, computed as the student's code computes it: the block's queries together, then each
+    # decode step's single query alone (a softmax over one element is 1 for every key it sees).
+    # (With only the sum over the queries, e / e.sum(-2) over one query is still e / e = 1.)
+    block = min(defects.prefill, scores.shape[-1])
+    weights = np.isfinite(scores).astype(scores.dtype)
+    if block:
+        part = scores[:, :block, :block]
+        e = np.exp(part - part.max(axis=-1 if defects.softmax_axis == "queries-sum" else -2, keepdims=True))
+        with np.errstate(invalid="ignore", divide="ignore"):  # a column whose every term underflows: NaN, as theirs
+            weights[:, :block, :block] = e / e.sum(axis=-2, keepdims=True)
+    return weights
+
+
+def _residual(x, out, kept):  # the sublayer's output added to the residual stream, or (a dropped residual) alone
+    return x + out if kept else out
 
 
 def ffn(x, c_fc, c_proj, defects):  # [n_seq, n_embd] -> [n_seq, n_embd]
@@ -131,8 +157,8 @@ def ffn(x, c_fc, c_proj, defects):  # [n_seq, n_embd] -> [n_seq, n_embd]
 
 def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, defects):  # [n_seq, n_embd] -> [n_seq, n_embd]
     eps = np.float32(defects.ln_eps)
-    x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head, defects=defects)
-    return x + ffn(layer_norm(x, **ln_2, eps=eps), **mlp, defects=defects)
+    x = _residual(x, mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head, defects=defects), defects.attn_residual)
+    return _residual(x, ffn(layer_norm(x, **ln_2, eps=eps), **mlp, defects=defects), defects.mlp_residual)
 
 
 def positions(n_seq, defects):  # -> [n_seq]: the wpe row each position is embedded with
@@ -156,7 +182,7 @@ def layer0_attn_sublayer(params, ids, n_head, defects):  # [n_seq] -> [n_seq, n_
     x = embed(params, ids, defects)
     block = params["h"][0]
     ln_1 = layer_norm(x, **block["ln_1"], eps=np.float32(defects.ln_eps))
-    return x + mha(ln_1, **block["attn"], n_head=n_head, defects=defects)
+    return _residual(x, mha(ln_1, **block["attn"], n_head=n_head, defects=defects), defects.attn_residual)
 
 
 def hidden_states(params, ids, n_head, defects):  # [n_seq] -> [n_seq, n_embd], after ln_f (unless a defect drops it)
@@ -177,6 +203,9 @@ def hidden_states_many(params, runs: list[tuple[list, Defects]], n_head) -> list
     def each(x, f):  # f(rows of one run, its defects), run by run, stacked again
         return np.concatenate([f(x[span], d) for span, d in zip(spans, every)])
 
+    def each2(x, y, f):  # f(rows of one run in x, the same rows in y, its defects)
+        return np.concatenate([f(x[span], y[span], d) for span, d in zip(spans, every)])
+
     def shared(x, weights):  # linear per group of runs that use the same weights (weights(defects) -> its dict)
         out = None
         for key in dict.fromkeys(id(weights(d)["weight"]) for d in every):
@@ -195,11 +224,14 @@ def hidden_states_many(params, runs: list[tuple[list, Defects]], n_head) -> list
         versions = {d: _attn_weights(block["attn"]["c_attn"], block["attn"]["c_proj"], d) for d in every}
         normed = each(x, lambda rows, d: layer_norm(rows, **block["ln_1"], eps=eps[d]))
         qkv = shared(normed, lambda d: versions[d][0])
-        x = x + shared(each(qkv, lambda rows, d: _heads(rows, n_head, d)), lambda d: versions[d][1])
+        attended = shared(each(qkv, lambda rows, d: _heads(rows, n_head, d)), lambda d: versions[d][1])
+        x = each2(x, attended, lambda rows, out, d: _residual(rows, out, d.attn_residual))
         normed = each(x, lambda rows, d: layer_norm(rows, **block["ln_2"], eps=eps[d]))
         hidden = linear(normed, **block["mlp"]["c_fc"])
         activated = each(hidden, lambda rows, d: gelu_erf(rows) if d.gelu == "erf" else gelu(rows))
-        x = x + linear(activated, **block["mlp"]["c_proj"])
+        x = each2(
+            x, linear(activated, **block["mlp"]["c_proj"]), lambda rows, out, d: _residual(rows, out, d.mlp_residual)
+        )
     return [
         layer_norm(x[span], **params["ln_f"], eps=np.float32(d.ln_eps)) if d.ln_f else x[span]
         for span, d in zip(spans, every)

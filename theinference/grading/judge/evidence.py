@@ -35,8 +35,8 @@ def passing_pattern(result: StageResult, n_layer: int) -> str:
     if lengths == {1} and 1 not in {_length(c) for c in failed}:
         if any("prompt" in c.inputs for c in passed):
             return (
-                f"only the one-token prompt passes ({_names(passed)}): a position that ignores the prompt's length "
-                "is right only when the prompt has one token"
+                f"only the one-token prompt passes ({_names(passed)}): what ignores the prompt's length (a position, "
+                "or prefill's row 0 read instead of its last) is right only when the prompt has one token"
             )
         return (
             f"only the one-token sequence passes ({_names(passed)}): with one position attention sees only itself, "

@@ -2,7 +2,8 @@
 
 Logits right, loop wrong: the token fed back (the prompt's last one, the first generated one, the one
 before), the position it is fed at (the prompt's length left out, a counter off by a constant or
-stuck), the choice (the runner-up at one step), or the length (one short, a stop at <|endoftext|>).
+stuck), the choice (the runner-up at one step; the first token from prefill's first row, not its last),
+or the length (one short, a stop at <|endoftext|>).
 Each candidate is checked with one teacher-forced pass: what the loop feeds is determined by the
 student's own tokens, so one causal forward gives every step's logits, and the student's token must
 be the candidate's choice at every step (within the stage's near-tie tolerance) in every case.
@@ -29,6 +30,7 @@ class LoopBug:
     positions: Callable[[int, int], list[int]] | None = None  # (len(prompt), steps) -> each decode step's position
     choice: str = "argmax"  # argmax | runner-up (every step) | runner-up-once (at one step: fitted)
     length: str = "exact"  # exact | one-short | eot
+    first_row: str = "last"  # the prefill row the first token is chosen from: last | first (the prompt's position 0)
 
 
 def _own(prompt: list[int], tokens: list[int]) -> list[int]:
@@ -103,6 +105,12 @@ def loop_bugs(model: Model) -> list[LoopBug]:
             _own,
             length="one-short",
         ),
+        LoopBug(
+            "greedy-prefill-first-row",
+            "chooses its first token from prefill's first row (the prompt's position 0) instead of its last",
+            _own,
+            first_row="first",
+        ),
         LoopBug("greedy-stops-at-eot", "stops at <|endoftext|> instead of generating n_new tokens", _own, length="eot"),
     ]
 
@@ -111,11 +119,15 @@ class _PathLogits:
     """The logits each choice is made from (after the prompt, then after each fed token), one row at a time:
     one causal pass for the hidden states, the LM head only on the rows read (a wrong loop fails early)."""
 
-    def __init__(self, model: Model, prompt: list[int], fed: list[int], positions: list[int] | None):
+    def __init__(
+        self, model: Model, prompt: list[int], fed: list[int], positions: list[int] | None, first_row: str = "last"
+    ):
         ids = list(prompt) + list(fed)
         pos = None if positions is None else tuple(range(len(prompt))) + tuple(positions)
         variant = Variant(prefill=len(prompt), positions=pos)
-        self.hidden = model_variant.hidden_states(model.params, ids, model.config.n_head, variant)[len(prompt) - 1 :]
+        hidden = model_variant.hidden_states(model.params, ids, model.config.n_head, variant)
+        first = 0 if first_row == "first" else len(prompt) - 1
+        self.hidden = np.concatenate([hidden[first : first + 1], hidden[len(prompt) :]])
         self.wte = model.params["wte"]["weight"]
 
     def __getitem__(self, step: int) -> np.ndarray:
@@ -149,7 +161,7 @@ def reproduces(
     steps = len(tokens) + (1 if stopped_before else 0)
     fed = bug.fed(prompt, tokens + [ENDOFTEXT_ID] if stopped_before else tokens)
     positions = bug.positions(len(prompt), steps - 1) if bug.positions else None
-    logits = _PathLogits(model, prompt, fed, positions)
+    logits = _PathLogits(model, prompt, fed, positions, bug.first_row)
     if stopped_before and not _chosen(logits[len(tokens)], ENDOFTEXT_ID, 0, tie_rtol):
         return None
     ranks = [1 if bug.choice == "runner-up" else 0] * len(tokens)

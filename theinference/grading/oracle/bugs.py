@@ -99,6 +99,21 @@ def _logits_at(params, h, own, columns=None):  # the LM head on the rows a call 
     return h[own] @ wte.T if isinstance(own, slice) else (h[own : own + 1] @ wte.T)[0]
 
 
+def _prefill_first_row(
+    model: Model, oracle_name: str, inputs: dict, history: list, row: int | None = None, columns=None
+) -> np.ndarray:
+    # Row 0 is prefill's logits at the prompt's first position, not its last (a forward that returns every row, read
+    # at [0]); the decode steps' rows are GPT-2's.
+    prompt, cont = list(inputs["prompt"]), list(inputs["cont"])
+    ids = prompt + cont[:-1]
+    at = np.array([0, *range(len(prompt), len(prompt) + len(cont) - 1)])
+    picked = at if row is None else at[row : row + 1]
+    h = oracle.hidden_states(model.params, ids[: int(picked.max()) + 1], model.config.n_head)
+    wte = model.params["wte"]["weight"] if columns is None else model.params["wte"]["weight"][columns]
+    out = h[picked] @ wte.T
+    return out if row is None else out[0]
+
+
 def _attend_shared(x, c_attn, c_proj, n_head, shared):  # [n_new, n_embd] -> same; shared = [keys, values]
     n_q, n_embd = x.shape
     qkv = oracle.linear(x, **c_attn).reshape(n_q, 3, n_head, n_embd // n_head).transpose(1, 2, 0, 3)
@@ -214,6 +229,37 @@ _BUILTIN = (
     ),
     Bug("no-ln-f", "no final layer norm (ln_f) before the tied LM head", MODEL + ("logits",), Defects(ln_f=False)),
     Bug(
+        "no-attn-residual",
+        "no residual around attention: x = attn(ln_1(x)) instead of x + attn(ln_1(x))",
+        WHOLE,
+        Defects(attn_residual=False),
+    ),
+    Bug(
+        "no-mlp-residual",
+        "no residual around the MLP: x = mlp(ln_2(x)) instead of x + mlp(ln_2(x))",
+        MODEL + ("logits",),
+        Defects(mlp_residual=False),
+    ),
+    Bug(
+        "softmax-over-queries",
+        "the attention softmax taken over the query axis (axis -2) instead of the key axis (axis -1)",
+        WHOLE,
+        Defects(softmax_axis="queries"),
+    ),
+    Bug(
+        "softmax-sum-over-queries",
+        "the attention softmax's sum taken over the query axis (e / e.sum(axis=-2)), its max over the keys as it should be",
+        WHOLE,
+        Defects(softmax_axis="queries-sum"),
+    ),
+    Bug(
+        "prefill-first-row",
+        "row 0 taken from prefill's first position instead of its last (the prompt's last row gives the first logits)",
+        ("per-step-logits",),
+        compute=_prefill_first_row,
+        screens=True,
+    ),
+    Bug(
         "record-after-consume",
         "each row recorded after consuming cont_ids[k] instead of before",
         ("per-step-logits",),
@@ -268,6 +314,14 @@ def is_inert(bug: Bug, spec: OracleSpec, inputs: dict) -> bool:
     return changed <= _DECODE_FIELDS and max(spec.positions(inputs), default=0) < spec.prefill(inputs)
 
 
+def _kept(defects: Defects, n_ids: int, at: int, prefill: int) -> int:
+    """How many leading positions row `at` depends on with these defects. Attention is causal: none after the row,
+    except the whole block when a mask leaves a row no key (it then attends to the whole block, defective._mask) or
+    the softmax is over the queries (a block key's weights are normalised over every block query that sees it)."""
+    ahead = not defects.mask_sees_self or defects.softmax_axis != "keys"
+    return min(n_ids, max(at + 1, prefill) if ahead else at + 1)
+
+
 def bug_screen(
     bug: Bug,
     spec: OracleSpec,
@@ -293,9 +347,7 @@ def bug_screen(
         return None
     at = own.start + row if isinstance(own, slice) else own
     prefill = spec.prefill(inputs)
-    # Attention is causal: nothing after the row, except when a mask leaves a row no key (it then attends to the
-    # whole block, defective._mask).
-    keep = min(len(ids), at + 1 if bug.defects.mask_sees_self else max(at + 1, prefill))
+    keep = _kept(bug.defects, len(ids), at, prefill)
     defects = dataclasses.replace(bug.defects, prefill=min(prefill, keep))
     if oracle_name in LAYER0:
         return defective.layer0_attn_sublayer(model.params, ids[:keep], model.config.n_head, defects)[at]
@@ -323,7 +375,7 @@ def bug_screens(
     for bug in bugs:
         if bug.defects is None:
             continue
-        keep = min(len(ids), at + 1 if bug.defects.mask_sees_self else max(at + 1, prefill))  # as bug_screen
+        keep = _kept(bug.defects, len(ids), at, prefill)
         runs.append((ids[:keep], dataclasses.replace(bug.defects, prefill=min(prefill, keep))))
         names.append(bug.name)
     if not runs:

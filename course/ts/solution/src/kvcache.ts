@@ -39,7 +39,8 @@ export function attnCached(x: Float32Array, n: number, layer: Layer, nHead: numb
   return linear(out, n, layer.cProj);
 }
 
-// The logits of the new rows at positions start..
+// New rows ids at positions start.., each layer through its cache -> the logits of the last new row only, as one row
+// [1][nVocab] (prefill and decodeStep read its [0]; the LM head on every row would hand prefill the first position's)
 export function forwardCached(w: Weights, ids: number[], cache: ModelCache, start: number): number[][] {
   const n = ids.length;
   let x = embed(w, ids, start);

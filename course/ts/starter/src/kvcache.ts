@@ -28,9 +28,10 @@ export function attnCached(x: Float32Array, n: number, layer: Layer, nHead: numb
   throw new NotImplementedError("attnCached"); // TODO: q, k, v of the new rows; append k, v to the cache; attend over everything cached; c_proj
 }
 
-// The logits of the new rows at positions start..
+// New rows ids at positions start.., each layer through its cache -> the logits of the last new row only, as one row
+// [1][nVocab] (prefill and decodeStep read its [0]; the LM head on every row would hand prefill the first position's)
 export function forwardCached(w: Weights, ids: number[], cache: ModelCache, start: number): number[][] {
-  throw new NotImplementedError("forwardCached"); // TODO: forward() over the new rows only, each layer through its cache; the last row's logits
+  throw new NotImplementedError("forwardCached"); // TODO: forward() over the new rows only, each layer through its cache; the LM head on the last row only: [1][nVocab]
 }
 
 /** Run the prompt once, filling the (fresh) cache -> the logits of its last position. */
