@@ -313,7 +313,16 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
     columns = ["id", "status", "points", "max_points"]
     for stage in stages:
         columns += [f"{stage.id}.status", f"{stage.id}.points"]
-    return columns + ["seconds", "copy_of", *GRADED_WITH_COLUMNS, *SHARD_COLUMNS, "machine_busy", "finding", "reason", "error"]
+    return columns + [
+        "seconds",
+        "copy_of",
+        *GRADED_WITH_COLUMNS,
+        *SHARD_COLUMNS,
+        "machine_busy",
+        "finding",
+        "reason",
+        "error",
+    ]
 
 
 def csv_row(
