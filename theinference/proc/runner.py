@@ -555,12 +555,10 @@ class _CpuWatch:
             self.budgets[index] = self.job.case_cpu(index)
         return self.budgets[index]
 
-    def check(self, state: "_Progress", clock: "StepClock") -> None:
-        """_OverCpu if the case running now has used its CPU budget (the import step has only its timeout)."""
-        if self.job.case_cpu is None or not state.loaded:
-            return
-        used = clock.reading().cpu
-        if used < self.job.cpu_floor:
+    def check(self, state: "_Progress", used: float) -> None:
+        """_OverCpu if the case running now has used (used: CPU seconds of its step) its CPU budget; the import
+        step has only its timeout."""
+        if self.job.case_cpu is None or not state.loaded or used < self.job.cpu_floor:
             return
         budget = self.budget(state.current)
         if budget is not None and used >= budget.seconds:
@@ -688,9 +686,10 @@ def _next_message(
         try:
             return child.next_message(min(time.monotonic() + _POLL, stage_deadline, clock.backstop))
         except TimeoutError:
-            cpu[0].check(cpu[1], clock)
+            reading = clock.reading()  # one look at the tree for both of the step's clocks
+            cpu[0].check(cpu[1], reading.cpu)
             now = time.monotonic()
-            if now >= stage_deadline or clock.charged() >= clock.timeout or budget.over(clock):
+            if now >= stage_deadline or reading.charged >= clock.timeout or budget.over(clock):
                 raise
             if now >= clock.backstop:
                 raise _Starved from None
