@@ -127,7 +127,9 @@ class CallOutcome:
     stdout: str = ""
     stderr: str = ""
     cpu_seconds: float | None = None  # interactive calls: the kernel's count for the whole process tree
-    limit: str | None = None  # a call cut short: "cpu" (its CPU budget) or "wall" (the backstop: machine-busy)
+    # A call cut short: "cpu" (its CPU budget), "wall" (the backstop: machine-busy), "time" (an interactive call's
+    # timeout without the CPU for it: it waited)
+    limit: str | None = None
     defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
     clock: StepTime | None = None  # the case's step as the grader timed it (None: it never ran)
     loading: StepTime | None = None  # the import before it, on the first case its process ran
