@@ -16,9 +16,10 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -59,6 +60,21 @@ class AdapterJob:
     case_names: tuple[str, ...] = ()  # for messages; indices where empty
     deadline: float | None = None  # time.monotonic() past which nothing more runs (the submission's budget)
     deadline_budget: float | None = None  # the seconds that deadline allowed, for messages
+    # Case i's CPU budget (an inner bound inside timeout, from the case's work: grading.spec.timeouts), asked for
+    # only once a case has used cpu_floor seconds of CPU (it may compute the oracle's output to time it). None: the
+    # timeout alone bounds a case (the instructor's --timeout).
+    case_cpu: "Callable[[int], CaseCpu | None] | None" = None
+    cpu_floor: float = math.inf
+
+
+class CaseCpu(Protocol):
+    """What AdapterJob.case_cpu gives (grading.spec.timeouts.CpuBudget): a case's CPU budget, and the timeout's
+    message for a run that used it without answering."""
+
+    @property
+    def seconds(self) -> float: ...
+
+    def message(self, used: float) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -111,7 +127,9 @@ class CallOutcome:
     stdout: str = ""
     stderr: str = ""
     cpu_seconds: float | None = None  # interactive calls: the kernel's count for the whole process tree
-    limit: str | None = None  # interactive calls cut short: "cpu" (its CPU budget) or "wall" (the backstop)
+    # A call cut short: "cpu" (its CPU budget), "wall" (the backstop: machine-busy), "time" (an interactive call's
+    # timeout without the CPU for it: it waited)
+    limit: str | None = None
     defined_at: tuple[str, int] | None = None  # the adapter function's file and first line, as the child found it
     clock: StepTime | None = None  # the case's step as the grader timed it (None: it never ran)
     loading: StepTime | None = None  # the import before it, on the first case its process ran
@@ -521,6 +539,34 @@ class _Starved(Exception):
     """A step met its wall-clock backstop: the machine gave the student's processes too little CPU."""
 
 
+class _OverCpu(Exception):
+    """A case used its CPU budget without answering: the student's timeout (the message says by how much)."""
+
+
+@dataclass
+class _CpuWatch:
+    """The running case's CPU against its budget (AdapterJob.case_cpu), each case's budget asked for once."""
+
+    job: AdapterJob
+    budgets: dict[int, "CaseCpu | None"] = field(default_factory=dict)
+
+    def budget(self, index: int) -> "CaseCpu | None":
+        if self.job.case_cpu is None:
+            return None
+        if index not in self.budgets:
+            self.budgets[index] = self.job.case_cpu(index)
+        return self.budgets[index]
+
+    def check(self, state: "_Progress", used: float) -> None:
+        """_OverCpu if the case running now has used (used: CPU seconds of its step) its CPU budget; the import
+        step has only its timeout."""
+        if self.job.case_cpu is None or not state.loaded or used < self.job.cpu_floor:
+            return
+        budget = self.budget(state.current)
+        if budget is not None and used >= budget.seconds:
+            raise _OverCpu(budget.message(used))
+
+
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -616,28 +662,36 @@ def starved_message(clock: StepClock) -> str:
     )
 
 
-def _backstop_outcome(clock: StepClock) -> CallOutcome:
-    """A step at its wall-clock backstop: too busy a machine, unless the step had used its timeout in CPU.
+def _backstop_outcome(clock: StepClock, budget: "CaseCpu | None" = None) -> CallOutcome:
+    """A step at its wall-clock backstop: too busy a machine, unless the step had used its timeout (or the case's
+    CPU budget) in CPU.
 
     Run-queue wait is summed over the tree's threads, so several runnable threads (BLAS's, the student's) can
     hide a step's own time from its charged clock on a loaded machine; the CPU they used still says it is slow."""
     used = clock.reading().cpu
+    if budget is not None and used >= budget.seconds:
+        return CallOutcome(status=protocol.TIMEOUT, message=budget.message(used))
     if used >= clock.timeout:
         message = f"timed out after {clock.timeout:g} s while running (it had used {used:.3g} s of CPU)"
         return CallOutcome(status=protocol.TIMEOUT, message=message)
     return CallOutcome(status=protocol.TIMEOUT, message=starved_message(clock), limit="wall")
 
 
-def _next_message(child: _Child, clock: StepClock, stage: tuple[float, _StageBudget]) -> dict | None:
+def _next_message(
+    child: _Child, clock: StepClock, stage: tuple[float, _StageBudget], cpu: tuple[_CpuWatch, _Progress]
+) -> dict | None:
     """The child's next message; TimeoutError once the step's charged time passes its timeout (or the stage's
-    budget runs out, charged or at its wall-clock deadline), _Starved at the step's wall-clock backstop."""
+    budget runs out, charged or at its wall-clock deadline), _OverCpu once the case has used its CPU budget,
+    _Starved at the step's wall-clock backstop."""
     stage_deadline, budget = stage
     while True:
         try:
             return child.next_message(min(time.monotonic() + _POLL, stage_deadline, clock.backstop))
         except TimeoutError:
+            reading = clock.reading()  # one look at the tree for both of the step's clocks
+            cpu[0].check(cpu[1], reading.cpu)
             now = time.monotonic()
-            if now >= stage_deadline or clock.charged() >= clock.timeout or budget.over(clock):
+            if now >= stage_deadline or reading.charged >= clock.timeout or budget.over(clock):
                 raise
             if now >= clock.backstop:
                 raise _Starved from None
@@ -653,10 +707,10 @@ def _run_child(
     """
     child = _Child(job, start, work)
     state, failure, kill_now = _Progress(current=start), None, False
-    clock = StepClock(child, job.timeout)
+    clock, watch = StepClock(child, job.timeout), _CpuWatch(job)
     try:
         while state.current < len(job.calls) and failure is None:
-            message = _next_message(child, clock, stage)
+            message = _next_message(child, clock, stage, (watch, state))
             if message is None:
                 break
             step = (state.loaded, state.current)
@@ -669,8 +723,10 @@ def _run_child(
             CallOutcome(status=protocol.TIMEOUT, message=_timeout_message(job, state.loaded, stage, clock)),
             True,
         )
+    except _OverCpu as e:
+        failure, kill_now = CallOutcome(status=protocol.TIMEOUT, message=str(e), limit="cpu"), True
     except _Starved:
-        failure, kill_now = _backstop_outcome(clock), True
+        failure, kill_now = _backstop_outcome(clock, watch.budget(state.current) if state.loaded else None), True
     except ProtocolError as e:
         failure, kill_now = (
             CallOutcome(status=protocol.ERROR, message=f"the adapter's process broke the result protocol: {e}"),
@@ -765,10 +821,11 @@ def run_adapter(job: AdapterJob) -> Iterator[RunnerEvent]:
     outcomes: dict[int, CallOutcome] = {}
     stage_deadline = min(time.monotonic() + _stage_backstop(job), job.deadline or math.inf)
     budget = _StageBudget(_stage_budget(job))
-    start = 0
+    start, retries = 0, MACHINE_RETRIES
     while start < len(job.calls) and time.monotonic() < stage_deadline and not budget.over():
         # A fresh run directory for each process: what one left there counts against no other's quota.
         work = tempdirs.mkdtemp("run")  # 0700; chowned to the submission's own uid as root
+        began = start
         try:
             start = yield from _run_child(job, start, Path(work), outcomes, (stage_deadline, budget))
         except KeyboardInterrupt:  # it may have struck while a child was being reaped: kill it all the same
@@ -778,6 +835,10 @@ def run_adapter(job: AdapterJob) -> Iterator[RunnerEvent]:
             remove_run_dir(work)
             job.launcher.finished(str(job.course_root))
         over = time.monotonic() >= stage_deadline or budget.over()  # the rest are reported as over budget
+        busy = _machine_busy(outcomes, began, start)
+        if busy is not None and retries > 0 and not over:  # the machine's, not the code's: once more, afresh
+            start, retries = busy, retries - 1
+            continue
         if not (job.all_cases or over) and start < len(job.calls) and outcomes[start - 1].status == protocol.TIMEOUT:
             name = job.case_names[start - 1] if job.case_names else start - 1
             skipped = CallOutcome(
@@ -788,6 +849,15 @@ def run_adapter(job: AdapterJob) -> Iterator[RunnerEvent]:
             start = len(job.calls)
     spent = CallOutcome(status=protocol.TIMEOUT, message=_spent_message(job))
     yield RunEnded([outcomes.get(i, spent) for i in range(len(job.calls))])
+
+
+MACHINE_RETRIES = 2  # fresh children a stage may start again for cases that ended at the wall-clock backstop
+
+
+def _machine_busy(outcomes: dict[int, CallOutcome], began: int, end: int) -> int | None:
+    """The first case of a child's run (cases began..end) that ended machine-busy (the wall-clock backstop with
+    little CPU used: CallOutcome.limit "wall"), or None."""
+    return next((i for i in range(began, end) if outcomes[i].limit == "wall"), None)
 
 
 def run_all(job: AdapterJob) -> list[CallOutcome]:

@@ -14,6 +14,7 @@ from theinference.grading.drive.batch import (
     ShardRecord,
     SubmissionResult,
     first_errors,
+    machine_busy,
 )
 from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, ScalingResult, StageResult, StepTime
 from theinference.grading.spec.stages import StageSpec
@@ -210,6 +211,8 @@ def batch_document(
                 "seconds": r.seconds,
                 **record,
                 "copy_of": [{"of": c.of, "files": list(c.files)} for c in r.copies],
+                # cases the machine gave too little CPU to finish, even after their retries: regrade this row
+                "machine_busy": [{"stage": stage, "case": case} for stage, case in machine_busy(r)],
                 "results": run_document(r.run, __version__) if r.run else None,
             }
         )

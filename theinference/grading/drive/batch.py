@@ -28,6 +28,7 @@ from theinference.course import CourseError, load_course
 from theinference.proc.node import NodeMissing
 from theinference.proc.launch import ConfinementError
 from theinference.grading.oracle.registry import BUILTIN_ORACLES
+from theinference.grading.judge.grade import MACHINE_BUSY
 from theinference.grading.judge.results import RunResult
 from theinference.grading.drive.grader import Grader, OracleProgress, RunOptions
 from theinference.grading.spec.stages import StageSpec
@@ -267,6 +268,22 @@ def findings(result: SubmissionResult) -> str:
     return " | ".join(named)
 
 
+def machine_busy(result: SubmissionResult) -> list[tuple[str, str]]:
+    """(stage, case) of every case that ended machine-busy even after its retries (the wall-clock backstop with
+    little CPU used): not a verdict on the code, so the row must be regraded on a quieter machine."""
+    if result.run is None:
+        return []
+    return [(s.id, c.name) for s in result.run.stages for c in s.cases if c.detail == MACHINE_BUSY]
+
+
+def machine_busy_cell(result: SubmissionResult) -> str:
+    """The CSV's `machine_busy` cell: `forward: two-tokens | greedy: sentence` (stage ids first, like `error`)."""
+    by_stage: dict[str, list[str]] = {}
+    for stage, case in machine_busy(result):
+        by_stage.setdefault(stage, []).append(case)
+    return " | ".join(f"{stage}: {', '.join(cases)}" for stage, cases in by_stage.items())
+
+
 def first_reason(result: SubmissionResult) -> str:
     """Why the first failing stage failed, on one line: `greedy: case sentence: token 2 of 4 differs …`.
 
@@ -296,7 +313,16 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
     columns = ["id", "status", "points", "max_points"]
     for stage in stages:
         columns += [f"{stage.id}.status", f"{stage.id}.points"]
-    return columns + ["seconds", "copy_of", *GRADED_WITH_COLUMNS, *SHARD_COLUMNS, "finding", "reason", "error"]
+    return columns + [
+        "seconds",
+        "copy_of",
+        *GRADED_WITH_COLUMNS,
+        *SHARD_COLUMNS,
+        "machine_busy",
+        "finding",
+        "reason",
+        "error",
+    ]
 
 
 def csv_row(
@@ -316,6 +342,7 @@ def csv_row(
         copy_of,
         *graded.cells(),
         *shard_cells,
+        spreadsheet_text(_one_line(machine_busy_cell(result), result.path)),
         *reasons,
         spreadsheet_text(first_errors(result)),
     ]

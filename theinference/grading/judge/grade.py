@@ -24,7 +24,8 @@ from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, CaseDone, CaseStarted, RunEnded, run_adapter
 from theinference.grading.spec.checks import RowsCheck, ScalingCheck, TokensCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
-from theinference.grading.spec.timeouts import Timeouts
+from theinference.grading.spec.timeouts import CPU_FLOOR, CpuBudget, Timeouts, cpu_budget
+from theinference.proc.node import is_node_adapters
 from theinference.grading.judge.verification import verify_tokens
 from theinference.model.weights import Model
 from theinference.errors import ConfigError
@@ -168,6 +169,9 @@ def _output_cap(shape: tuple[int, ...]) -> int:
     return _OUTPUT_SLACK * int(np.prod(shape)) * 8 + _OUTPUT_FLOOR
 
 
+MACHINE_BUSY = "machine-busy"  # CaseResult.detail of a case the machine gave too little CPU to finish
+
+
 def judge_case(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: GradeContext, spec: OracleSpec) -> Judged:
     """One case's verdict from what its call came to in the student's process (and the array kept beside it)."""
     ran = CaseResult(
@@ -183,6 +187,8 @@ def judge_case(stage: StageSpec, case: CaseSpec, outcome: CallOutcome, ctx: Grad
         clock=outcome.clock,
         loading=outcome.loading,
         at=deepest_course_frame(outcome.traceback, ctx.course.root),
+        # the wall-clock backstop with little CPU used, even after its retries: the machine's, to be regraded
+        detail=MACHINE_BUSY if outcome.limit == "wall" else "",
     )
     if outcome.status in _FAILED_OUTCOMES:
         return Judged(ran)
@@ -269,6 +275,19 @@ def _judged_as_they_arrive(
     raise AssertionError("run_adapter always ends with RunEnded")
 
 
+def _case_cpu(stage: StageSpec, ctx: GradeContext, spec: OracleSpec):
+    """Each case's CPU budget from its work (spec.timeouts.cpu_budget: the oracle's CPU for it, timed by the cache),
+    or None where the timeout alone bounds a case: the instructor's --timeout, and cache-scaling (its own budgets)."""
+    if not ctx.timeouts.cpu_budgeted or isinstance(stage.check, ScalingCheck):
+        return None
+    node = is_node_adapters(ctx.course.adapters)
+
+    def budget(index: int) -> CpuBudget:
+        return cpu_budget(ctx.cache.cost(ctx.model, stage, spec, stage.cases[index]), node)
+
+    return budget
+
+
 def student_job(stage: StageSpec, ctx: GradeContext, spec: OracleSpec) -> AdapterJob:
     """The one constructor of a student's job: what runs, under which limits, timeout and environment, all read
     from the context the run's plan made (ctx.model: the weights the stage runs on)."""
@@ -287,6 +306,8 @@ def student_job(stage: StageSpec, ctx: GradeContext, spec: OracleSpec) -> Adapte
         case_names=tuple(c.name for c in stage.cases),
         deadline=ctx.deadline,
         deadline_budget=ctx.budget,
+        case_cpu=_case_cpu(stage, ctx, spec),
+        cpu_floor=CPU_FLOOR,
     )
 
 

@@ -1,6 +1,7 @@
 """OracleCache: every oracle output a session computes, once per (weights file, oracle, case inputs)."""
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -36,21 +37,36 @@ class OracleCache:
     """
 
     entries: dict = field(default_factory=dict)
+    costs: dict = field(default_factory=dict)  # key -> CPU seconds its computation took (time.process_time)
     store: OracleStore | None = None
     progress: object = None  # told when an output is computed (slow on the gpt2 shape): start(label), finish(label)
     _locks: dict = field(default_factory=dict, repr=False)  # key -> the lock of the one computing it
     _locks_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def get(self, model: Model, stage: _Stage, spec: OracleSpec, case: _Case) -> np.ndarray:
-        inputs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items())
-        key = (str(model.path), model.stamp, stage.oracle, spec.stamp, inputs)
+        key, compute = self._oracle(model, stage, spec, case)
         return self.memo(
             key,
-            lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'", case.name),
+            compute,
             model=model,
             durable=("oracle", stage.oracle, oracle_version(spec.stamp), case.inputs),
             label=f"{stage.id}: {case.name}",
         )
+
+    def cost(self, model: Model, stage: _Stage, spec: OracleSpec, case: _Case) -> float:
+        """CPU seconds the oracle takes for the case (what a case's CPU budget is made from: spec.timeouts). Timed
+        as the output is computed; an output the store kept was not computed here, so it is computed once more."""
+        key, compute = self._oracle(model, stage, spec, case)
+        self.get(model, stage, spec, case)
+        if key not in self.costs:
+            self._timed(key, _on_threads_for_load(compute))()
+        return self.costs[key]
+
+    @staticmethod
+    def _oracle(model: Model, stage: _Stage, spec: OracleSpec, case: _Case):
+        inputs = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in case.inputs.items())
+        key = (str(model.path), model.stamp, stage.oracle, spec.stamp, inputs)
+        return key, lambda: compute_expected(spec, model, case.inputs, f"stage '{stage.id}'", case.name)
 
     def memo(self, key: tuple, compute, model: Model | None = None, durable: tuple = (), label: str = "") -> np.ndarray:
         """Any output computed from these weights (the oracle's, a bug oracle's), once per key.
@@ -65,7 +81,7 @@ class OracleCache:
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self.entries:
-                counted = self._counted(_on_threads_for_load(compute), label)
+                counted = self._counted(self._timed(key, _on_threads_for_load(compute)), label)
                 if self.store is not None and model is not None and durable:
                     self.entries[key] = self.store.output(model, durable, counted)
                 else:
@@ -73,6 +89,18 @@ class OracleCache:
         with self._locks_lock:
             self._locks.pop(key, None)
         return self.entries[key]
+
+    def _timed(self, key: tuple, compute):
+        """compute, its CPU kept in costs: the grader's whole process (BLAS's threads too, as the student's tree is
+        counted whole); submissions graded in parallel add theirs, which only makes a budget more generous."""
+
+        def run():
+            before = time.process_time()
+            value = compute()
+            self.costs[key] = time.process_time() - before
+            return value
+
+        return run
 
     def _counted(self, compute, label: str):
         def run():

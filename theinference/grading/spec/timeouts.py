@@ -17,6 +17,40 @@ class Timeouts:
         return self.command_line or self.course or stage.timeout
 
     @property
+    def cpu_budgeted(self) -> bool:
+        """Each case also gets a CPU budget from its work (cpu_budget), unless the instructor's --timeout is given:
+        that figure is trusted and wins alone."""
+        return self.command_line is None
+
+    @property
     def chosen_by_course(self) -> bool:
         """The course's file set every stage's timeout (what a report says the course chose)."""
         return self.command_line is None and self.course is not None
+
+
+# A case's CPU budget (an inner bound, inside the stage's timeout): what it may use without answering before it is
+# the student's timeout. It follows from the work: the reference's own CPU for that case, many times over (a
+# student's numpy is rarely as lean as the oracle's, and the TypeScript edition's plain loops are far slower still),
+# plus a floor that covers what any case costs whatever its size (loading the weights, numpy's first calls).
+CPU_FLOOR = 5.0
+CPU_FACTOR = 50.0
+NODE_FACTOR = 10.0  # the TypeScript edition: plain-JS loops against numpy's BLAS
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """One case's CPU budget and what it was made from (for the timeout's message)."""
+
+    seconds: float
+    reference: float  # CPU seconds the oracle took for the case
+
+    def message(self, used: float) -> str:
+        return (
+            f"timed out: used {used:.3g} s of CPU without answering, on a case the reference computes in "
+            f"{self.reference:.2g} s (a case may use {self.seconds:.3g} s of CPU here)"
+        )
+
+
+def cpu_budget(reference: float, node: bool) -> CpuBudget:
+    """The rule: CPU_FLOOR plus CPU_FACTOR times the reference's CPU (NODE_FACTOR more for the TypeScript edition)."""
+    return CpuBudget(CPU_FLOOR + reference * CPU_FACTOR * (NODE_FACTOR if node else 1.0), reference)
