@@ -2,6 +2,7 @@
 stage of one-row cases), a summary line and what to do next."""
 
 import math
+import re
 import textwrap
 from typing import Literal
 
@@ -96,7 +97,8 @@ def sparkline(values: list[float], plain: bool = False) -> str:
 
 def _folded(console: Console, label: str, parts: list[str], style: str = "") -> None:
     """`label part · part · …`, folded between parts at the console's width, continuation lines under the first
-    part; a part too long for a line of its own is wrapped between words onto further lines under it."""
+    part; a part too long for a line of its own is wrapped between words onto further lines under it (a word
+    longer than a line, a path, stays whole: a path cut in two cannot be copied)."""
     indent = " " * cell_len(label)
     lines, line = [], label
     for part in parts:
@@ -109,8 +111,8 @@ def _folded(console: Console, label: str, parts: list[str], style: str = "") -> 
     room = max(console.width - len(indent), 20)
     for text in lines:
         head, body = text[: len(indent)], text[len(indent) :]
-        for k, piece in enumerate(textwrap.wrap(body, room, break_on_hyphens=False) or [""]):
-            console.print(Text((head if k == 0 else indent) + piece, style=style), overflow="fold")
+        for k, piece in enumerate(textwrap.wrap(body, room, break_on_hyphens=False, break_long_words=False) or [""]):
+            console.print(Text((head if k == 0 else indent) + piece, style=style), overflow="ignore", crop=False)
 
 
 # The mechanisms the header names, of those in RunResult.processes (the JSON document has them all).
@@ -629,6 +631,20 @@ def render_run(console: Console, run: RunResult, version: str, footer: bool = Tr
         render_footer(console, run)
 
 
+_WORDS_AND_COMMANDS = re.compile(r"`[^`]*`\S*|\S+")  # a `command` with what follows it up to a space is one word
+
+
+def _unbroken_commands(text: str, width: int) -> list[str]:
+    """text wrapped between words at width, a `command` never cut (it is copied and run as printed)."""
+    lines: list[str] = []
+    for word in _WORDS_AND_COMMANDS.findall(text):
+        if lines and cell_len(lines[-1]) + 1 + cell_len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
 def render_footer(console: Console, run: RunResult) -> None:
     """The report's closing lines: what output stages cannot prove, the points, what to do next."""
     passed = sum(s.status == Status.PASS for s in run.stages)
@@ -643,7 +659,8 @@ def render_footer(console: Console, run: RunResult) -> None:
     style = "bold green" if run.passed else "bold red"
     console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)
     for line in run.advice:
-        console.print(Text.assemble(("→ ", "bold cyan"), for_terminal(line)))
+        for k, piece in enumerate(_unbroken_commands(for_terminal(line), console.width - 2)):
+            console.print(Text.assemble(("→ " if k == 0 else "  ", "bold cyan"), piece), overflow="ignore", crop=False)
     if run.course_supplied:
         console.print(
             f"not the instructor's grading: {for_terminal('; '.join(run.course_supplied))}",
