@@ -5,6 +5,7 @@ other character it cannot encode as "?": never a UnicodeEncodeError, never bytes
 
 import codecs
 import functools
+import os
 import re
 import sys
 
@@ -147,7 +148,7 @@ class TrimmedLines:
 
 
 def console_for(stream, width: int | None = None):
-    """A rich Console on stream (width: the terminal's, else 160, unless given); plain (no colour) when not a
+    """A rich Console on stream (width: the terminal's, else COLUMNS, else 160, unless given); plain (no colour) when not a
     terminal, in CI or with NO_COLOR; its lines end where their text does (TrimmedLines). Not annotated:
     typing alone costs the early first line a few percent of its budget."""
     from typing import IO, cast
@@ -161,7 +162,8 @@ def console_for(stream, width: int | None = None):
         highlight=False,
         soft_wrap=False,
         force_terminal=False if plain else None,
-        width=width or (None if stream.isatty() else 160),
+        # rich reads COLUMNS itself: a log or pipe says its width that way (a CI log viewer, `COLUMNS=80 ... | less`)
+        width=width or (None if stream.isatty() or os.environ.get("COLUMNS", "").isdigit() else 160),
     )
 
 

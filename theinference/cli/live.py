@@ -133,6 +133,7 @@ class StreamedReport:
     def __init__(self, console: Console, version: str, progress: RunProgress, n_vocab: int):
         self.console, self.version, self.progress, self.n_vocab = console, version, progress, n_vocab
         self.seen: dict = {}  # errors already shown in this run
+        self.shown: dict[str, StageResult] = {}  # each stage as its verdict printed it: its hints are on screen
 
     def header(self, run: RunResult) -> None:
         self.progress.pause()
@@ -142,11 +143,12 @@ class StreamedReport:
     def stage(self, stage: StageResult) -> None:
         self.progress.pause()
         render_stage(self.console, stage, self.n_vocab, self.seen)
+        self.shown[stage.id] = stage
         self.console.file.flush()
 
     def finding(self, stage: StageResult) -> None:
         self.progress.pause()
-        render_finding(self.console, stage)
+        render_finding(self.console, stage, self.shown.get(stage.id))
         self.console.file.flush()
 
     def footer(self, run: RunResult) -> None:

@@ -9,12 +9,17 @@ from rich.markup import escape
 
 from theinference import __version__
 from theinference.cli.consoles import console_for, err_console
-from theinference.report.terminal import render_run
+from theinference.report.terminal import render_finding, render_footer, render_run
 from theinference.grading.drive.watch import Regrade, Watch
 
 
 def render_regrade(report: Regrade, root) -> None:
+    """A re-grade's screen; a failing one's in two parts: its verdicts at once (fingerprinting), then, once the
+    failure is matched against known bugs (unmatched set), what that adds under them, never the report again."""
     console = console_for(sys.stdout)
+    if report.unmatched is not None:
+        _render_findings(console, report, root)
+        return
     console.clear()
     when = time.strftime("%H:%M:%S", time.localtime(report.at))
     if report.waiting:
@@ -27,11 +32,29 @@ def render_regrade(report: Regrade, root) -> None:
     if report.error:
         console.print(f"[bold red]error:[/bold red] {escape(report.error)}", soft_wrap=True)
     elif report.result is not None:
-        render_run(console, report.result, __version__)
-    if report.notice:
-        console.print(report.notice, markup=False, soft_wrap=True)
+        # the points and what to do next close the report once the findings are out
+        render_run(console, report.result, __version__, footer=not report.fingerprinting)
     if report.fingerprinting:
         console.print("[dim]matching the failure against known bugs…[/dim]")
+        return
+    _render_closing(console, report, root)
+
+
+def _render_findings(console, report: Regrade, root) -> None:
+    """What fingerprinting a shown failure adds: each stage's findings, then the report's closing lines."""
+    assert report.unmatched is not None and report.result is not None, "called once a shown failure is matched"
+    shown = {stage.id: stage for stage in report.unmatched.stages}
+    for stage in report.result.stages:
+        render_finding(console, stage, shown.get(stage.id))
+    if report.error:
+        console.print(f"[bold red]error:[/bold red] {escape(report.error)}", soft_wrap=True)
+    render_footer(console, report.result)
+    _render_closing(console, report, root)
+
+
+def _render_closing(console, report: Regrade, root) -> None:
+    if report.notice:
+        console.print(report.notice, markup=False, soft_wrap=True)
     keys = "Enter re-runs, q+Enter quits, " if sys.stdin.isatty() else ""
     console.print(f"\n[dim]watching {escape(str(root))} for changes — {keys}Ctrl-C exits[/dim]", soft_wrap=True)
 

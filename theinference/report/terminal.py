@@ -2,6 +2,7 @@
 stage of one-row cases), a summary line and what to do next."""
 
 import math
+import re
 import textwrap
 from typing import Literal
 
@@ -96,7 +97,8 @@ def sparkline(values: list[float], plain: bool = False) -> str:
 
 def _folded(console: Console, label: str, parts: list[str], style: str = "") -> None:
     """`label part · part · …`, folded between parts at the console's width, continuation lines under the first
-    part; a part too long for a line of its own is wrapped between words onto further lines under it."""
+    part; a part too long for a line of its own is wrapped between words onto further lines under it (a word
+    longer than a line, a path, stays whole: a path cut in two cannot be copied)."""
     indent = " " * cell_len(label)
     lines, line = [], label
     for part in parts:
@@ -109,8 +111,8 @@ def _folded(console: Console, label: str, parts: list[str], style: str = "") -> 
     room = max(console.width - len(indent), 20)
     for text in lines:
         head, body = text[: len(indent)], text[len(indent) :]
-        for k, piece in enumerate(textwrap.wrap(body, room, break_on_hyphens=False) or [""]):
-            console.print(Text((head if k == 0 else indent) + piece, style=style), overflow="fold")
+        for k, piece in enumerate(textwrap.wrap(body, room, break_on_hyphens=False, break_long_words=False) or [""]):
+            console.print(Text((head if k == 0 else indent) + piece, style=style), overflow="ignore", crop=False)
 
 
 # The mechanisms the header names, of those in RunResult.processes (the JSON document has them all).
@@ -374,7 +376,13 @@ def scaling_lines(case: CaseResult) -> list[Text]:
     return lines
 
 
-def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int, shape_only: bool = False) -> list:
+def _part(shared: Diagnosis | None, one_hint: bool) -> str:
+    """What a case's body says of its diagnosis when the stage says its finding once: "" all of it, "shape" the shape
+    (the hint is the stage's too), "shape+hint" its shape and own hint."""
+    return "" if shared is None else ("shape" if one_hint else "shape+hint")
+
+
+def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int, shared: str = "") -> list:
     parts: list[Text | Table] = [
         _labelled(
             f"case {for_terminal(case.name)}",
@@ -395,8 +403,11 @@ def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int, shape_onl
     if case.scaling:
         parts.append(scaling_table(case, plain))
         parts.extend(scaling_lines(case))
-    if case.diagnosis:
-        parts.extend(diagnosis_lines(case.diagnosis, shape_only=shape_only))
+    if case.diagnosis and shared == "shape+hint":  # the finding is said once for the stage, after its cases
+        d = case.diagnosis
+        parts.extend(diagnosis_lines(Diagnosis(shape=d.shape, summary=d.summary, hint=d.hint)))
+    elif case.diagnosis:
+        parts.extend(diagnosis_lines(case.diagnosis, shape_only=shared == "shape"))
     if case.traceback:
         parts.append(Text(for_terminal(case.traceback.rstrip()), style="dim"))
     output = (case.stdout + case.stderr).strip()
@@ -414,10 +425,13 @@ def _labelled(label: str, style: str, body: Text) -> Table:
     return grid
 
 
-def diagnosis_lines(d: Diagnosis, shape_only: bool = False, finding_only: bool = False) -> list[Table]:
+def diagnosis_lines(
+    d: Diagnosis, shape_only: bool = False, finding_only: bool = False, with_hint: bool = True
+) -> list[Table]:
     """Shape, then the fingerprint's finding (or that no known bug matched), then the hint.
 
-    shape_only: the shape alone (the stage states the rest once for all its cases); finding_only: the rest.
+    shape_only: the shape alone (the stage states the rest once for all its cases); finding_only: the rest;
+    with_hint False: not the hint (it is on screen already).
     """
     lines = []
     if d.shape and not finding_only:
@@ -428,7 +442,7 @@ def diagnosis_lines(d: Diagnosis, shape_only: bool = False, finding_only: bool =
         lines.append(_labelled("finding", "bold green", Text.assemble((d.bug, "bold"), f" — {d.evidence}")))
     elif d.evidence:
         lines.append(_labelled("known bugs", "bold", Text(d.evidence)))
-    if d.hint:
+    if d.hint and with_hint:
         lines.append(_labelled("hint", "bold yellow", Text(d.hint)))
     return lines
 
@@ -477,11 +491,14 @@ def _error_key(case: CaseResult) -> tuple | None:
     return (case.status, case.message, case.traceback)
 
 
-def _shared_diagnosis(cases: list[CaseResult]) -> Diagnosis | None:
-    """The diagnosis whose finding and hint every failing case with one shares (said once for the stage)."""
+def _shared_diagnosis(cases: list[CaseResult]) -> tuple[Diagnosis | None, bool]:
+    """(the diagnosis whose finding every failing case with one shares, said once for the stage; whether their
+    hints are one too, said once with it); (None, False) when the cases differ or only one is diagnosed."""
     diagnosed = [c.diagnosis for c in cases if c.diagnosis is not None and c.status == Status.FAIL]
-    said = {(d.bug, d.evidence, d.hint) for d in diagnosed}
-    return diagnosed[0] if len(diagnosed) > 1 and len(said) == 1 else None
+    findings = {(d.bug, d.evidence) for d in diagnosed}
+    if len(diagnosed) < 2 or len(findings) != 1:
+        return None, False
+    return diagnosed[0], len({d.hint for d in diagnosed}) == 1
 
 
 def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict | None = None) -> None:
@@ -520,7 +537,9 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
         return
     # A stage read across one-row cases shows their rows in one table, not one table per case.
     across = stage.cross_case is not None
-    shared = _shared_diagnosis(stage.cases)
+    shared, one_hint = _shared_diagnosis(stage.cases)
+    if shared is not None and not (one_hint or shared.bug or shared.evidence):
+        shared = None  # each case's own shape and hint, and no finding to say once
     repeats: dict[tuple, list[CaseResult]] = {}  # (stage, case) where an error was shown -> the cases repeating it
     for case in stage.cases:
         vocab = bool(case.rows) and case.rows[0].n == n_vocab
@@ -529,7 +548,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
         if where is not None:
             repeats.setdefault(where, []).append(case)
         elif case.status != Status.PASS and not (across and case.rows):
-            body = _case_body(case, vocab, plain_console(console), console.width, shape_only=shared is not None)
+            body = _case_body(case, vocab, plain_console(console), console.width, shared=_part(shared, one_hint))
             console.print(Group(*body))
             if key is not None:
                 seen[key] = (stage.id, case.name)
@@ -541,7 +560,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
     for where, cases in repeats.items():
         console.print(_repeated_line(stage, where, cases), soft_wrap=True, markup=False)
     if shared is not None:
-        for said in diagnosis_lines(shared, finding_only=True):
+        for said in diagnosis_lines(shared, finding_only=True, with_hint=one_hint):
             console.print(said)
     if across:
         _print_cross_case(console, stage, n_vocab)
@@ -561,18 +580,28 @@ def _repeated_line(stage: StageResult, where: tuple[str, str], cases: list[CaseR
     return f"  {which}: {_WORDS[cases[0].status]} — same error as {before}"
 
 
-def render_finding(console: Console, stage: StageResult) -> None:
-    """A stage's fingerprint, told after its verdict was printed: the finding (or that no known bug matched)
-    and its hint, once for the stage."""
+def shown_hints(stage: StageResult | None) -> set[str]:
+    """The hints render_stage printed for stage (under its cases and its cross-case table)."""
+    if stage is None:
+        return set()
+    diagnoses = [stage.cross_case, *(c.diagnosis for c in stage.cases)]
+    return {d.hint for d in diagnoses if d is not None and d.hint}
+
+
+def render_finding(console: Console, stage: StageResult, shown: StageResult | None = None) -> None:
+    """A stage's fingerprint, told after its verdict was printed: each finding (or that no known bug matched) once,
+    and each hint once that is not on screen already (shown: the stage as render_stage printed it)."""
     diagnoses = [stage.cross_case] if stage.cross_case else [c.diagnosis for c in stage.cases if c.diagnosis]
+    hints = shown_hints(shown)
     said: set[tuple] = set()
     for d in diagnoses:
-        if d is None or (d.bug, d.evidence, d.hint) in said or not (d.bug or d.evidence):
+        if d is None or (d.bug, d.evidence) in said or not (d.bug or d.evidence):
             continue
-        said.add((d.bug, d.evidence, d.hint))
+        said.add((d.bug, d.evidence))
         console.print(Text.assemble((f"{stage.id}: ", "bold"), "matched against known bugs"))
-        for line in diagnosis_lines(d, finding_only=True):
+        for line in diagnosis_lines(d, finding_only=True, with_hint=d.hint not in hints):
             console.print(line)
+        hints.add(d.hint)
     if said:
         console.print()
 
@@ -592,13 +621,28 @@ def _print_cross_case(console: Console, stage: StageResult, n_vocab: int) -> Non
         console.print(line)
 
 
-def render_run(console: Console, run: RunResult, version: str) -> None:
-    """The whole report: header, each stage, and a closing summary line."""
+def render_run(console: Console, run: RunResult, version: str, footer: bool = True) -> None:
+    """The whole report: header, each stage, and (footer) a closing summary line."""
     render_header(console, run, version)
     seen: dict = {}
     for stage in run.stages:
         render_stage(console, stage, run.config.get("n_vocab", 0), seen)
-    render_footer(console, run)
+    if footer:
+        render_footer(console, run)
+
+
+_WORDS_AND_COMMANDS = re.compile(r"`[^`]*`\S*|\S+")  # a `command` with what follows it up to a space is one word
+
+
+def _unbroken_commands(text: str, width: int) -> list[str]:
+    """text wrapped between words at width, a `command` never cut (it is copied and run as printed)."""
+    lines: list[str] = []
+    for word in _WORDS_AND_COMMANDS.findall(text):
+        if lines and cell_len(lines[-1]) + 1 + cell_len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
 
 
 def render_footer(console: Console, run: RunResult) -> None:
@@ -615,7 +659,8 @@ def render_footer(console: Console, run: RunResult) -> None:
     style = "bold green" if run.passed else "bold red"
     console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)
     for line in run.advice:
-        console.print(Text.assemble(("→ ", "bold cyan"), for_terminal(line)))
+        for k, piece in enumerate(_unbroken_commands(for_terminal(line), console.width - 2)):
+            console.print(Text.assemble(("→ " if k == 0 else "  ", "bold cyan"), piece), overflow="ignore", crop=False)
     if run.course_supplied:
         console.print(
             f"not the instructor's grading: {for_terminal('; '.join(run.course_supplied))}",

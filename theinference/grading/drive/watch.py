@@ -102,6 +102,8 @@ class Regrade:
     waiting: bool = False  # not a grade: the course directory is gone and watch mode waits for it
     notice: str = ""
     fingerprinting: bool = False  # the verdict is shown; the failure is being matched against known bugs
+    # Once fingerprinted: the result as its verdict was shown (result is then the fingerprinted one); None before.
+    unmatched: RunResult | None = None
 
 
 @dataclass
@@ -115,7 +117,8 @@ class Watch:
     events: queue.Queue = field(default_factory=queue.Queue)
     observer: BaseObserver | None = None
     watched_id: tuple[int, int] | None = None  # the directory the observer watches, to notice it being replaced
-    # Called again once a failing re-grade is fingerprinted (the verdict was shown before); None: not fingerprinted.
+    # Called again once a failing re-grade is fingerprinted (the verdict was shown before: the call shows what the
+    # fingerprint adds, Regrade.unmatched being what was shown); None: not fingerprinted.
     on_fingerprint: Callable[[Regrade], None] | None = None
     on_case: CaseEvent | None = None  # told as each case starts and ends in the student's process (a live line)
 
@@ -228,6 +231,7 @@ class Watch:
 
     def _fingerprint(self, stages, report: Regrade) -> None:
         assert report.result is not None and self.on_fingerprint is not None, "only a failing run is fingerprinted"
+        report.unmatched = report.result
         try:
             report.result = self.session.grader.fingerprint(stages, report.result, self.options)
         except ConfigError as e:
