@@ -67,7 +67,9 @@ def isolated_env(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("THEINFERENCE_WEIGHTS", raising=False)
     monkeypatch.delenv("CI", raising=False)  # CI=true makes `test` untrusted; tests that need it set it
-    monkeypatch.setenv("COLUMNS", "160")  # the width reports take off a terminal without COLUMNS (tests of 80: their own)
+    monkeypatch.setenv(
+        "COLUMNS", "160"
+    )  # the width reports take off a terminal without COLUMNS (tests of 80: their own)
     monkeypatch.setenv("NO_COLOR", "1")
 
 
