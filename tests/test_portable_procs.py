@@ -61,6 +61,8 @@ def _left_behind():
 
 
 def run_layer_equiv(seq_ids):
+    with open(PIDS + ".workers", "a") as f:  # for the test's cleanup: a forked worker does not carry its marker
+        f.write(f"{{os.getpid()}}\\n")
     _double_fork()
     _left_behind()
     while LOOP:
@@ -114,9 +116,15 @@ def _env(switches: dict) -> tuple[dict, str]:
     return {**env, **switches, "PORTABLE_TEST_RUN": marker, "THEINFERENCE_LAUNCHER": ""}, marker
 
 
-def _cleanup(marker: str) -> None:
-    for process in _marked(marker):  # a failed test leaves nothing running either
+def _cleanup(marker: str, pids: Path) -> None:
+    """A failed test leaves nothing running either: the run's marked processes, and the workers and daemons it
+    started (a worker forked from the zygote shows the zygote's environment, not the marker)."""
+    for process in _marked(marker):
         process.kill()
+    for path in (pids, Path(f"{pids}.workers")):
+        for pid in path.read_text().split() if path.exists() else []:
+            if _alive(int(pid)):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 def _stage(out: str) -> dict:
@@ -157,7 +165,7 @@ def test_the_solution_passes_and_its_daemons_die(mode, solution_course, tiny_pat
         assert [pid for pid in started if _alive(pid)] == []
         assert _marked(marker) == []  # nor is any other process of the run (monitors, zygote, workers) left
     finally:
-        _cleanup(marker)
+        _cleanup(marker, pids)
 
 
 @pytest.mark.slow
@@ -174,7 +182,7 @@ def test_an_endless_loop_times_out_with_nothing_left(mode, solution_course, tiny
         assert started and [pid for pid in started if _alive(pid)] == []
         assert _marked(marker) == []
     finally:
-        _cleanup(marker)
+        _cleanup(marker, pids)
 
 
 def _looping(grader: subprocess.Popen, pids: Path) -> list[int]:
@@ -200,7 +208,7 @@ def test_ctrl_c_kills_the_whole_tree(mode, solution_course, tiny_path, tmp_path)
         assert [pid for pid in started if _alive(pid)] == []
         assert _marked(marker) == []
     finally:
-        _cleanup(marker)
+        _cleanup(marker, pids)
 
 
 @pytest.mark.slow
@@ -218,7 +226,7 @@ def test_the_tree_dies_with_a_sigkilled_grader(mode, solution_course, tiny_path,
         assert [pid for pid in started if _alive(pid)] == []
         assert _marked(marker) == []
     finally:
-        _cleanup(marker)
+        _cleanup(marker, pids)
 
 
 def test_mechanisms_name_linux_own_unless_a_switch_forces_the_portable_one(monkeypatch):

@@ -162,12 +162,20 @@ def fork_held() -> tuple[int, Callable[[], None]]:
 
 
 def _kill_all_and_exit(*_) -> None:
-    kill_descendants()
-    os._exit(1)
+    """The grader is gone: kill every descendant, then exit, whatever the kill raised."""
+    if not _killing.acquire(blocking=False):
+        return  # a kill is under way (the worker's exit, or the other sign of the grader's death): its caller ends it
+    try:
+        _kill_descendants()
+    finally:
+        os._exit(1)
 
 
 def guard(conn: socket.socket, parent: int) -> None:
     """Kill every descendant and exit when the grader goes: parent death (SIGTERM) or end-of-file on conn."""
+    if plan().kill == "psutil":
+        from theinference.proc import trees  # noqa: F401 - imported now, never inside a signal handler
+
     signal.signal(signal.SIGTERM, _kill_all_and_exit)
     if not die_with_parent(parent, signal.SIGTERM):
         _kill_all_and_exit()
@@ -279,9 +287,21 @@ def tree_mark() -> str:
     return f"{os.getpid()}-{secrets.token_hex(8)}"
 
 
+# Taken by the first of the three callers of a monitor's kill, and never given back: the monitor exits after it. The
+# worker's exit, the grader's death by signal and by end-of-file may each come, the signal's handler even in the middle
+# of another kill on the same thread (re-entering it there once left a half-imported module and the tree alive).
+_killing = threading.Lock()
+
+
 def kill_descendants() -> None:
     """SIGKILL and reap every descendant of this monitor: its tree (kill_trees, or trees.kill where /proc cannot be
-    read) and every process its watch saw (orphans that re-parented away where no subreaper keeps them)."""
+    read) and every process its watch saw (orphans that re-parented away where no subreaper keeps them). A kill under
+    way on the guard's thread is waited for (it exits the monitor when done)."""
+    _killing.acquire()
+    _kill_descendants()
+
+
+def _kill_descendants() -> None:
     seen = _watch[0].stop() if _watch else []
     if seen or plan().kill == "psutil":
         from theinference.proc import trees

@@ -99,7 +99,10 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int], zygote: int) ->
     release()
     _, status = os.waitpid(pid, 0)
     kill_descendants()
-    conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    try:
+        conn.sendall(json.dumps({"status": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    except OSError:
+        pass  # the grader is gone: the tree is dead all the same
     os._exit(0)
 
 
