@@ -581,6 +581,15 @@ def test_a_machine_that_makes_other_bytes_checks_against_its_own_digest(tmp_path
 # --- 8. Copies of the reference solution, and of each other ---------------------------------------------------------
 
 
+SHARED_HELPER = """
+
+def top_tokens(params, ids, n_head, k=5):
+    logits, _ = prefill(params, ids, n_head)
+    order = np.argsort(-logits[-1])[:k]
+    return [(int(t), float(logits[-1][t])) for t in order if logits[-1][t] > logits[-1].mean()]
+"""
+
+
 def test_grade_flags_a_disguised_copy_of_the_solution_and_two_identical_submissions(cli, tmp_path, tiny_path):
     from theinference.bundled import data_dir
 
@@ -592,20 +601,25 @@ def test_grade_flags_a_disguised_copy_of_the_solution_and_two_identical_submissi
     for twin in ("twin-a", "twin-b"):
         shutil.copytree(solution, subs / twin)
         path = subs / twin / "src" / "kvcache.py"
-        path.write_text(path.read_text() + "\n\ndef shared_helper(x):\n    return [x, x + 1, x * 2, x - 3, str(x)]\n")
+        path.write_text(path.read_text() + SHARED_HELPER)
     shutil.copytree(data_dir("course") / "starter", subs / "honest")  # not started: nothing to flag
     args = [*sorted(subs.iterdir()), "--stage", STAGE, "--weights", tiny_path]
     assert cli("grade", *args, "--out", tmp_path / "grades.csv").exit_code == 0
     import csv
 
     rows = {r["id"]: r for r in csv.DictReader((tmp_path / "grades.csv").open())}
-    assert rows["copier"]["copy_of"] == "reference-solution: src/gpt2.py src/kvcache.py"
+    assert rows["copier"]["copy_of"] == "reference-solution 100%: src/gpt2.py src/kvcache.py tests/adapters.py"
     assert rows["copier"]["status"] == "pass"  # a flag, never a silent zero
-    assert rows["twin-a"]["copy_of"] == "reference-solution: src/gpt2.py; twin-b: src/kvcache.py"
+    assert (
+        rows["twin-a"]["copy_of"]
+        == "reference-solution 93%: src/gpt2.py src/kvcache.py tests/adapters.py; twin-b 100%: src/kvcache.py"
+    )
     assert rows["honest"]["copy_of"] == ""
     cli("grade", *args, "--format", "json", "--out", tmp_path / "grades.json")
     doc = {s["id"]: s for s in json.loads((tmp_path / "grades.json").read_text())["submissions"]}
-    assert doc["twin-b"]["copy_of"][1] == {"of": "twin-a", "files": ["src/kvcache.py"]}
+    twin = doc["twin-b"]["copy_of"][1]
+    assert (twin["of"], twin["files"], twin["similarity"]) == ("twin-a", ["src/kvcache.py"], 1.0)
+    assert "def top_tokens" in "".join(r["text"] for r in twin["regions"])  # the passage they share
 
 
 # --- 1. (Gradescope) run_autograder fails closed; 8. bundles without the solution ----------------------------------

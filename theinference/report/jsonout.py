@@ -210,7 +210,7 @@ def batch_document(
                 "error": first_errors(r),
                 "seconds": r.seconds,
                 **record,
-                "copy_of": [{"of": c.of, "files": list(c.files)} for c in r.copies],
+                "copy_of": [dataclasses.asdict(c) for c in r.copies],  # of, files, similarity, regions
                 # cases the machine gave too little CPU to finish, even after their retries: regrade this row
                 "machine_busy": [{"stage": stage, "case": case} for stage, case in machine_busy(r)],
                 "results": run_document(r.run, __version__) if r.run else None,

@@ -36,7 +36,7 @@ from theinference.model.weights import Model, weights_digest
 from theinference.untrusted import for_terminal
 from theinference.errors import ConfigError
 from theinference.files import atomic_file
-from theinference.grading.drive.copies import Copy, find_copies
+from theinference.grading.drive.copies import CodeSnapshot, Copy, find_copies, read_code
 from theinference.grading.drive.copies import describe as describe_copies
 
 
@@ -69,6 +69,7 @@ class SubmissionResult:
     error: str = ""
     seconds: float = 0.0
     copies: list[Copy] = field(default_factory=list)  # its code is the reference solution's or another's (copies.py)
+    code: CodeSnapshot | None = None  # its source files as they were when it was graded (copies.read_code)
 
     @property
     def status(self) -> str:
@@ -169,7 +170,9 @@ def grade_batch(
     results = []
 
     def work(sub: Submission) -> None:
+        code = read_code(sub.path)  # read as graded: copies are found in these, not in what is left at the end
         result = _grade_one(sub, grader, stages, options)
+        result.code = code
         with lock:
             if not interrupt.cancelled():  # a submission whose processes were killed midway has no grade
                 results.append(result)
@@ -350,7 +353,7 @@ def csv_row(
 
 def mark_copies(results: list[SubmissionResult]) -> None:
     """Flag each submission whose code is the bundled reference solution's or another submission's (copies.py)."""
-    found = find_copies({r.id: Path(r.path) for r in results})
+    found = find_copies({r.id: r.code if r.code is not None else read_code(Path(r.path)) for r in results})
     for result in results:
         result.copies = found.get(result.id, [])
 
