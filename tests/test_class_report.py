@@ -1,7 +1,9 @@
 """`theinference report`: the class report from a real `grade` run over the solution and three mutants."""
 
 import json
+import os
 import shutil
+import statistics
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -119,6 +121,23 @@ def test_report_counts_match_the_batch_json(cli, batch, tmp_path):
     assert "finding: wpe-off-by-one" in text and "hint:" in text and "across 10 cases" in text
     # an error-by-position plot per failing case (decode-step: one across its cases)
     assert len(page.with_class("error-plot")) >= 3
+    # the TA's grid: a row per submission, a cell per stage with the JSON's status, linked to that stage's section
+    grid = {a["data-submission"]: a for a in page.with_class("grid-row")}
+    assert sorted(grid) == sorted(s["id"] for s in doc["submissions"])
+    cells = [(a["data-stage"], a["data-status"]) for a in page.with_class("cell")]
+    assert cells == [(st["id"], st["status"]) for sub in doc["submissions"] for st in sub["results"]["stages"]]
+    for sub in doc["submissions"]:
+        assert float(grid[sub["id"]]["data-seconds"]) == pytest.approx(sub["seconds"], abs=0.01)
+        assert {f"#s-{sub['id']}--{stage}" for stage in STAGES} <= set(page.hrefs())
+    stats = page.with_class("point-stats")[0]
+    points = [s["points"] for s in doc["submissions"]]
+    assert float(stats["data-median"]) == statistics.median(points)
+    assert float(stats["data-stdev"]) == pytest.approx(statistics.pstdev(points), rel=1e-5)
+    # every mutant is the reference solution with one edit: each is flagged as its copy, with the passages shown
+    flagged = {(a["data-submission"], a["data-of"]) for a in page.with_class("copy-row")}
+    assert flagged == {(s["id"], "reference-solution") for s in doc["submissions"]}
+    assert len(page.with_class("region")) >= len(doc["submissions"])
+
     # self-contained: nothing fetched, no script
     html = out.read_text()
     assert "<script" not in html and "http://" not in html and "https://" not in html
@@ -158,6 +177,10 @@ def test_report_renders_in_a_headless_browser(cli, batch, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     assert "CONSOLE" not in done.stderr
+    assert len(rendered.with_class("grid-row")) == 4 and len(rendered.with_class("copy-row")) == 4
+    artefacts = os.environ.get("THEINFERENCE_TEST_ARTEFACTS")  # where CI keeps the screenshot for a person to look at
+    if artefacts:
+        shutil.copy(shot, Path(artefacts) / "class-report.png")
 
 
 @pytest.fixture(scope="module")

@@ -1,16 +1,20 @@
 """The class report: one self-contained HTML file (inline CSS and SVG, no script, nothing fetched).
 
-It renders a batch JSON document and the ClassView counted from it: per-stage pass rates,
-the distribution of points, the known bugs found across the class with links to each
-sighting, and a section per submission with its stage tables, an error-by-position plot per
-failing case, and the diagnosis (shape, finding, hint). Every text from a submission is escaped.
+It renders a batch JSON document and the ClassView counted from it. At the top, what a TA acts
+on: who timed out, crashed, ended machine-busy or could not be graded, by name; the student ×
+stage grid (status colour and points, each cell a link to its section; run time per submission);
+the copies `grade` flagged. Then per-stage pass rates, the distribution of points (mean, median,
+spread), the known bugs found across the class with links to each sighting, and a section per
+submission with its copies (the matching passages side by side), its stage tables, an
+error-by-position plot per failing case, and the diagnosis (shape, finding, hint). Every text
+from a submission is escaped.
 """
 
 import math
 from html import escape
 
 from theinference.report.text import guarantee_text, timed_calls
-from theinference.grading.tools.classview import ClassView, anchor, stage_results
+from theinference.grading.tools.classview import ClassView, Sighting, anchor, stage_results
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:70em;padding:0 1em;color:#222}
@@ -21,6 +25,13 @@ vertical-align:top}th{background:#f4f4f4}.pass{color:#17702b}.fail,.error,.timeo
 .meta{color:#666;font-size:.9em}section.submission{border-top:3px solid #eee;margin-top:2em}
 .diag{background:#fff8e6;border-left:4px solid #e0a800;padding:.4em .8em;margin:.4em 0}
 .finding{font-weight:600}svg text{font:11px sans-serif;fill:#444}
+table.grid td{text-align:center;white-space:nowrap}table.grid td.name{text-align:left}
+table.grid td a{display:block;color:inherit;text-decoration:none}
+td.c-pass{background:#dff3e3}td.c-fail{background:#fbe0e3}td.c-error,td.c-timeout,td.c-crash{background:#f4c7cc}
+td.c-not-started,td.c-unproven{background:#fff1c2}td.c-not-graded{background:#eee;color:#888}
+.trouble{background:#fdecee;border-left:4px solid #b00020;padding:.4em .8em}
+.copy{background:#eef3fb;border-left:4px solid #4a78b5;padding:.4em .8em;margin:.4em 0}
+.sidebyside{display:flex;gap:1em}.sidebyside pre{flex:1;margin:.2em 0;font-size:.85em}
 """
 
 _STATUS_ORDER = ("pass", "fail", "unproven", "not-started", "error", "timeout", "crash", "not graded")
@@ -92,11 +103,134 @@ def _points(view: ClassView) -> str:
         f'<svg width="{bar_w * len(bins)}" height="{height + 34}" role="img" '
         f'aria-label="points distribution">{"".join(bars)}</svg>'
     )
-    mean = sum(view.points) / len(view.points) if view.points else 0.0
+    stats = view.stats
+    figures = (
+        f'<p class="point-stats" data-mean="{stats.mean:g}" data-median="{stats.median:g}" '
+        f'data-stdev="{stats.stdev:g}">{len(view.points)} submissions, of {view.max_points:g} points: '
+        f"mean {stats.mean:.3g} · median {stats.median:.3g} · standard deviation {stats.stdev:.3g} · "
+        f"middle half {stats.quartiles[0]:.3g}–{stats.quartiles[1]:.3g} · range {stats.low:g}–{stats.high:g}</p>"
+        if stats is not None
+        else "<p>No submissions.</p>"
+    )
     return (
-        f"<h2>Points</h2><p>{len(view.points)} submissions · mean {mean:.3g} of {view.max_points:g} · "
-        f"{view.statuses.get('pass', 0)} passed every stage, {view.statuses.get('error', 0)} could not be graded</p>"
-        + svg
+        f"<h2>Points</h2>{figures}<p>{view.statuses.get('pass', 0)} passed every stage, "
+        f"{view.statuses.get('error', 0)} could not be graded</p>" + svg
+    )
+
+
+def _trouble(view: ClassView) -> str:
+    """Who must be looked at, by name: a timeout, a crash, a machine-busy case (regrade it), no grade at all."""
+    if not view.trouble:
+        return "<p class=meta>No submission timed out, crashed, ended machine-busy or failed to be graded.</p>"
+    why = {
+        "timeout": "timed out",
+        "crash": "crashed",
+        "machine-busy": "ended machine-busy (too little CPU to finish, even after retries: regrade on a quieter machine)",
+        "could not be graded": "could not be graded at all",
+    }
+    items = []
+    for kind, sightings in view.trouble.items():
+        names = sorted({s.submission for s in sightings})
+        items.append(
+            f'<li class="trouble-kind" data-kind="{escape(kind)}" data-students="{len(names)}">'
+            f"<b>{len(names)} {escape(why.get(kind, kind))}</b>: {_trouble_links(sightings)}</li>"
+        )
+    return f'<div class="trouble"><ul>{"".join(items)}</ul></div>'
+
+
+def _trouble_links(sightings: list[Sighting]) -> str:
+    """Each submission once, linked, with the stages it happened at."""
+    by_sub: dict[str, list[Sighting]] = {}
+    for s in sightings:
+        by_sub.setdefault(s.submission, []).append(s)
+    links = []
+    for sub, found in sorted(by_sub.items()):
+        stages = ", ".join(f'<a href="#{s.anchor}">{escape(s.stage)}</a>' for s in found if s.stage)
+        links.append(f'<a href="#{anchor(sub)}">{escape(sub)}</a>' + (f" ({stages})" if stages else ""))
+    return ", ".join(links)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def _grid(view: ClassView) -> str:
+    """Student × stage: each cell its status colour and points, a link to the stage's section."""
+    if not view.grid:
+        return ""
+    stage_ids = [c.stage for c in view.grid[0].cells]
+    head = "<tr><th>submission</th><th>points</th>" + "".join(f"<th><code>{escape(s)}</code></th>" for s in stage_ids)
+    rows = []
+    for row in view.grid:
+        cells = "".join(
+            f'<td class="cell c-{escape(c.status.replace(" ", "-"))}" data-stage="{escape(c.stage)}" '
+            f'data-status="{escape(c.status)}" title="{escape(c.stage)}: {escape(c.status)}">'
+            + (
+                f'<a href="#{c.anchor}">{escape(c.status)}<br>{c.points:g}/{c.max_points:g}</a>'
+                if c.anchor
+                else escape(c.status)
+            )
+            + "</td>"
+            for c in row.cells
+        )
+        rows.append(
+            f'<tr class="grid-row" data-submission="{escape(row.submission)}" data-seconds="{"" if row.seconds is None else f"{row.seconds:.2f}"}">'
+            f'<td class="name"><a href="#{row.anchor}">{escape(row.submission)}</a></td>'
+            f"<td>{row.points:g}/{row.max_points:g}</td>{cells}<td>{_seconds(row.seconds)}</td></tr>"
+        )
+    return f'<h2>Students × stages</h2><table class="grid">{head}<th>run time</th></tr>{"".join(rows)}</table>'
+
+
+def _copies(view: ClassView) -> str:
+    head = "<tr><th>submission</th><th>much of its code is also</th><th>similarity</th><th>its files</th></tr>"
+    rows = []
+    for c in view.copies:
+        of = f'<a href="#{c.of_anchor}">{escape(c.of)}</a>' if c.of_anchor else f"<b>{escape(c.of)}</b>"
+        share = "" if c.similarity is None else f"{c.similarity:.0%}"
+        rows.append(
+            f'<tr class="copy-row" data-submission="{escape(c.submission)}" data-of="{escape(c.of)}" '
+            f'data-similarity="{"" if c.similarity is None else f"{c.similarity:g}"}">'
+            f'<td><a href="#{c.anchor}">{escape(c.submission)}</a></td><td>{of}</td><td>{share}</td>'
+            f"<td>{' '.join(f'<code>{escape(f)}</code>' for f in c.files)}</td></tr>"
+        )
+    body = f"<table>{head}{''.join(rows)}</table>" if rows else "<p>No copy flagged.</p>"
+    return (
+        "<h2>Possible copies</h2><p class=meta>Similarity: the share of a submission's code (starter code left out; "
+        "between two submissions, code not in the reference solution) also found in the other's, compared on tokens "
+        "blind to renamed locals, reordering, comments and layout. A flag, never a grade: a person looks at the "
+        "passages in the submission's section.</p>" + body
+    )
+
+
+def _copy_section(sub: dict) -> str:
+    entries = [e for e in sub.get("copy_of") or [] if isinstance(e, dict)]
+    if not entries:
+        return ""
+    out = [f'<section class="copies" id="{anchor(sub["id"], "copies")}">']
+    for entry in entries:
+        share = entry.get("similarity")
+        figure = f" (similarity {_number(share):.0%})" if isinstance(share, (int, float)) else ""
+        out.append(f"<div class=copy><b>much of this code is also {escape(str(entry.get('of', '')))}'s{figure}</b>")
+        for region in entry.get("regions") or []:
+            if isinstance(region, dict):
+                out.append(_region(region, str(entry.get("of", ""))))
+        out.append("</div>")
+    return "".join(out) + "</section>"
+
+
+def _lines(value) -> str:
+    return "–".join(str(int(_number(n))) for n in value) if isinstance(value, list) and len(value) == 2 else "?"
+
+
+def _region(region: dict, of: str) -> str:
+    mine = f"{escape(str(region.get('file', '')))}:{_lines(region.get('lines'))}"
+    theirs = f"{escape(of)} {escape(str(region.get('other_file', '')))}:{_lines(region.get('other_lines'))}"
+    return (
+        f'<div class="region"><div class=meta>{mine} ↔ {theirs}</div><div class="sidebyside">'
+        f"<pre>{escape(str(region.get('text', '')))}</pre><pre>{escape(str(region.get('other_text', '')))}</pre>"
+        "</div></div>"
     )
 
 
@@ -298,10 +432,13 @@ def _submission(sub: dict) -> str:
     out = [
         f'<section class="submission" id="{anchor(sub_id)}" data-status="{escape(str(sub.get("status")))}">',
         f"<h2>{escape(sub_id)} {_status(str(sub.get('status', '')))} · "
-        f"{_number(sub.get('points')):g}/{_number(sub.get('max_points')):g} points</h2>",
+        f"{_number(sub.get('points')):g}/{_number(sub.get('max_points')):g} points"
+        + (f" · {_seconds(_number(sub['seconds']))}" if isinstance(sub.get("seconds"), (int, float)) else "")
+        + "</h2>",
     ]
     if sub.get("error"):
         out.append(f"<pre>{escape(str(sub['error']))}</pre>")
+    out.append(_copy_section(sub))
     out += [_stage_section(sub_id, stage) for stage in stage_results(sub)]
     return "".join(out) + '<p><a href="#top">back to the class</a></p></section>'
 
@@ -318,6 +455,9 @@ def render_class_html(doc: dict, view: ClassView, source: str) -> str:
     body = [
         f'<h1 id="top">theinference: the class ({view.submissions} submissions)</h1>',
         f"<p class=meta>from {escape(source)} · {meta}</p>",
+        _trouble(view),
+        _grid(view),
+        _copies(view),
         _pass_rates(view),
         _points(view),
         _findings(view),

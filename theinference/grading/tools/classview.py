@@ -1,17 +1,21 @@
 """The class as a whole, read from a batch JSON document (`grade --format json`): what `theinference report` shows.
 
 Everything here is counted from the document alone, so a report can be made long after the
-batch, on another machine: per-stage pass counts, the distribution of points, and which known
-bugs the fingerprints named, for how many students, at which stages.
+batch, on another machine: the student × stage grid, who timed out, crashed or ended machine-busy,
+per-stage pass counts, the distribution of points (mean, median, spread), which known bugs the
+fingerprints named, for how many students, at which stages, and the copies `grade` flagged.
 """
 
 import json
+import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.errors import ConfigError
 from theinference.grading.drive.batch import BATCH_SCHEMA
+from theinference.grading.judge.grade import MACHINE_BUSY
 
 
 class ClassViewError(ConfigError):
@@ -58,6 +62,53 @@ class Finding:
         return sorted({s.stage for s in self.sightings})
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One submission's verdict on one stage ("not graded" when it has none)."""
+
+    stage: str
+    status: str
+    points: float
+    max_points: float
+    anchor: str  # its section in the report ("" when not graded)
+
+
+@dataclass(frozen=True)
+class GridRow:
+    submission: str
+    status: str
+    points: float
+    max_points: float
+    seconds: float | None  # the submission's grading time (None in a document without it)
+    cells: tuple[Cell, ...]
+    anchor: str
+
+
+@dataclass(frozen=True)
+class CopyFlag:
+    """A copy `grade` flagged: much of submission's code is also `of`'s (the reference solution or a submission)."""
+
+    submission: str
+    of: str
+    similarity: float | None  # share of the submission's code found in `of`'s (None: a document before it)
+    files: tuple[str, ...]
+    anchor: str  # the submission's copy section
+    of_anchor: str  # `of`'s section when it is a submission of this batch, else ""
+
+
+@dataclass(frozen=True)
+class PointStats:
+    mean: float
+    median: float
+    stdev: float  # population standard deviation
+    low: float
+    high: float
+    quartiles: tuple[float, float]  # 25th and 75th percentiles
+
+
+TROUBLE = ("timeout", "crash", MACHINE_BUSY, "could not be graded")  # what a TA must look at by name
+
+
 @dataclass
 class ClassView:
     submissions: int
@@ -69,6 +120,96 @@ class ClassView:
     findings: list[Finding]  # most students first
     # failing stages whose diagnosis named no known bug, by shape (cache-scaling's no-cache among them)
     unexplained: list[Finding]
+    grid: list[GridRow] = field(default_factory=list)  # in submission order
+    trouble: dict[str, list[Sighting]] = field(default_factory=dict)  # TROUBLE kind -> where, by name
+    copies: list[CopyFlag] = field(default_factory=list)  # most similar first
+    stats: PointStats | None = None  # None for an empty batch
+
+
+def point_stats(points: list[float]) -> PointStats | None:
+    """Mean, median, spread and range of the points (None for no submissions)."""
+    if not points:
+        return None
+    low_q, _, high_q = statistics.quantiles(points, n=4, method="inclusive") if len(points) > 1 else points * 3
+    return PointStats(
+        mean=statistics.fmean(points),
+        median=statistics.median(points),
+        stdev=statistics.pstdev(points),
+        low=min(points),
+        high=max(points),
+        quartiles=(low_q, high_q),
+    )
+
+
+def _float(value, default: float = 0.0) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return default
+    return number if math.isfinite(number) else default
+
+
+def _grid_row(sub: dict, stage_ids: list[str]) -> GridRow:
+    by_id = {s.get("id"): s for s in stage_results(sub)}
+    cells = []
+    for stage_id in stage_ids:
+        stage = by_id.get(stage_id)
+        if stage is None:
+            cells.append(Cell(stage_id, "not graded", 0.0, 0.0, ""))
+            continue
+        status = str(stage.get("status", ""))
+        points, most = _float(stage.get("points")), _float(stage.get("max_points"))
+        cells.append(Cell(stage_id, status, points, most, anchor(sub["id"], stage_id)))
+    seconds = sub.get("seconds")
+    return GridRow(
+        submission=sub["id"],
+        status=str(sub.get("status", "")),
+        points=_float(sub.get("points")),
+        max_points=_float(sub.get("max_points")),
+        seconds=_float(seconds) if isinstance(seconds, (int, float)) else None,
+        cells=tuple(cells),
+        anchor=anchor(sub["id"]),
+    )
+
+
+def _trouble(subs: list[dict]) -> dict[str, list[Sighting]]:
+    """Who timed out, crashed or ended machine-busy at which stage, and who could not be graded at all."""
+    found: dict[str, list[Sighting]] = {kind: [] for kind in TROUBLE}
+    for sub in subs:
+        if sub.get("results") is None:
+            found["could not be graded"].append(Sighting(sub["id"], "", anchor(sub["id"])))
+        for stage in stage_results(sub):
+            cases = [c for c in stage.get("cases", []) if isinstance(c, dict)]
+            stage_id = str(stage.get("id", ""))
+            kinds = {c.get("status") for c in cases} | {MACHINE_BUSY for c in cases if c.get("detail") == MACHINE_BUSY}
+            for kind in ("timeout", "crash", MACHINE_BUSY):
+                if kind in kinds:
+                    found[kind].append(Sighting(sub["id"], stage_id, anchor(sub["id"], stage_id)))
+    return {kind: sightings for kind, sightings in found.items() if sightings}
+
+
+def _copies(subs: list[dict]) -> list[CopyFlag]:
+    ids = {s["id"] for s in subs}
+    flags = []
+    for sub in subs:
+        entries = sub.get("copy_of")
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("of"), str):
+                continue
+            similarity = entry.get("similarity")
+            listed = entry.get("files")
+            files = listed if isinstance(listed, list) else []
+            flags.append(
+                CopyFlag(
+                    submission=sub["id"],
+                    of=entry["of"],
+                    similarity=_float(similarity) if isinstance(similarity, (int, float)) else None,
+                    files=tuple(str(f) for f in files),
+                    anchor=anchor(sub["id"], "copies"),
+                    of_anchor=anchor(entry["of"]) if entry["of"] in ids else "",
+                )
+            )
+    return sorted(flags, key=lambda f: (-(f.similarity or 0.0), f.submission, f.of))
 
 
 def anchor(submission_id: str, stage_id: str = "") -> str:
@@ -159,4 +300,8 @@ def class_view(doc: dict) -> ClassView:
         max_points=max_points,
         findings=sorted(findings.values(), key=lambda f: (-len(f.students), f.bug)),
         unexplained=sorted(unexplained.values(), key=lambda f: (-len(f.students), f.shape)),
+        grid=[_grid_row(sub, stage_ids) for sub in subs],
+        trouble=_trouble(subs),
+        copies=_copies(subs),
+        stats=point_stats([float(s.get("points") or 0) for s in subs]),
     )
