@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import theinference
 from theinference import __version__
 from theinference.bundled import BUNDLED_MARK, data_dir
 from theinference.grading.spec.stages import load_stages
@@ -112,8 +113,11 @@ def test_the_wheel_holds_exactly_the_tracked_files_after_grading_the_bundled_sol
 
 
 def _bundled_copy(tmp_path: Path) -> Path:
-    """A copy of the bundled course, marker and all: to theinference, the bundled course."""
+    """The bundled course as another source checkout holds it (course/ beside theinference/): the bundled course.
+    (A copy alone, marker and all, is the instructor's own: tests/test_authoring.py.)"""
     course = shutil.copytree(data_dir("course"), tmp_path / "course", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "theinference").mkdir()
+    shutil.copy(Path(theinference.__file__).parent / "bundled.py", tmp_path / "theinference" / "bundled.py")
     assert (course / BUNDLED_MARK).is_file()
     return course
 

@@ -22,9 +22,21 @@ def asset(name: str) -> Path:
 
 
 def bundled_course_dir(path: Path) -> Path | None:
-    """The bundled course directory that path lies in (the installed one, or a source checkout's), or None."""
+    """The bundled course directory that path lies in (the installed one, or a source checkout's), or None.
+
+    A copy of it (`cp -r` for authoring) carries the marker file along but is the instructor's own
+    course: a marker counts only where the package keeps its data, beside a `theinference` package.
+    """
     path = path.resolve()
-    return next((p for p in (path, *path.parents) if _is_mark(p / BUNDLED_MARK)), None)
+    return next((p for p in (path, *path.parents) if _is_mark(p / BUNDLED_MARK) and _beside_package(p)), None)
+
+
+def _beside_package(course: Path) -> bool:
+    """Whether course is a package's data (theinference/_data/course) or a checkout's (course/ beside theinference/)."""
+    if course == data_dir("course").resolve():
+        return True
+    holder = course.parent.parent if course.parent.name == "_data" else course.parent / "theinference"
+    return (holder / "bundled.py").is_file()
 
 
 def _is_mark(path: Path) -> bool:

@@ -62,7 +62,7 @@ def find_course(course_dir: Path | None) -> "Course | None":
 
 def _read_config(path: Path) -> dict:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM: what Windows Notepad writes
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise CourseError(f"{path}: cannot read: {e}") from e
     for key, value in data.items():

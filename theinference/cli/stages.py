@@ -1,5 +1,6 @@
 """`theinference stages`: list, show, check and scaffold the stages a course has."""
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -8,7 +9,8 @@ import typer
 from rich.markdown import Markdown
 from rich.text import Text
 
-from theinference.grading.tools.check import check_course
+from theinference.grading.tools.check import check_course, proposals
+from theinference.grading.tools.mutants import Proposal, write_proposals
 from theinference.cli.common import EXIT_CONFIG, EXIT_FAIL, ItemProgress, synth_progress
 from theinference.cli.consoles import console_for
 from theinference.grading.drive.progress import describe_entry, load_progress, next_stage
@@ -121,11 +123,21 @@ def check(
             help="Check only this mutant (repeatable; the solution and starter are skipped).",
         ),
     ] = None,
+    propose: Annotated[
+        bool,
+        typer.Option(
+            "--propose",
+            help="Write into each mutant's manifest what a stage it says nothing about showed (a new stage's "
+            "expectations), marked for review.",
+        ),
+    ] = False,
 ) -> None:
     """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
     exactly the stages its manifest names, with the named diagnosis.
 
-    Exit 1 on any mismatch; 2 when a manifest is broken (it does not load, or names a stage or a bug that does not exist), after checking every other mutant."""
+    A manifest silent about a stage expects it to pass; when a mutant fails such a stage (a stage
+    added after the manifest) that the solution passes, the expectation lines that describe it are
+    printed, and written with --propose. Exit 1 on any mismatch; 2 when a manifest is broken (it does not load, or names a stage or a bug that does not exist), after checking every other mutant."""
     source = (source or data_dir("course")).resolve()
     extra = [*(stages_dir or []), *([source / "stages"] if (source / "stages").is_dir() else [])]
     # The instructor's own subjects, graded with every tie named (first_exact off: the manifests list them all).
@@ -145,7 +157,27 @@ def check(
         finally:
             progress.close()
     render_check(console, result)
+    _show_proposals(console, proposals(result, source), propose)
     raise typer.Exit(EXIT_CONFIG if result.broken else 0 if result.ok else EXIT_FAIL)
+
+
+def _show_proposals(console, found: list[Proposal], write: bool) -> None:
+    """The expectation lines for stages the manifests are silent about; written into them with --propose."""
+    if not found:
+        return
+    console.print("\nmanifests silent about a stage their mutant fails (a new stage?): proposed lines", markup=False)
+    for p in found:
+        lines = " and ".join(f"[{table}] {line}" for table, line in p.lines())
+        console.print(f"  {p.mutant.source}: {lines}", markup=False, highlight=False, soft_wrap=True)
+    if not write:
+        console.print("write them with --propose, review them (git diff), then run stages check again", markup=False)
+        return
+    written = write_proposals(found)
+    console.print(
+        f"wrote {len(found)} proposal(s) into {len(written)} manifest(s), each line marked: review them "
+        "(git diff), then run stages check again",
+        markup=False,
+    )
 
 
 @stages_app.command("new")
@@ -167,10 +199,22 @@ def new(
     console.print(
         f"Add to the solution's tests/adapters.py (what the oracle's template computes):\n\n{solution}\n"
         f"and to the starter's tests/adapters.py:\n\n{starter}\n"
-        f"Then: theinference stages show {stage_id} --stages-dir {directory}\n"
-        f"      theinference stages check --source COURSE_SOURCE --stages-dir {directory} --stage {stage_id}\n"
+        f"Then: theinference stages show {stage_id} --stages-dir {shlex.quote(str(directory))}\n"
+        f"      {_check_command(directory, stage_id)}\n"
         "(docs/authoring.md walks through each step)",
         markup=False,
         highlight=False,
         soft_wrap=True,
+    )
+
+
+def _check_command(directory: Path, stage_id: str) -> str:
+    """The `stages check` that proves the new stage, as it runs: on the course source the directory is in, if any."""
+    source = directory.resolve().parent
+    if (source / "solution").is_dir() and directory.resolve() == (source / "stages").resolve():
+        return f"theinference stages check --source {shlex.quote(str(source))} --stage {stage_id}"
+    # No course source around it: the bundled course's solution and mutants, until the instructor has their own.
+    return (
+        f"theinference stages check --stages-dir {shlex.quote(str(directory))} --stage {stage_id}"
+        "   (against the bundled course; with your own solution/, starter/ and mutants/: --source DIR)"
     )

@@ -1,10 +1,11 @@
 """JUnit XML: one testsuite per stage, one testcase per case (GitHub/GitLab test reporters read it)."""
 
+import os
 import xml.etree.ElementTree as ET
 
 from theinference.report.text import case_summary, cross_case_summary, scaling_summary
 from theinference.untrusted import for_terminal
-from theinference.grading.judge.results import NO_ANSWER, RunResult, Status
+from theinference.grading.judge.results import NO_ANSWER, CaseResult, RunResult, StageResult, Status
 
 
 def _scaling_properties(scaling) -> list[ET.Element]:
@@ -28,6 +29,14 @@ def _scaling_properties(scaling) -> list[ET.Element]:
     return [ET.Element("property", name=name, value=value) for name, value in values]
 
 
+def _location(run: RunResult, stage: StageResult, case: CaseResult) -> dict[str, str]:
+    """file= and line=: where a failing case's traceback left the course, else where the adapter is defined."""
+    if case.status != Status.PASS and case.at:
+        return {"file": os.path.join(run.course, case.at[0]), "line": str(case.at[1])}
+    where = {"file": stage.adapter_source or stage.adapters_file}
+    return where | ({"line": str(stage.adapter_line)} if stage.adapter_line else {})
+
+
 def render_junit(run: RunResult, version: str) -> str:
     earned, possible = run.points
     root = ET.Element("testsuites", name="theinference", tests=str(sum(len(s.cases) for s in run.stages)))
@@ -43,24 +52,18 @@ def render_junit(run: RunResult, version: str) -> str:
             ("max_points", f"{stage.max_points:g}"),
             ("status", stage.status),
             ("weights", run.weights_path),
-            ("seed", str(run.seed)),
             ("isolation", f"{run.isolation}: {run.isolation_summary}"),
             *((f"processes.{key}", value) for key, value in run.processes.items()),
             ("theinference_version", version),
             ("source", stage.origin),
             ("course_supplied", "; ".join(run.course_supplied)),
+            *((("seed", str(run.seed)),) if run.seed is not None else ()),  # no seed: no random cases, no property
         ):
             ET.SubElement(props, "property", name=name, value=value)
         stage_failures = stage_errors = 0
         for case in stage.cases:
-            element = ET.SubElement(
-                suite,
-                "testcase",
-                classname=f"theinference.{stage.id}",
-                name=case.name,
-                time=f"{case.seconds:.3f}",
-                file=stage.adapters_file,
-            )
+            attributes = {"classname": f"theinference.{stage.id}", "name": case.name, "time": f"{case.seconds:.3f}"}
+            element = ET.SubElement(suite, "testcase", attributes | _location(run, stage, case))
             if case.scaling:
                 ET.SubElement(element, "properties").extend(_scaling_properties(case.scaling))
             if case.status == Status.PASS:

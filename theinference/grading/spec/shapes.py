@@ -18,3 +18,19 @@ SHAPES = (
     "machine-busy",
     "cost-tampered",
 )
+
+# The shapes each kind of stage (grading/spec/checks.py's `kind`) can fail with: a [hints] key outside its
+# kind's would never be shown, so the loader refuses it.
+SHAPES_OF_KIND = {
+    "rows": (
+        "nonfinite-row",
+        "shifted-by-one",
+        "all-rows-off",
+        "error-grows",
+        "first-ok-then-flat",
+        "first-decode-row-off",
+        "no-pattern",
+    ),
+    "tokens": ("token-mismatch",),
+    "scaling": ("token-mismatch", "no-cache", "too-slow", "machine-busy", "cost-tampered"),
+}

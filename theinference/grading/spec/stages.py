@@ -24,13 +24,14 @@ A stage file (format_version 1) holds, at the top level:
                   formats show every stage
   [tolerance]     atol > 0, rtol >= 0: finite numbers (required, except for "tokens" and "scaling"
                   stages, which reject it)
-  [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number >= 0. A
+  [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number > 0. A
                   generated token that is not the oracle's argmax is accepted as a near-tie when
                   its logit is within rtol * max|logit| of that step's argmax (max|logit| sets
                   float32's rounding error of the logits, so rtol ~1e-4 accepts genuine float ties only)
   [hints]         failure shape -> hint text shown when a failing case has that shape and no
                   known bug matches; it lists the suspects for that shape in this stage,
-                  never one cause stated as fact
+                  never one cause stated as fact. Only shapes the stage's kind can fail with
+                  (theinference.grading.spec.shapes.SHAPES_OF_KIND): another's hint would never show
   bugs            list of bug oracles a failing output is fingerprinted against: built-in
                   names (see theinference.grading.oracle.bugs; each must support the stage's oracle) or
                   "file.py:function" beside the stage file, `function(model, **inputs)`
@@ -79,7 +80,7 @@ from theinference.grading.spec.checks import (
     checks_tokens,
     tolerance,
 )
-from theinference.grading.spec.shapes import SHAPES
+from theinference.grading.spec.shapes import SHAPES, SHAPES_OF_KIND
 from theinference.grading.spec.inputs import CASE_INPUTS, COUNT_INPUTS, ID_INPUTS, described
 from theinference.grading.oracle.registry import BUILTIN_ORACLES
 from theinference.bundled import data_dir
@@ -404,12 +405,31 @@ def _check(tolerances: tuple[float, float] | float, scaling: ScalingSpec | None)
     return TokensCheck(tolerances) if scaling is None else ScalingCheck(tolerances, scaling)
 
 
-def _hints(path: Path, table: dict) -> dict:
+def _hints(path: Path, table: dict, kind: str) -> dict:
     for key, text in table.items():
         if key not in SHAPES:
             raise _fail(path, f"hints.{key}", f"unknown failure shape (known: {', '.join(SHAPES)})")
+        if key not in SHAPES_OF_KIND[kind]:  # its hint would never be shown
+            raise _fail(
+                path,
+                f"hints.{key}",
+                f'a "{kind}" stage never fails with this shape (its shapes: {", ".join(SHAPES_OF_KIND[kind])})',
+            )
         _check_type(path, f"hints.{key}", text, str)
     return dict(table)
+
+
+def _uncomputable(name: str, oracle: str) -> str:
+    """Why a built-in bug cannot serve this stage, and what would."""
+    usable = [bug for bug, known in BUILTIN_BUGS.items() if oracle in known.oracles]
+    if usable:
+        return f"bug '{name}' cannot be computed for oracle '{oracle}'; built-in bugs that can: {', '.join(usable)}"
+    own = ":" in oracle  # an instructor's oracle computes what no built-in bug oracle knows how to compute
+    return (
+        f"bug '{name}' cannot be computed for oracle '{oracle}': no built-in bug can"
+        + (" (they are GPT-2 with a defect, for the built-in oracles' outputs)" if own else "")
+        + "; write the bug as a 'file.py:function' beside the stage file, function(model, **inputs)"
+    )
 
 
 def _bugs(path: Path, data: dict) -> tuple[tuple[str, ...], dict]:
@@ -427,7 +447,7 @@ def _bugs(path: Path, data: dict) -> tuple[tuple[str, ...], dict]:
                 path, f"bugs[{i}]", f"unknown bug '{name}' (built-in: {', '.join(BUILTIN_BUGS)}; or 'file.py:function')"
             )
         elif data["oracle"] not in BUILTIN_BUGS[name].oracles:
-            raise _fail(path, f"bugs[{i}]", f"bug '{name}' cannot be computed for oracle '{data['oracle']}'")
+            raise _fail(path, f"bugs[{i}]", _uncomputable(name, data["oracle"]))
     hints = data.get("bug_hints", {})
     for key, text in hints.items():
         if key not in names:
@@ -439,7 +459,8 @@ def _bugs(path: Path, data: dict) -> tuple[tuple[str, ...], dict]:
 def load_stage(path: Path) -> StageSpec:
     """Parse and validate one stage file; raise StageError naming the file and field."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: Windows Notepad starts the files it saves as UTF-8 with a byte-order mark
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except OSError as e:
         raise StageError(f"{path}: cannot read: {e.strerror or e}") from e
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -469,7 +490,7 @@ def load_stage(path: Path) -> StageSpec:
         timeout=float(data["timeout"]),
         points=float(data["points"]),
         credit=data.get("credit", "all-or-nothing"),
-        hints=_hints(path, data.get("hints", {})),
+        hints=_hints(path, data.get("hints", {}), check.kind),
         cases=cases,
         source=path.resolve(),
         bugs=bugs,

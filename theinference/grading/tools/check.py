@@ -8,7 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from theinference.course import default_adapters, load_course
-from theinference.grading.tools.mutants import MutantError, build_mutant, check_manifest, gather_mutants
+from theinference.grading.tools.mutants import (
+    MutantError,
+    Proposal,
+    build_mutant,
+    check_manifest,
+    gather_mutants,
+)
 from theinference.grading.judge.results import CheckCell, CheckResult, StageResult, Status
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.drive.grader import Grader, RunOptions
@@ -139,3 +145,25 @@ def check_course(
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     return result
+
+
+PROPOSABLE = ("fail", "error", "wrong-shape")  # besides the diagnosis shapes: what a manifest may say a stage shows
+
+
+def proposals(result: CheckResult, source: Path) -> list[Proposal]:
+    """For each mutant that failed a stage its manifest says nothing about (a stage added after it was written),
+    the expectation that would describe what the stage showed: for the instructor to review, never assumed."""
+    mutants = {m.name: m for m in gather_mutants(source / "mutants")[0]}
+    # Only where the solution passed the stage in this run: otherwise the stage, not the mutant, is what fails
+    # (an adapter not yet in the solution); a run of --mutant alone grades no solution, so proposes nothing.
+    proven = {c.stage for c in result.cells if c.subject == "solution" and c.got == "pass"}
+    found = []
+    for cell in result.cells:
+        mutant = mutants.get(cell.subject)
+        if mutant is None or cell.ok or cell.stage in mutant.expect or cell.stage not in proven:
+            continue
+        if cell.got in tuple(Status) and cell.got not in PROPOSABLE:  # a timeout or crash: a person looks first
+            continue
+        bugs = () if cell.stage in mutant.fingerprint else tuple(sorted(cell.got_bugs))
+        found.append(Proposal(mutant, cell.stage, cell.got, bugs))
+    return found

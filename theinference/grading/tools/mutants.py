@@ -61,7 +61,7 @@ def _check_table(path: Path, where: str, table: dict, fields: dict) -> None:
 def load_mutant(path: Path) -> Mutant:
     """Parse and validate one manifest.toml."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise MutantError(f"{path}: cannot read: {e}") from e
     fingerprint = _fingerprint(path, data.pop("fingerprint", {}))
@@ -174,3 +174,54 @@ def build_mutant(mutant: Mutant, solution: Path, dest: Path) -> Path:
             )
         target.write_text(text.replace(edit.find, edit.replace))
     return dest
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """An expectation `stages check` saw for a stage a manifest is silent about: a line to add, for review."""
+
+    mutant: Mutant
+    stage: str
+    expect: str  # what the stage showed: its diagnosis shape, "wrong-shape" or "error"
+    bugs: tuple[str, ...] = ()  # the known bugs its fingerprint named there (none: no [fingerprint] line)
+
+    def lines(self) -> list[tuple[str, str]]:
+        """(table, TOML line) pairs."""
+        found = [("expect", f'{self.stage} = "{self.expect}"')]
+        if self.bugs:
+            value = f'"{self.bugs[0]}"' if len(self.bugs) == 1 else "[" + ", ".join(f'"{b}"' for b in self.bugs) + "]"
+            found.append(("fingerprint", f"{self.stage} = {value}"))
+        return found
+
+
+def write_proposals(proposals: list[Proposal]) -> list[Path]:
+    """Add each proposal's lines to its manifest, under [expect] and [fingerprint]; the manifests written.
+
+    A manifest that would no longer load as written is left as it was (MutantError names it).
+    """
+    by_manifest: dict[Path, list[Proposal]] = {}
+    for proposal in proposals:
+        by_manifest.setdefault(proposal.mutant.source, []).append(proposal)
+    written = []
+    for path, found in sorted(by_manifest.items()):
+        original = path.read_text(encoding="utf-8-sig")
+        text = original
+        for table, line in (pair for p in found for pair in p.lines()):
+            text = _add_line(text, table, f"{line}  # proposed by `stages check --propose`: review it")
+        path.write_text(text, encoding="utf-8")
+        try:
+            load_mutant(path)
+        except MutantError:
+            path.write_text(original, encoding="utf-8")
+            raise
+        written.append(path)
+    return written
+
+
+def _add_line(text: str, table: str, line: str) -> str:
+    """text with line as the first entry of [table] (the table appended when the manifest has none)."""
+    lines = text.splitlines()
+    header = next((i for i, t in enumerate(lines) if t.strip() == f"[{table}]"), None)
+    if header is None:
+        return text.rstrip("\n") + f"\n\n[{table}]\n{line}\n"
+    return "\n".join([*lines[: header + 1], line, *lines[header + 1 :]]) + "\n"
