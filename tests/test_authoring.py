@@ -240,3 +240,20 @@ def test_junit_names_the_line_and_writes_a_seed_only_when_there_is_one(cli, tmp_
     )
     seeds = {p.get("value") for p in ET.fromstring(seeded.stdout).iter("property") if p.get("name") == "seed"}
     assert seeds == {"7"}
+
+
+@pytest.mark.slow
+def test_a_new_stage_that_an_old_mutant_fails_gets_its_expectation_proposed_and_then_passes(cli, tmp_path, tiny_path):
+    from test_instructor import instructor_course
+
+    source = instructor_course.__wrapped__(tmp_path)
+    shutil.copytree(data_dir("course") / "mutants" / "gelu-erf", source / "mutants" / "gelu-erf")  # silent on mlp
+    args = ["stages", "check", "--source", source, "--stage", "mlp-sublayer", "--weights", tiny_path]
+    first = cli(*args, "--propose")
+    assert first.exit_code == 1, first.output
+    manifest = source / "mutants" / "gelu-erf" / "manifest.toml"
+    assert f"{manifest}: [expect] mlp-sublayer = " in " ".join(first.output.split())
+    assert "mlp-sublayer" in load_mutant(manifest).expect
+    again = cli(*args)
+    assert again.exit_code == 0, again.output
+    assert "proposed lines" not in again.output
