@@ -53,7 +53,7 @@ DOC = {
             "dave",
             [
                 stage("forward", "pass", 5),
-                stage("greedy", "error", 0, {"name": "long", "status": "error", "detail": "machine-busy"}),
+                stage("greedy", "timeout", 0, {"name": "long", "status": "timeout", "detail": "machine-busy"}),
             ],
             copy_of=[{"of": "alice", "files": ["src/kvcache.py"], "similarity": 0.91, "regions": [REGION]}],
         ),
@@ -70,6 +70,8 @@ def test_who_timed_out_crashed_ended_machine_busy_or_was_not_graded_is_named_at_
     shown = page()
     kinds = {a["data-kind"]: a["data-students"] for a in shown.with_class("trouble-kind")}
     assert kinds == {"timeout": "1", "crash": "1", "machine-busy": "1", "could not be graded": "1"}
+    busy = next(a for a in shown.with_class("trouble-kind") if a["data-kind"] == "timeout")
+    assert busy["data-students"] == "1"  # bob; dave's machine-busy timeout is the machine's, named as that alone
     text = "".join(shown.text)
     assert text.index("timed out") < text.index("Students × stages") < text.index("Stages")
     for name, where in (("bob", "#s-bob--greedy"), ("carol", "#s-carol--forward"), ("dave", "#s-dave--greedy")):

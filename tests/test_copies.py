@@ -220,3 +220,10 @@ if __name__ == "__main__":  # the table in the report: python tests/test_copies.
     print(f"K={copies.K} WINDOW={copies.WINDOW} THRESHOLD={copies.THRESHOLD}")
     for name, ref, other, best in table:
         print(f"{name:32} reference {ref:6.1%}   closest {other:28} {best:6.1%}")
+
+
+def test_a_submission_named_like_the_reference_is_compared_as_a_submission():
+    solution = copies.bundled_code("solution")
+    found = find_copies({"reference-solution": solution, "bob": solution})
+    assert [c.of for c in found["bob"]] == [SOLUTION]  # the bundled reference, not the submission of that name
+    assert [c.of for c in found["reference-solution"]] == [SOLUTION]

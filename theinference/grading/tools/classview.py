@@ -181,7 +181,9 @@ def _trouble(subs: list[dict]) -> dict[str, list[Sighting]]:
         for stage in stage_results(sub):
             cases = [c for c in stage.get("cases", []) if isinstance(c, dict)]
             stage_id = str(stage.get("id", ""))
-            kinds = {c.get("status") for c in cases} | {MACHINE_BUSY for c in cases if c.get("detail") == MACHINE_BUSY}
+            # A machine-busy case ends as a timeout, but the machine's, not the code's: named as that alone.
+            busy = [c for c in cases if c.get("detail") == MACHINE_BUSY]
+            kinds = {c.get("status") for c in cases if c not in busy} | ({MACHINE_BUSY} if busy else set())
             for kind in ("timeout", "crash", MACHINE_BUSY):
                 if kind in kinds:
                     found[kind].append(Sighting(sub["id"], stage_id, anchor(sub["id"], stage_id)))
