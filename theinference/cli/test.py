@@ -51,10 +51,21 @@ class Format(str, Enum):
     github = "github"
 
 
+def _made_weights(model) -> str:
+    """The weights just made, named as what they are: the preset, and its size where it is not GPT-2's."""
+    c = model.config
+    shape = f"{c.n_layer} layers, n_embd {c.n_embd}, n_ctx {c.n_ctx}"
+    preset = model.synthetic.preset if model.synthetic else "synthetic"
+    if preset == "gpt2":
+        return f"synthetic GPT-2-shape weights ({shape})"
+    return f"the synthetic {preset} weights ({shape}, smaller than GPT-2)"
+
+
 def _weights_notice(session) -> None:
     if session.grader.made_weights:
+        model = session.grader.model
         err_console().print(
-            f"[yellow]note:[/yellow] made synthetic GPT-2-shape weights at {session.grader.model.path} "
+            f"[yellow]note:[/yellow] made {_made_weights(model)} at {model.path} "
             "(every identity holds for them; generated text is gibberish). For real GPT-2: "
             "`hf download openai-community/gpt2 model.safetensors config.json`, or pass --weights PATH.",
             soft_wrap=True,

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from theinference.model import tokenizer
-from theinference.headline import headline_parts
+from theinference.headline import headline_lines
 from theinference.untrusted import for_terminal
 from theinference.report.text import both_figures, guarantee_text, timed_calls
 from theinference.terminals import plain_console
@@ -129,7 +129,8 @@ def render_header(console: Console, run: RunResult, version: str, headline_shown
 
     headline_shown: the first line is already on screen (theinference.cli.early printed it)."""
     if not headline_shown:
-        console.print(Text.assemble(*headline_parts(version, run.course)), overflow="fold")
+        for parts in headline_lines(version, run.course, console.width):
+            console.print(Text.assemble(*parts), no_wrap=True, overflow="ignore", crop=False)
     synthetic = [f"synthetic ({run.synthetic})"] if run.synthetic else []
     _folded(console, "weights: ", [for_terminal(run.weights_path), *synthetic])
     config = [f"{k} {v}" for k, v in run.config.items()]
@@ -319,7 +320,7 @@ def tokens_table(case: CaseResult, plain: bool = False) -> Table:
             note = _tie_note(step)
         elif case.steps and k >= len(case.steps):
             style = "dim"
-        table.add_row(str(k), token_label(exp, 18), token_label(got, 18), note, style=style)
+        table.add_row(str(k + 1), token_label(exp, 18), token_label(got, 18), note, style=style)
     if hi < n:
         table.add_row("…", f"{n - hi} steps below", "", "", style="dim")
     return table
@@ -458,7 +459,7 @@ def _greedy_text(case: CaseResult) -> list[Text]:
         prompt = "…" + prompt[-_PROMPT_CHARS:]
     lo, hi = _token_window(case)
     more = "…" if hi < min(len(case.expected_tokens), len(case.got_tokens)) else ""
-    steps = f"steps {lo}–{hi - 1}:" if lo > 0 or more else ""
+    steps = f"steps {lo + 1}–{hi}:" if lo > 0 or more else ""
     lines = [Text(f"  {'prompt:':<9} {prompt!r}")]
     if steps:
         lines.append(Text(f"  {steps}", style="dim"))
@@ -553,7 +554,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
             if key is not None:
                 seen[key] = (stage.id, case.name)
         elif _near_ties(case):
-            notes = "; ".join(f"step {s.step}: {_tie_note(s)}" for s in _near_ties(case))
+            notes = "; ".join(f"step {s.step + 1}: {_tie_note(s)}" for s in _near_ties(case))
             console.print(f"  case {case.name}: passed, {notes}", style="dim")
         if case.status == Status.PASS and case.scaling:
             console.print(Group(scaling_table(case, plain_console(console)), *scaling_lines(case)))
@@ -648,8 +649,8 @@ def _unbroken_commands(text: str, width: int) -> list[str]:
 def render_footer(console: Console, run: RunResult) -> None:
     """The report's closing lines: what output stages cannot prove, the points, what to do next."""
     passed = sum(s.status == Status.PASS for s in run.stages)
-    proofs = [isinstance(s.check, ScalingCheck) for s in run.stages if s.status == Status.PASS]
-    if any(not proof for proof in proofs) and not any(proofs):
+    passing = [s for s in run.stages if s.status == Status.PASS]
+    if any(s.cached_path for s in passing) and not any(isinstance(s.check, ScalingCheck) for s in passing):
         console.print(
             "Matching outputs prove the cached path equals a recompute, not that a cache exists "
             "(a recompute gives the same numbers): the cache-scaling stage proves the cache by its cost.",

@@ -311,6 +311,14 @@ def student_job(stage: StageSpec, ctx: GradeContext, spec: OracleSpec) -> Adapte
     )
 
 
+def _cached_path(stage: StageSpec, spec: OracleSpec) -> bool:
+    """Whether some case runs positions past the oracle's prefill block, i.e. through the student's cache. Only a
+    built-in oracle says where its prefill ends (an instructor's file oracle has no `defective` twin either)."""
+    if spec.defective is None and not isinstance(stage.check, (TokensCheck, ScalingCheck)):
+        return False
+    return any(positions_needed(case.inputs) > spec.prefill(case.inputs) for case in stage.cases)
+
+
 def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     """Grade one stage of the course against the oracle; student faults become results, never exceptions.
 
@@ -359,6 +367,7 @@ def grade_stage(stage: StageSpec, ctx: GradeContext) -> Graded:
         adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
         visibility=stage.visibility,
+        cached_path=_cached_path(stage, spec),
     )
     if not ctx.diagnosis:  # never fingerprinted: nothing is kept
         return Graded(result)

@@ -201,6 +201,9 @@ class StageResult:
     cross_case: Diagnosis | None = None
     origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course
     visibility: str = "visible"  # when Gradescope shows it to the student (the stage file's `visibility`)
+    # Some case's output comes through the student's cache (decode steps after a prefill), so a match proves the
+    # cached path equals a recompute; False for a full recompute (forward) and for an instructor's file oracle.
+    cached_path: bool = False
 
     @property
     def passed_cases(self) -> int:
