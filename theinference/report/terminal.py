@@ -565,7 +565,25 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
             console.print(said)
     if across:
         _print_cross_case(console, stage, n_vocab)
+    if stage.float64_cases and FLOAT64 not in seen:  # said once in a run, under the first stage that shows it
+        console.print(_labelled("note", "bold yellow", Text(float64_note(stage))))
+        seen[FLOAT64] = stage.id
     console.print()
+
+
+FLOAT64 = ("note", "float64")  # the key in render_stage's `seen` once the float64 note is said
+
+
+def float64_note(stage: StageResult) -> str:
+    """Why a float64 array matters though its numbers passed, and its usual cause (said once per run)."""
+    names = stage.float64_cases
+    which = f"all {len(names)} cases" if len(names) == len(stage.cases) and len(names) > 1 else ", ".join(names)
+    return (
+        f"{stage.adapter}() returned float64 arrays ({which}) where the oracle's are float32: not a failure, but "
+        "float64 arithmetic does several times the work, and cache-scaling judges the cost. The usual cause is a "
+        "NumPy float64 scalar such as `1.0 / np.sqrt(d)` or `np.float64(...)`, which promotes float32 arrays under "
+        "NumPy 2; keep them float32 with `x.astype(np.float32)` or `np.float32(...)`."
+    )
 
 
 def _repeated_line(stage: StageResult, where: tuple[str, str], cases: list[CaseResult]) -> str:
