@@ -123,12 +123,22 @@ def one_pass(course: Path, weights: Path, args: argparse.Namespace, label: str) 
     return rows
 
 
+def bytecode_line() -> str:
+    """Whether the runs write bytecode: with PYTHONDONTWRITEBYTECODE set (some sandboxes and CI images set it) every
+    run compiles the package's modules again, a second or more of each run's grader time that a student's machine,
+    which keeps its __pycache__, does not pay."""
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return "bytecode: not written (PYTHONDONTWRITEBYTECODE is set): every run compiles the package again"
+    return "bytecode: written and reused, as on a student's machine"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saves", type=int, default=20)
     parser.add_argument("--pause", type=float, default=0.4)
     parser.add_argument("--load", action="store_true", help="also beside two CPU burners per core")
     args = parser.parse_args()
+    print(bytecode_line())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         weights = write_synthetic(tmp / "weights", preset="tiny", seed=0)
