@@ -66,7 +66,7 @@ def sample_run() -> RunResult:
     greedy_case = CaseResult(
         name="sentence",
         status="fail",
-        message="token 2 of 4 differs from the oracle's greedy choice",
+        message="token 3 of 4 differs from the oracle's greedy choice",
         steps=steps,
         got_tokens=[15496, 995, 0, 13],
         expected_tokens=[15496, 995, 13, 198],

@@ -296,7 +296,7 @@ def test_greedy_mismatch_marks_the_step_and_shows_both_paths(tmp_path, tiny_path
     assert case["expected_tokens"][:3] == expected[:3]
     assert case["diagnosis"]["shape"] == "token-mismatch"
     text = cli(*args).stdout
-    assert "◀ first mismatch" in text and "step 2 generated" in text
+    assert "◀ first mismatch" in text and "step 3 generated" in text  # the third token, counted from one
 
 
 def test_a_launch_that_fails_leaves_no_descriptor_open(tmp_path, tiny_path):

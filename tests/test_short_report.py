@@ -150,7 +150,7 @@ def _greedy_case(steps: int, mismatch: int | None) -> CaseResult:
     return CaseResult(
         name="generation",
         status="fail",
-        message="token 100 of 224 differs" if mismatch is not None else "too slow",
+        message="token 101 of 224 differs" if mismatch is not None else "too slow",
         steps=verdicts,
         expected_tokens=expected,
         got_tokens=got,
@@ -177,7 +177,9 @@ def test_a_long_wrong_generation_shows_only_the_steps_around_its_first_mismatch(
     text = buffer.getvalue()
     assert_snapshot(text, "wrong_tokens_80.txt")
     assert len(text.splitlines()) < 25  # not 224 rows and two 224-token texts
-    assert "97 " in text and "◀ first mismatch" in text and "96 " not in text.split("◀")[0].splitlines()[-4]
+    # Counted from one as the message counts: the 101st token is marked, three rows above it the 98th.
+    assert "97 steps above" in text and text.split("◀")[0].splitlines()[-4].startswith("98 ")
+    assert text.split("◀")[0].splitlines()[-1].startswith("101 ")
     assert "97 steps above" in text and "120 steps below" in text
     assert text.count("step | expected") == 1  # the other case's tokens all match: no table for it
 

@@ -4,11 +4,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from theinference.cli.consoles import err_console
 from theinference.terminals import is_plain
@@ -46,8 +46,8 @@ class ItemProgress:
     def __init__(self, label: str, unit: str, lines: int | None = None):
         self.label, self.unit, self.lines = label, unit, lines
         self.plain = is_plain(sys.stderr)
-        self.bar: Progress | None = None
-        self.task: TaskID | None = None
+        self.bar: Any = None  # a rich Progress, made on the first item (rich.progress is imported only then)
+        self.task: Any = None
 
     def __call__(self, done: int, total: int, item: str = "") -> None:
         if self.plain:
@@ -56,6 +56,8 @@ class ItemProgress:
                 err_console().print(f"{self.label} [{done}/{total} {self.unit}]{what}", markup=False, soft_wrap=True)
             return
         if self.bar is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             self.bar = Progress(
                 TextColumn(self.label),
                 BarColumn(),

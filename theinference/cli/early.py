@@ -68,6 +68,18 @@ def _course(values: dict[str, str]) -> str | None:
     return find_root(os.getcwd())
 
 
+def _width(stream) -> int:
+    """The width the report's console will have (cli.consoles.console_for, as rich decides it): COLUMNS when set,
+    else the terminal's, else 160."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit():
+        return int(columns)
+    try:
+        return os.get_terminal_size(stream.fileno()).columns if stream.isatty() else 160
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
 def announce(argv: list[str]) -> None:
     """Print the report's first line now if `test` will stream its report to stdout."""
     global shown
@@ -78,7 +90,7 @@ def announce(argv: list[str]) -> None:
         root = _course(values)
         if root is None:
             return
-        sys.stdout.write(headline_ansi(__version__, root, color=wants_color(sys.stdout)) + "\n")
+        sys.stdout.write(headline_ansi(__version__, root, wants_color(sys.stdout), _width(sys.stdout)) + "\n")
         sys.stdout.flush()
     except (OSError, ValueError):  # ValueError: a path stdout's encoding cannot write, too
         return

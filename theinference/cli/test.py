@@ -29,16 +29,12 @@ from theinference.cli.options import (
     WeightsOpt,
 )
 from theinference.cli.live import RunProgress, StreamedReport
-from theinference.cli.watch import render_regrade, run_watch
 from theinference.errors import UsageError
 from theinference.grading.drive.advice import advise
 from theinference.grading.drive.progress import record_progress
 from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import choose_stages, open_session
-from theinference.grading.drive.watch import Watch
 from theinference.proc.runner import DEFAULT_MEMORY_MB
-from theinference.report import TEXT_FORMATS
-from theinference.report.github import render_summary
 from theinference.files import check_target
 from theinference.report.terminal import render_run
 
@@ -51,10 +47,21 @@ class Format(str, Enum):
     github = "github"
 
 
+def _made_weights(model) -> str:
+    """The weights just made, named as what they are: the preset, and its size where it is not GPT-2's."""
+    c = model.config
+    shape = f"{c.n_layer} layers, n_embd {c.n_embd}, n_ctx {c.n_ctx}"
+    preset = model.synthetic.preset if model.synthetic else "synthetic"
+    if preset == "gpt2":
+        return f"synthetic GPT-2-shape weights ({shape})"
+    return f"the synthetic {preset} weights ({shape}, smaller than GPT-2)"
+
+
 def _weights_notice(session) -> None:
     if session.grader.made_weights:
+        model = session.grader.model
         err_console().print(
-            f"[yellow]note:[/yellow] made synthetic GPT-2-shape weights at {session.grader.model.path} "
+            f"[yellow]note:[/yellow] made {_made_weights(model)} at {model.path} "
             "(every identity holds for them; generated text is gibberish). For real GPT-2: "
             "`hf download openai-community/gpt2 model.safetensors config.json`, or pass --weights PATH.",
             soft_wrap=True,
@@ -62,6 +69,10 @@ def _weights_notice(session) -> None:
 
 
 def _emit(run, fmt: Format, output: Optional[Path]) -> None:
+    # The other formats' renderers are imported only for them: a plain `test` never pays for them.
+    from theinference.report import TEXT_FORMATS
+    from theinference.report.github import render_summary
+
     if fmt is Format.github and os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a", encoding="utf-8") as f:
             f.write(render_summary(run, __version__))
@@ -82,6 +93,10 @@ def _emit(run, fmt: Format, output: Optional[Path]) -> None:
 
 def _watch(session, wanted: list[str] | None, options, poll: bool) -> int:
     """Watch mode: a live line per case on stderr while a grade runs, the screen redrawn after each."""
+    # Imported for watch mode only (watchdog's observers are a tenth of a plain `test`'s imports).
+    from theinference.cli.watch import render_regrade, run_watch
+    from theinference.grading.drive.watch import Watch
+
     live = RunProgress()
     session.grader.cache.progress = live
 

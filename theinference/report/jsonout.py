@@ -150,6 +150,7 @@ def stage_document(stage: StageResult) -> dict:
         "cross_case": stage.cross_case is not None,
         "source": stage.origin,
         "visibility": stage.visibility,
+        "float64_cases": list(stage.float64_cases),
         "cases": [case_document(c) for c in stage.cases],
     }
 

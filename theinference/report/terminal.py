@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from theinference.model import tokenizer
-from theinference.headline import headline_parts
+from theinference.headline import headline_lines
 from theinference.untrusted import for_terminal
 from theinference.report.text import both_figures, guarantee_text, timed_calls
 from theinference.terminals import plain_console
@@ -129,7 +129,8 @@ def render_header(console: Console, run: RunResult, version: str, headline_shown
 
     headline_shown: the first line is already on screen (theinference.cli.early printed it)."""
     if not headline_shown:
-        console.print(Text.assemble(*headline_parts(version, run.course)), overflow="fold")
+        for parts in headline_lines(version, run.course, console.width):
+            console.print(Text.assemble(*parts), no_wrap=True, overflow="ignore", crop=False)
     synthetic = [f"synthetic ({run.synthetic})"] if run.synthetic else []
     _folded(console, "weights: ", [for_terminal(run.weights_path), *synthetic])
     config = [f"{k} {v}" for k, v in run.config.items()]
@@ -319,7 +320,7 @@ def tokens_table(case: CaseResult, plain: bool = False) -> Table:
             note = _tie_note(step)
         elif case.steps and k >= len(case.steps):
             style = "dim"
-        table.add_row(str(k), token_label(exp, 18), token_label(got, 18), note, style=style)
+        table.add_row(str(k + 1), token_label(exp, 18), token_label(got, 18), note, style=style)
     if hi < n:
         table.add_row("…", f"{n - hi} steps below", "", "", style="dim")
     return table
@@ -458,7 +459,7 @@ def _greedy_text(case: CaseResult) -> list[Text]:
         prompt = "…" + prompt[-_PROMPT_CHARS:]
     lo, hi = _token_window(case)
     more = "…" if hi < min(len(case.expected_tokens), len(case.got_tokens)) else ""
-    steps = f"steps {lo}–{hi - 1}:" if lo > 0 or more else ""
+    steps = f"steps {lo + 1}–{hi}:" if lo > 0 or more else ""
     lines = [Text(f"  {'prompt:':<9} {prompt!r}")]
     if steps:
         lines.append(Text(f"  {steps}", style="dim"))
@@ -553,7 +554,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
             if key is not None:
                 seen[key] = (stage.id, case.name)
         elif _near_ties(case):
-            notes = "; ".join(f"step {s.step}: {_tie_note(s)}" for s in _near_ties(case))
+            notes = "; ".join(f"step {s.step + 1}: {_tie_note(s)}" for s in _near_ties(case))
             console.print(f"  case {case.name}: passed, {notes}", style="dim")
         if case.status == Status.PASS and case.scaling:
             console.print(Group(scaling_table(case, plain_console(console)), *scaling_lines(case)))
@@ -564,7 +565,25 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
             console.print(said)
     if across:
         _print_cross_case(console, stage, n_vocab)
+    if stage.float64_cases and FLOAT64 not in seen:  # said once in a run, under the first stage that shows it
+        console.print(_labelled("note", "bold yellow", Text(float64_note(stage))))
+        seen[FLOAT64] = stage.id
     console.print()
+
+
+FLOAT64 = ("note", "float64")  # the key in render_stage's `seen` once the float64 note is said
+
+
+def float64_note(stage: StageResult) -> str:
+    """Why a float64 array matters though its numbers passed, and its usual cause (said once per run)."""
+    names = stage.float64_cases
+    which = f"all {len(names)} cases" if len(names) == len(stage.cases) and len(names) > 1 else ", ".join(names)
+    return (
+        f"{stage.adapter}() returned float64 arrays ({which}) where the oracle's are float32: not a failure, but "
+        "float64 arithmetic does several times the work, and cache-scaling judges the cost. The usual cause is a "
+        "NumPy float64 scalar such as `1.0 / np.sqrt(d)` or `np.float64(...)`, which promotes float32 arrays under "
+        "NumPy 2; keep them float32 with `x.astype(np.float32)` or `np.float32(...)`."
+    )
 
 
 def _repeated_line(stage: StageResult, where: tuple[str, str], cases: list[CaseResult]) -> str:
@@ -648,8 +667,8 @@ def _unbroken_commands(text: str, width: int) -> list[str]:
 def render_footer(console: Console, run: RunResult) -> None:
     """The report's closing lines: what output stages cannot prove, the points, what to do next."""
     passed = sum(s.status == Status.PASS for s in run.stages)
-    proofs = [isinstance(s.check, ScalingCheck) for s in run.stages if s.status == Status.PASS]
-    if any(not proof for proof in proofs) and not any(proofs):
+    passing = [s for s in run.stages if s.status == Status.PASS]
+    if any(s.cached_path for s in passing) and not any(isinstance(s.check, ScalingCheck) for s in passing):
         console.print(
             "Matching outputs prove the cached path equals a recompute, not that a cache exists "
             "(a recompute gives the same numbers): the cache-scaling stage proves the cache by its cost.",

@@ -14,6 +14,12 @@ def shape_problem(expected_shape: tuple[int, ...], got: np.ndarray) -> str | Non
     return None
 
 
+def promoted(expected: np.ndarray, got: np.ndarray) -> bool:
+    """Whether the student's array is float64 where the oracle's is float32: float64 arithmetic somewhere (right
+    numbers, several times the work), which the cost stage would otherwise be the first to show."""
+    return expected.dtype == np.float32 and got.dtype == np.float64
+
+
 def _chunk_stats(expected: np.ndarray, got: np.ndarray, atol: float, rtol: float):
     exp = expected.astype(np.float64)
     diff = np.abs(got.astype(np.float64) - exp)

@@ -121,6 +121,6 @@ def diagnose_tokens(steps: list[TokenStep], hints: dict, describe=str) -> Diagno
     """Diagnosis of a greedy case whose walk ended in a mismatch."""
     last = steps[-1]
     summary = _SUMMARIES["token-mismatch"].format(
-        step=last.step, got=describe(last.got), expected=describe(last.expected)
+        step=last.step + 1, got=describe(last.got), expected=describe(last.expected)
     )
     return Diagnosis(shape="token-mismatch", summary=summary, hint=hints.get("token-mismatch", ""))

@@ -9,7 +9,7 @@ from typing import Protocol, assert_never
 import numpy as np
 
 from theinference.grading.judge import scaling
-from theinference.grading.judge.compare import compare_rows, shape_problem
+from theinference.grading.judge.compare import compare_rows, promoted, shape_problem
 from theinference.course import Course
 from theinference.grading.judge.diagnose import diagnose_rows
 from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage
@@ -90,6 +90,7 @@ class Judged:
 
     case: CaseResult
     output: np.ndarray | None = None
+    float64: bool = False  # the array came back float64 where the oracle's is float32 (compare.promoted)
 
 
 @dataclass(frozen=True)
@@ -113,13 +114,15 @@ def _judge_rows(
     output = got if stage.bugs else None
     positions = spec.positions(ran.inputs) or list(range(len(expected)))
     rows = compare_rows(expected, got, check.atol, check.rtol, positions, _consumed_tokens(ran.inputs, positions))
+    float64 = promoted(expected, got)
     if all(r.ok for r in rows):
-        return Judged(dataclasses.replace(ran, status=Status.PASS, rows=rows), output)
+        return Judged(dataclasses.replace(ran, status=Status.PASS, rows=rows), output, float64)
     bad = sum(not r.ok for r in rows)
     message = f"{bad} of {len(rows)} rows outside atol={check.atol:g} rtol={check.rtol:g}"
     # one row has no shape; single-row stages are read across cases
     diagnosis = diagnose_rows(rows, stage.hints, expected, got, check.atol, check.rtol) if len(rows) > 1 else None
-    return Judged(dataclasses.replace(ran, status=Status.FAIL, message=message, rows=rows, diagnosis=diagnosis), output)
+    failed = dataclasses.replace(ran, status=Status.FAIL, message=message, rows=rows, diagnosis=diagnosis)
+    return Judged(failed, output, float64)
 
 
 def _judge_tokens(
@@ -311,6 +314,14 @@ def student_job(stage: StageSpec, ctx: GradeContext, spec: OracleSpec) -> Adapte
     )
 
 
+def _cached_path(stage: StageSpec, spec: OracleSpec) -> bool:
+    """Whether some case runs positions past the oracle's prefill block, i.e. through the student's cache. Only a
+    built-in oracle says where its prefill ends (an instructor's file oracle has no `defective` twin either)."""
+    if spec.defective is None and not isinstance(stage.check, (TokensCheck, ScalingCheck)):
+        return False
+    return any(positions_needed(case.inputs) > spec.prefill(case.inputs) for case in stage.cases)
+
+
 def grade(stage: StageSpec, ctx: GradeContext) -> StageResult:
     """Grade one stage of the course against the oracle; student faults become results, never exceptions.
 
@@ -359,6 +370,8 @@ def grade_stage(stage: StageSpec, ctx: GradeContext) -> Graded:
         adapter_source=source,
         cross_case=cross_case_diagnosis(stage, cases),
         visibility=stage.visibility,
+        cached_path=_cached_path(stage, spec),
+        float64_cases=tuple(j.case.name for j in judged if j.float64),
     )
     if not ctx.diagnosis:  # never fingerprinted: nothing is kept
         return Graded(result)

@@ -171,5 +171,5 @@ def reproduces(
         off = [i for i, t in enumerate(tokens) if not _chosen(rows[i], t, 0, tie_rtol)]
         if len(off) != 1 or not _chosen(rows[off[0]], tokens[off[0]], 1, tie_rtol):
             return None
-        return f"step {off[0]}"
+        return f"step {off[0] + 1}"
     return detail if all(_chosen(logits[i], t, ranks[i], tie_rtol) for i, t in enumerate(tokens)) else None

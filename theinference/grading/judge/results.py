@@ -201,6 +201,12 @@ class StageResult:
     cross_case: Diagnosis | None = None
     origin: str = "built-in"  # where the stage file came from: built-in | --stages-dir | course
     visibility: str = "visible"  # when Gradescope shows it to the student (the stage file's `visibility`)
+    # Some case's output comes through the student's cache (decode steps after a prefill), so a match proves the
+    # cached path equals a recompute; False for a full recompute (forward) and for an instructor's file oracle.
+    cached_path: bool = False
+    # The cases whose array came back float64 where the oracle's is float32 (a note from the first stage, not a
+    # failure: right numbers at several times the work, the cache-scaling stage's `too-slow`).
+    float64_cases: tuple[str, ...] = ()
 
     @property
     def passed_cases(self) -> int:

@@ -73,7 +73,7 @@ def verify_tokens(
     return dataclasses.replace(
         ran,
         status=Status.FAIL,
-        message=f"token {k - 1} of {n_new} differs from the oracle's greedy choice",
+        message=f"token {k} of {n_new} differs from the oracle's greedy choice",
         steps=steps,
         got_tokens=tokens,
         expected_tokens=expected,

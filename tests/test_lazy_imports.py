@@ -1,0 +1,15 @@
+"""What a plain `test` run imports: watch mode's observers and progress bars only when they are used (each is a part
+of the grader's own time before the student's code runs)."""
+
+import ast
+import subprocess
+import sys
+
+# Imported by `theinference.cli.test` only where used: --watch, a bar while weights are made on a terminal.
+LAZY = ["watchdog", "rich.progress", "theinference.grading.drive.watch", "theinference.cli.watch"]
+
+
+def test_the_test_command_module_imports_watch_mode_and_progress_bars_only_when_used():
+    probe = f"import sys; import theinference.cli.test; print([m for m in {LAZY!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert ast.literal_eval(out) == []
