@@ -64,3 +64,16 @@ def test_a_wheel_install_makes_its_own_wheel_again_and_it_installs(tmp_path):
         sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "again"), str(again)
     )
     assert reinstalled.returncode == 0, reinstalled.stderr  # its RECORD's hashes hold
+
+
+def test_the_bundle_asks_for_the_node_version_theinference_requires():
+    import re
+
+    from theinference.bundled import asset
+
+    required = re.search(r"install Node\.js (\d+) or later", (ROOT / "theinference" / "proc" / "node.py").read_text())
+    assert required is not None
+    setup = Path(asset("autograder/setup.sh")).read_text()
+    versions = set(re.findall(r"Node\.js \(?(\d+(?:\.\d+)?) or later", setup))
+    assert versions == {required.group(1)}, versions  # not 18.19 where theinference and the README say 20
+    assert f"-lt {required.group(1)} ]" in setup  # and an older node is said to be too old
