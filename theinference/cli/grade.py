@@ -222,7 +222,9 @@ def grade_command(
             "--submission-timeout",
             metavar="SECONDS",
             min=0,
-            help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).",
+            help="Wall seconds per submission, not counting its stages that timed out (a hang is bounded by its own "
+            "stage's budget and leaves the later stages theirs); past them its remaining cases are reported as timed "
+            "out and listed to regrade (0: none).",
         ),
     ] = SUBMISSION_TIMEOUT,
     finish_by: Annotated[

@@ -29,7 +29,7 @@ from theinference.proc.node import NodeMissing
 from theinference.proc.launch import ConfinementError
 from theinference.grading.oracle.registry import BUILTIN_ORACLES
 from theinference.grading.judge.grade import MACHINE_BUSY
-from theinference.grading.judge.results import RunResult
+from theinference.grading.judge.results import CaseResult, RunResult
 from theinference.grading.drive.grader import BUDGET_STOPPED, Grader, OracleProgress, RunOptions
 from theinference.grading.spec.stages import StageSpec
 from theinference.model.weights import Model, weights_digest
@@ -329,7 +329,7 @@ def first_reason(result: SubmissionResult) -> str:
     return _one_line(f"{stage.id}: case {case.name}: {message}" + (f" ({shape})" if shape else ""), result.path)
 
 
-def _nonfinite_reason(case) -> str:
+def _nonfinite_reason(case: CaseResult) -> str:
     """A failing case's reason when rows hold NaN or infinity: no tolerance can say how far those are."""
     nonfinite = sum(r.n_nonfinite > 0 for r in case.rows)
     if not nonfinite:
