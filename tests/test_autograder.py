@@ -95,7 +95,7 @@ def test_correct_submission_uploaded_in_a_folder_gets_every_point(cli, tmp_path,
     doc = run_autograder(root, upload)
     assert_gradescope(doc)
     stages = load_stages(stage_dirs(None, [course_stages]))
-    assert doc["score"] == doc["max_score"] == sum(s.points for s in stages)
+    assert doc["score"] == doc["extra_data"]["max_score"] == sum(s.points for s in stages)
     assert [t["name"].split(":")[0] for t in doc["tests"]] == [s.id for s in stages]  # the instructor's stage too
     assert all(t["status"] == "passed" for t in doc["tests"])
     assert "seed 7" in doc["output"]  # random extra cases, reproducible with `test --seed 7`
@@ -122,7 +122,7 @@ def test_broken_submission_gets_zero_points_and_says_why(cli, tmp_path, wheel, t
     write_adapters(tmp_path / "broken", source)
     doc = run_autograder(root, tmp_path / "broken")
     assert_gradescope(doc)
-    assert doc["score"] == 0 and doc["max_score"] > 0
+    assert doc["score"] == 0 and doc["extra_data"]["max_score"] > 0
     assert [(t["name"].split(":")[0], t["status"], t["score"]) for t in doc["tests"]] == [("quick-layer", "failed", 0)]
     assert words in doc["tests"][0]["output"]
 
@@ -132,7 +132,7 @@ def test_empty_submission_is_graded_zero_with_the_reason(bundle, tmp_path):
     doc = run_autograder(bundle, tmp_path / "empty")
     assert_gradescope(doc)
     assert doc["score"] == 0 and "adapters file not found" in doc["output"]
-    assert doc["max_score"] == sum(t["max_score"] for t in doc["tests"]) > 0
+    assert doc["extra_data"]["max_score"] == sum(t["max_score"] for t in doc["tests"]) > 0
 
 
 @pytest.mark.parametrize(
@@ -524,7 +524,7 @@ def test_a_hang_near_the_deadline_keeps_the_credit_of_the_stages_graded(cli, tmp
     assert (tests["quick-layer"]["status"], tests["quick-layer"]["score"]) == ("passed", 1)
     assert (tests["greedy"]["status"], tests["greedy"]["score"]) == ("failed", 0)
     assert "time budget" in tests["greedy"]["output"]
-    assert doc["score"] == 1 and doc["max_score"] == 1 + tests["greedy"]["max_score"]
+    assert doc["score"] == 1 and doc["extra_data"]["max_score"] == 1 + tests["greedy"]["max_score"]
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="needs shellcheck")

@@ -369,3 +369,53 @@ def test_grade_refuses_an_out_that_is_a_directory_before_grading(cli, batch, tin
     out.mkdir()
     graded = cli("grade", batch / "pass-a", "--stage", "prove-one-layer", "--weights", tiny_path, "--out", out)
     assert graded.exit_code == 2 and "is a directory" in graded.stderr and "[1/1]" not in graded.stderr
+
+
+def test_a_nan_row_is_said_to_hold_nan_not_to_be_outside_the_tolerance(cli, tmp_path, tiny_path):
+    course = write_adapters(tmp_path / "nan", PASSING + "\n_real = run_layer_equiv\n").parent.parent
+    adapters = course / "tests" / "adapters.py"
+    adapters.write_text(adapters.read_text() + "def run_layer_equiv(seq_ids):\n    return _real(seq_ids) * np.nan\n")
+    out = tmp_path / "grades.csv"
+    result = cli("grade", course, "--stage", "prove-one-layer", "--weights", tiny_path, "--out", out)
+    assert result.exit_code == 0, result.stderr
+    [row] = read_csv(out)
+    assert row["prove-one-layer.status"] == "fail"
+    assert "rows hold NaN or infinity" in row["reason"] and "outside atol" not in row["reason"], row["reason"]
+
+
+def test_a_too_slow_cache_is_its_own_column_and_field_not_just_a_fail(solution_course, tiny_path):
+    import dataclasses
+
+    from theinference.grading.drive.batch import SubmissionResult, csv_header, csv_row, graded_with
+    from theinference.grading.drive.grader import Grader
+    from theinference.grading.drive.plan import plan_run
+    from theinference.grading.drive.session import select_stages
+    from theinference.grading.judge.results import Diagnosis
+    from theinference.report.jsonout import batch_document
+
+    plan = plan_run(solution_course, weights=str(tiny_path))
+    choice, model, _ = plan.load_weights()
+    with Grader(weights=choice, model=model, launcher=plan.launcher(), cache=plan.oracle_cache(), plan=plan) as g:
+        stages = select_stages(plan.stages(), ["forward", "prove-one-layer"])
+        run = g.grade(plan.course, stages)
+    # What cache-scaling says of a flat but slow cache (judge/scaling.py), put on the second stage's verdict.
+    slow = Diagnosis(shape="too-slow", summary="slow", hint="")
+    forward, layer = run.stages
+    case = dataclasses.replace(layer.cases[0], status="fail", diagnosis=slow)
+    layer = dataclasses.replace(layer, status="fail", points=0.0, cases=[case, *layer.cases[1:]])
+    result = SubmissionResult("slow", str(solution_course), dataclasses.replace(run, stages=[forward, layer]))
+    graded = graded_with(model, stages, None)
+    row = dict(zip(csv_header(stages), csv_row(result, stages, graded)))
+    assert row["too_slow"] == "prove-one-layer" and row["prove-one-layer.status"] == "fail"
+    passed = SubmissionResult("ok", str(solution_course), run)
+    assert dict(zip(csv_header(stages), csv_row(passed, stages, graded)))["too_slow"] == ""
+    [doc] = batch_document([result], stages, graded)["submissions"]
+    assert doc["too_slow"] == ["prove-one-layer"] and doc["regrade"] == []
+
+
+def test_grade_refuses_a_directory_that_is_not_there(cli, batch, tiny_path, tmp_path):
+    out = tmp_path / "grades.csv"
+    result = cli("grade", batch / "pass-a", tmp_path / "pass-b-typo", "--weights", tiny_path, "--out", out)
+    assert result.exit_code == 2
+    assert "no such directory" in result.stderr and "pass-b-typo" in result.stderr
+    assert not out.exists()

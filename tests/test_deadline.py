@@ -3,11 +3,15 @@
 import csv
 import dataclasses
 import datetime
+import json
+import shutil
+import textwrap
 import time
 
 import pytest
 
-from conftest import write_adapters
+from conftest import scaled, write_adapters
+from theinference.bundled import data_dir
 from test_fingerprint import mutant_course
 from theinference.cli.options import IsolationLevel
 from theinference.errors import UsageError
@@ -134,3 +138,51 @@ def test_submissions_graded_side_by_side_each_get_their_own_findings(cli, tmp_pa
     for name, (mutant, _) in built.items():
         stage, _, bugs = rows[name]["finding"].partition(": ")
         assert stage == "prove-one-layer" and set(bugs.split(", ")) <= set(mutant.fingerprint[stage]), rows[name]
+
+
+def _solution_but(tmp_path, name: str, adapter: str, body: str):
+    """A copy of the reference solution whose adapter `adapter` is replaced by one running body."""
+    course = tmp_path / name
+    shutil.copytree(data_dir("course") / "solution", course)
+    adapters = course / "tests" / "adapters.py"
+    adapters.write_text(adapters.read_text() + f"\n\ndef {adapter}(*args):\n{textwrap.indent(body, '    ')}\n")
+    return course
+
+
+@pytest.mark.slow
+def test_a_stage_that_hangs_leaves_the_later_stages_their_budget(cli, tmp_path, tiny_path):
+    # forward loops forever; the later stage is the reference's. The budget is shorter than the loop's own CPU
+    # budget (5 s at least), so the submission's clock runs out inside forward: before, prove-one-layer was then
+    # "not run" and got 0 points.
+    course = _solution_but(tmp_path, "loops", "run_forward", "while True:\n    pass")
+    out = tmp_path / "grades.csv"
+    budget = scaled(4)
+    args = ["--stage", "forward", "--stage", "prove-one-layer", "--submission-timeout", budget]
+    result = cli("grade", course, "--weights", tiny_path, *args, "--out", out)
+    assert result.exit_code == 0, result.stderr
+    [row] = csv.DictReader(out.open(newline=""))
+    assert (row["forward.status"], row["forward.points"]) == ("timeout", "0")
+    assert (row["prove-one-layer.status"], row["prove-one-layer.points"]) == ("pass", "10"), row
+    assert "prove-one-layer" not in row["regrade"]
+
+
+def test_stages_the_deadline_left_unrun_are_listed_for_regrading(cli, tmp_path, tiny_path, solution_course):
+    out, json_out = tmp_path / "grades.csv", tmp_path / "grades.json"
+    past = str(time.time() - 1)
+    args = ["--stage", "forward", "--stage", "prove-one-layer", "--finish-by", past, "--json", json_out]
+    result = cli("grade", solution_course, "--weights", tiny_path, *args, "--out", out)
+    assert result.exit_code == 0, result.stderr
+    [row] = csv.DictReader(out.open(newline=""))
+    assert row["regrade"] == "forward, prove-one-layer" and row["points"] == "0"
+    [sub] = json.loads(json_out.read_text())["submissions"]
+    assert sub["regrade"] == ["forward", "prove-one-layer"]
+    words = " ".join(result.stderr.split())
+    assert "1 submission(s) to regrade" in words and f"{solution_course.name} (forward, prove-one-layer)" in words
+
+
+def test_a_run_within_its_budget_has_nothing_to_regrade(cli, tmp_path, tiny_path, solution_course):
+    out = tmp_path / "grades.csv"
+    result = cli("grade", solution_course, "--weights", tiny_path, "--stage", "forward", "--out", out)
+    [row] = csv.DictReader(out.open(newline=""))
+    assert row["forward.status"] == "pass" and row["regrade"] == "" and row["too_slow"] == ""
+    assert "to regrade" not in result.stderr

@@ -72,7 +72,8 @@ def test_gradescope_scores(cli, courses, tiny_path, tmp_path):
     out = tmp_path / "results.json"
     code, _ = run(cli, courses["passing"], tiny_path, "gradescope", "--output", out)
     doc = json.loads(out.read_text())
-    assert code == 0 and doc["score"] == 40 and doc["max_score"] == 40
+    assert code == 0 and doc["score"] == 40 and doc["extra_data"]["max_score"] == 40
+    assert set(doc) <= GRADESCOPE_KEYS
     assert isinstance(doc["execution_time"], float)
     for test in doc["tests"]:
         assert set(test) >= {"name", "score", "max_score", "status", "output", "visibility"}
@@ -241,3 +242,30 @@ def test_annotations_point_at_the_students_line_in_src(cli, raises_in_src, tiny_
     assert output.count("raise ValueError") == 1 and "same error in 3 more cases" in output
     code, text = run(cli, course, tiny_path, "json", "--stage", "prove-one-layer")
     assert json.loads(text)["stages"][0]["cases"][0]["at"] == {"file": "src/kvcache.py", "line": line}
+
+
+# The top-level keys of Gradescope's documented results.json ("Autograder Specifications", Output format).
+GRADESCOPE_KEYS = {
+    "score",
+    "execution_time",
+    "output",
+    "output_format",
+    "test_output_format",
+    "test_name_format",
+    "visibility",
+    "stdout_visibility",
+    "extra_data",
+    "tests",
+    "leaderboard",
+}
+
+
+def test_an_ungraded_results_json_keeps_to_gradescopes_keys():
+    from theinference.bundled import data_dir
+    from theinference.grading.spec.stages import load_stages
+    from theinference.report.gradescope import render_gradescope_ungraded
+
+    stages = load_stages([data_dir("stages")])
+    doc = json.loads(render_gradescope_ungraded(stages, "adapters file not found", "0.1.0"))
+    assert set(doc) <= GRADESCOPE_KEYS and doc["score"] == 0
+    assert doc["extra_data"]["max_score"] == sum(s.points for s in stages) == sum(t["max_score"] for t in doc["tests"])

@@ -122,7 +122,7 @@ def test_course_oracle_is_never_imported_when_untrusted(cli, tmp_path, tiny_path
     assert any("ignored the submission's stages/" in n for n in graded["notices"])
     tested = cli("test", "--untrusted", "--course", course, "--weights", tiny_path, "--format", "gradescope")
     document = json.loads(tested.stdout)
-    assert tested.exit_code == 1 and document["score"] == 0 and document["max_score"] == BUILT_IN_POINTS
+    assert tested.exit_code == 1 and document["score"] == 0 and document["extra_data"]["max_score"] == BUILT_IN_POINTS
     assert not (course / "stages" / "IMPORTED").exists()
 
 
@@ -139,7 +139,7 @@ def test_course_bonus_stage_earns_nothing_when_untrusted(cli, tmp_path, tiny_pat
     row = read_rows(out)["sub"]
     assert (row["points"], row["max_points"]) == ("0", f"{BUILT_IN_POINTS:g}") and "bonus.status" not in row
     gradescope = json.loads(cli("test", "--course", course, "--weights", tiny_path, "--format", "gradescope").stdout)
-    assert gradescope["score"] == 0 and gradescope["max_score"] == BUILT_IN_POINTS
+    assert gradescope["score"] == 0 and gradescope["extra_data"]["max_score"] == BUILT_IN_POINTS
     assert all(not t["name"].startswith("bonus") for t in gradescope["tests"])
     asked = cli("test", "--untrusted", "--course", course, "--weights", tiny_path, "--stage", "bonus")
     assert asked.exit_code == 2 and "untrusted grading reads no stage files from the course directory" in asked.stderr

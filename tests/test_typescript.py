@@ -345,5 +345,5 @@ def test_the_gradescope_bundle_grades_a_ts_upload(cli, tmp_path, tiny_path, node
     upload = tmp_path / "upload"
     ts_course(upload / "my-course", None)  # uploaded without node_modules, as students do
     doc = run_autograder(root, upload)
-    assert doc["score"] == doc["max_score"] == 10, doc["output"]
+    assert doc["score"] == doc["extra_data"]["max_score"] == 10, doc["output"]
     assert [(t["name"].split(":")[0], t["status"]) for t in doc["tests"]] == [("prove-one-layer", "passed")]

@@ -38,7 +38,8 @@ WheelOpt = Annotated[
     typer.Option(
         "--wheel",
         metavar="FILE",
-        help="theinference's wheel to carry (default: build this version's from its source checkout).",
+        help="theinference's wheel to carry (default: build this version's, from its source checkout or, "
+        "installed with `pip install .`, from its installed files).",
     ),
 ]
 WithoutSolutionOpt = Annotated[
@@ -276,8 +277,8 @@ def wheel(
     wheel: WheelOpt = None,
     without_solution: WithoutSolutionOpt = False,
 ) -> None:
-    """Write theinference's wheel (this version's, built from its source checkout, or --wheel's), optionally
-    without the reference solution."""
+    """Write theinference's wheel (this version's, built from its source checkout or its installed files, or
+    --wheel's), optionally without the reference solution."""
     with tempfile.TemporaryDirectory(prefix="theinference-wheel-") as workdir:
         found, warnings = obtain_wheel(wheel, Path(workdir))
         written = strip_solution(found, out) if without_solution else copy_wheel(found, out)

@@ -28,6 +28,7 @@ from theinference.grading.drive.batch import (
     grade_batch,
     graded_with,
     parse_shard,
+    regrade,
     shard,
     shard_record,
     submissions,
@@ -221,7 +222,9 @@ def grade_command(
             "--submission-timeout",
             metavar="SECONDS",
             min=0,
-            help="Wall seconds per submission, after which its remaining cases are reported as timed out (0: none).",
+            help="Wall seconds per submission, not counting its stages that timed out (a hang is bounded by its own "
+            "stage's budget and leaves the later stages theirs); past them its remaining cases are reported as timed "
+            "out and listed to regrade (0: none).",
         ),
     ] = SUBMISSION_TIMEOUT,
     finish_by: Annotated[
@@ -309,6 +312,19 @@ def grade_command(
         f"graded {graded} of {len(results)} submissions into {out}"
         + (f" (seed {options.seed})" if options.seed is not None else "")
     )
+    _say_regrades(results)
+
+
+def _say_regrades(results: list[SubmissionResult]) -> None:
+    """Name the rows whose points the wall clock decided, not the code (the CSV's `regrade` column)."""
+    rows = [f"{for_terminal(r.id)} ({', '.join(stages)})" for r in results if (stages := regrade(r))]
+    if rows:
+        err_console().print(
+            f"{len(rows)} submission(s) to regrade on a quieter machine or with more time: a case there ended "
+            f"machine-busy or the time budget stopped it, which is not a verdict on the code: {'; '.join(rows)}",
+            soft_wrap=True,
+            markup=False,
+        )
 
 
 def _run(

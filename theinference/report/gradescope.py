@@ -1,4 +1,8 @@
-"""Gradescope's results.json: score, execution_time, tests[] with name, score, max_score, status, output, visibility."""
+"""Gradescope's results.json: score, execution_time, tests[] with name, score, max_score, status, output, visibility.
+
+Only the keys of Gradescope's documented format are used (its autograder specification's "Output format"); the
+submission's possible points, which that format has only per test, go in `extra_data` ("extra data to be stored").
+"""
 
 import dataclasses
 import json
@@ -28,7 +32,6 @@ def render_gradescope(run: RunResult, version: str) -> str:
     seed = f", seed {run.seed}" if run.seed is not None else ""
     document = {
         "score": round(earned, 4),
-        "max_score": possible,
         "execution_time": round(sum(s.seconds for s in run.stages), 3),
         "output": f"theinference {version}: {run_summary(shown)}{withheld} (weights: {run.weights_path}{seed}; "
         f"isolation: {run.isolation}: {run.isolation_summary})"
@@ -36,6 +39,7 @@ def render_gradescope(run: RunResult, version: str) -> str:
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
+        "extra_data": {"max_score": possible},
     }
     return json.dumps(document, indent=2) + "\n"
 
@@ -55,11 +59,11 @@ def render_gradescope_ungraded(stages: list[StageSpec], error: str, version: str
     ]
     document = {
         "score": 0,
-        "max_score": sum(s.points for s in stages),
         "execution_time": 0,
         "output": f"theinference {version}: this submission could not be graded (0 points): {error}",
         "visibility": "visible",
         "stdout_visibility": "hidden",
         "tests": tests,
+        "extra_data": {"max_score": sum(s.points for s in stages)},
     }
     return json.dumps(document, indent=2) + "\n"

@@ -15,6 +15,8 @@ from theinference.grading.drive.batch import (
     SubmissionResult,
     first_errors,
     machine_busy,
+    regrade,
+    too_slow,
 )
 from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, ScalingResult, StageResult, StepTime
 from theinference.grading.spec.stages import StageSpec
@@ -214,6 +216,8 @@ def batch_document(
                 "copy_of": [dataclasses.asdict(c) for c in r.copies],  # of, files, similarity, regions
                 # cases the machine gave too little CPU to finish, even after their retries: regrade this row
                 "machine_busy": [{"stage": stage, "case": case} for stage, case in machine_busy(r)],
+                "regrade": regrade(r),  # stages whose points are the wall clock's (busy machine, time budget)
+                "too_slow": too_slow(r),  # failing stages whose cache is flat but slow, not wrong
                 "results": run_document(r.run, __version__) if r.run else None,
             }
         )

@@ -24,10 +24,14 @@ fi
 # This very version of theinference (stages and course included), and its dependencies from PyPI.
 "$ROOT/venv/bin/python" -m pip install "$SOURCE/$WHEEL"
 
-# The TypeScript edition's submissions (tests/adapters.ts) run on Node.js (18.19 or later) with tsx, installed
-# into $ROOT/node_modules: the nearest node_modules above every submission, where theinference looks for it.
+# The TypeScript edition's submissions (tests/adapters.ts) run on Node.js (20 or later, as theinference requires)
+# with tsx, installed into $ROOT/node_modules: the nearest node_modules above every submission, where theinference
+# looks for it. A distribution's own nodejs package may be older (Ubuntu 22.04's is 12): then it says so.
 if ! command -v node >/dev/null; then
     apt-get install -y --no-install-recommends nodejs npm || echo "note: no Node.js: TypeScript submissions cannot be graded"
+fi
+if command -v node >/dev/null && [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
+    echo "note: Node.js $(node --version) is older than 20: TypeScript submissions cannot be graded (install Node.js 20)"
 fi
 if command -v npm >/dev/null; then
     npm install --prefix "$ROOT" --no-audit --no-fund tsx@4 || echo "note: no tsx: TypeScript submissions cannot be graded"

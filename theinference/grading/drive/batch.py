@@ -29,8 +29,8 @@ from theinference.proc.node import NodeMissing
 from theinference.proc.launch import ConfinementError
 from theinference.grading.oracle.registry import BUILTIN_ORACLES
 from theinference.grading.judge.grade import MACHINE_BUSY
-from theinference.grading.judge.results import RunResult
-from theinference.grading.drive.grader import Grader, OracleProgress, RunOptions
+from theinference.grading.judge.results import CaseResult, RunResult
+from theinference.grading.drive.grader import BUDGET_STOPPED, Grader, OracleProgress, RunOptions
 from theinference.grading.spec.stages import StageSpec
 from theinference.model.weights import Model, weights_digest
 from theinference.untrusted import for_terminal
@@ -83,7 +83,12 @@ class SubmissionResult:
 
 
 def submissions(paths: list[Path]) -> list[Submission]:
-    """Submissions sorted by id (the directory name); ids must be unique."""
+    """Submissions sorted by id (the directory name); ids must be unique, and each must be a directory (a mistyped
+    path is the instructor's slip, refused before grading, never a student's `error` row)."""
+    missing = [str(p) for p in paths if not p.is_dir()]
+    if missing:
+        what = "no such directory" if len(missing) == 1 else "no such directories"
+        raise BatchError(f"{what}: {', '.join(missing)} (grade takes the course directories of the submissions)")
     found = sorted((Submission(p.name, p.resolve()) for p in paths), key=lambda s: s.id)
     ids = [s.id for s in found]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
@@ -287,6 +292,29 @@ def machine_busy_cell(result: SubmissionResult) -> str:
     return " | ".join(f"{stage}: {', '.join(cases)}" for stage, cases in by_stage.items())
 
 
+def regrade(result: SubmissionResult) -> list[str]:
+    """The stages whose points are the wall clock's, not the code's: a case ended machine-busy, or the submission's
+    time budget (or --finish-by) stopped it or left it unrun. Regrade them on a quieter machine or with more time."""
+    if result.run is None:
+        return []
+    unverdicted = (MACHINE_BUSY, BUDGET_STOPPED)
+    return [s.id for s in result.run.stages if any(c.detail in unverdicted for c in s.cases)]
+
+
+TOO_SLOW = "too-slow"  # cache-scaling's shape for a cache whose cost is flat but too high: slow, not wrong
+
+
+def too_slow(result: SubmissionResult) -> list[str]:
+    """The failing stages whose verdict is a slow cache (shape too-slow), not a wrong or missing one."""
+    if result.run is None:
+        return []
+    return [
+        s.id
+        for s in result.run.stages
+        if s.status == "fail" and s.diagnosis is not None and s.diagnosis.shape == TOO_SLOW
+    ]
+
+
 def first_reason(result: SubmissionResult) -> str:
     """Why the first failing stage failed, on one line: `greedy: case sentence: token 2 of 4 differs …`.
 
@@ -298,10 +326,20 @@ def first_reason(result: SubmissionResult) -> str:
     if stage is None:
         return ""
     case = next(c for c in stage.cases if c.status != "pass")
-    message = case.message or case.status
+    message = _nonfinite_reason(case) or case.message or case.status
     diagnosis = stage.cross_case or case.diagnosis
     shape = diagnosis.shape if diagnosis is not None else ""
     return _one_line(f"{stage.id}: case {case.name}: {message}" + (f" ({shape})" if shape else ""), result.path)
+
+
+def _nonfinite_reason(case: CaseResult) -> str:
+    """A failing case's reason when rows hold NaN or infinity: no tolerance can say how far those are."""
+    nonfinite = sum(r.n_nonfinite > 0 for r in case.rows)
+    if not nonfinite:
+        return ""
+    outside = sum(not r.ok and r.n_nonfinite == 0 for r in case.rows)
+    more = f", {outside} more outside the tolerance" if outside else ""
+    return f"{nonfinite} of {len(case.rows)} rows hold NaN or infinity{more}"
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what makes Excel or Sheets read a cell as a formula
@@ -322,6 +360,8 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
         *GRADED_WITH_COLUMNS,
         *SHARD_COLUMNS,
         "machine_busy",
+        "regrade",
+        "too_slow",
         "finding",
         "reason",
         "error",
@@ -346,6 +386,8 @@ def csv_row(
         *graded.cells(),
         *shard_cells,
         spreadsheet_text(_one_line(machine_busy_cell(result), result.path)),
+        spreadsheet_text(", ".join(regrade(result))),
+        spreadsheet_text(", ".join(too_slow(result))),
         *reasons,
         spreadsheet_text(first_errors(result)),
     ]

@@ -122,10 +122,15 @@ class Grader:
                 # The time spent waiting for other submissions' cost stage is not this one's budget (but finish_by,
                 # the autograder's own end, does not move).
                 ctx.deadline = _moved(ctx.deadline, time.monotonic() - waiting, options)
+                began = time.monotonic()
                 if _past(ctx.deadline):
                     graded = Graded(not_reached(stage, course, budget))
                 else:
-                    graded = grade_stage(stage, ctx)
+                    graded = _stopped(grade_stage(stage, ctx), ctx.deadline)
+                    if graded.result.status == Status.TIMEOUT:
+                        # A stage that hung (or was starved) takes nothing from the stages after it: they keep
+                        # the budget they had, so a hang never zeroes correct later stages (never past finish_by).
+                        ctx.deadline = _moved(ctx.deadline, time.monotonic() - began, options)
             results.append(dataclasses.replace(graded.result, origin=self.plan.stage_origin(stage)))
             outputs.append(graded.outputs)
             if on_stage is not None:
@@ -296,11 +301,29 @@ def _past(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
+BUDGET_STOPPED = "budget-stopped"  # CaseResult.detail of a case the run's deadline stopped or left unrun: regrade
+
+
+def _stopped(graded: Graded, deadline: float | None) -> Graded:
+    """A stage that timed out once the run's deadline had passed, its timed-out cases marked BUDGET_STOPPED: the
+    deadline may have cut them, which is the wall clock's verdict, not the code's."""
+    result = graded.result
+    if result.status != Status.TIMEOUT or not _past(deadline):
+        return graded
+    cases = [
+        dataclasses.replace(c, detail=BUDGET_STOPPED) if c.status == Status.TIMEOUT and not c.detail else c
+        for c in result.cases
+    ]
+    return dataclasses.replace(graded, result=dataclasses.replace(result, cases=cases))
+
+
 def not_reached(stage: StageSpec, course: Course, budget: float | None) -> StageResult:
     """A stage the run's deadline passed before it started: not run, each case timed out, 0 points."""
     message = f"not run: the submission's time budget of {budget or 0:g} s ran out before this stage started"
     cases = [
-        CaseResult(name=c.name, status=Status.TIMEOUT, message=message, inputs=c.inputs, texts=c.texts)
+        CaseResult(
+            name=c.name, status=Status.TIMEOUT, message=message, detail=BUDGET_STOPPED, inputs=c.inputs, texts=c.texts
+        )
         for c in stage.cases
     ]
     return StageResult(

@@ -5,8 +5,11 @@ the instructor's weights (a synthetic preset made where grading runs, or a file)
 `theinference grade`, which never reads a submission's own stages, weights or timeouts.
 """
 
+import base64
 import dataclasses
 import datetime
+import hashlib
+import importlib.metadata
 import importlib.util
 import math
 import shlex
@@ -139,13 +142,10 @@ def source_tree() -> Path | None:
 
 
 def build_wheel(dest: Path) -> Path:
-    """Build this very version's wheel from the source tree into dest."""
+    """Build this very version's wheel into dest: from the source tree, else from the installed files."""
     root = source_tree()
     if root is None:
-        raise AutograderError(
-            "theinference is installed from a wheel, not from a source checkout, so it cannot rebuild itself: "
-            "pass --wheel PATH (the theinference wheel it was installed from)"
-        )
+        return repack_installed(dest)
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(root)]
     if importlib.util.find_spec("hatchling") is not None:
         command.insert(4, "--no-build-isolation")  # the installed backend: no download needed
@@ -159,6 +159,58 @@ def build_wheel(dest: Path) -> Path:
             "or pass --wheel PATH."
         )
     return wheels[-1]
+
+
+# What pip adds to an installed distribution's metadata (not part of the wheel it came from).
+_INSTALL_ONLY = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
+
+
+def _installed() -> tuple[Path, "importlib.metadata.Distribution"]:
+    """The directory this theinference is installed in, and its distribution (found there, not elsewhere on
+    sys.path: another theinference may be installed too)."""
+    site = Path(__file__).resolve().parents[3]  # theinference/grading/tools/ -> the install's directory
+    found = [d for d in importlib.metadata.distributions(path=[str(site)]) if d.metadata["Name"] == "theinference"]
+    if not found or found[0].files is None:
+        raise AutograderError(
+            f"theinference in {site} has no installed record to build its wheel from: pass --wheel PATH "
+            "(the theinference wheel it was installed from)"
+        )
+    return site, found[0]
+
+
+def repack_installed(dest: Path) -> Path:
+    """This installed version's wheel, made again from its installed files (a pip install of a wheel): the files
+    its RECORD lists under the install's directory, compiled bytecode and pip's own additions left out."""
+    site, dist = _installed()
+    info = f"theinference-{__version__}.dist-info"
+    tag = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in (dist.read_text("WHEEL") or "").splitlines()
+            if line.startswith("Tag:")
+        ),
+        "py3-none-any",
+    )
+    files = []
+    for entry in dist.files or []:
+        path = Path(entry)
+        if path.parts[0] == ".." or "__pycache__" in path.parts or path.suffix == ".pyc":
+            continue  # scripts pip wrote into bin/, bytecode compiled at install
+        if path.parts[0] == info and path.name in _INSTALL_ONLY:
+            continue
+        files.append(path)
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / f"theinference-{__version__}-{tag}.whl"
+    record = []
+    with atomic_file(out, binary=True) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as wheel:
+        for path in sorted(files):
+            data = (site / path).read_bytes()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            wheel.writestr(path.as_posix(), data)
+            record.append(f"{path.as_posix()},sha256={digest},{len(data)}")
+        record.append(f"{info}/RECORD,,")
+        wheel.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
+    return out
 
 
 def check_wheel(path: Path) -> list[str]:
