@@ -146,3 +146,20 @@ def test_summary_shows_a_stage_read_across_its_cases():
     )
     assert "### `single-step` · across its cases" in text
     assert "shape: first-decode-row-off — only the first decode row is off" in text
+
+
+def test_summary_quotes_what_the_course_chose_instead_of_the_instructor():
+    text = render_summary(run(course_supplied=["timeout = 99 \x1b[2J"]), "0")
+    assert "> **not the instructor's:** timeout = 99 \\x1b[2J  " in text
+
+
+def test_a_path_that_cannot_be_made_relative_is_given_whole(monkeypatch):
+    """On Windows a path on another drive has no relative form: the annotation names it as it is."""
+
+    def other_drive(path, start):
+        raise ValueError("path is on mount 'D:', start on mount 'C:'")
+
+    monkeypatch.setattr("theinference.report.github.os.path.relpath", other_drive)
+    broken = stage("single-step", Status.ERROR, [error_case()])
+    (error,) = [c for c in commands(render_annotations(run([broken]))) if c["name"] == "error"]
+    assert error["file"] == "/course/tests/adapters.py"
