@@ -13,6 +13,7 @@ A submission is untrusted: in `grade`, `test --untrusted`, CI and Gradescope out
 weights, stages_dirs and timeout are ignored with a notice (theinference.trust.untrusted_course).
 """
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +73,9 @@ def _read_config(path: Path) -> dict:
             raise CourseError(f"{path}: field '{key}': wrong type {type(value).__name__}")
     if any(not isinstance(d, str) for d in data.get("stages_dirs", [])):
         raise CourseError(f"{path}: field 'stages_dirs': expected a list of paths")
-    if data.get("timeout", 1) <= 0:
-        raise CourseError(f"{path}: field 'timeout': must be > 0 seconds")
+    timeout = data.get("timeout", 1)
+    if isinstance(timeout, bool) or not math.isfinite(timeout) or timeout <= 0:  # TOML has nan and inf
+        raise CourseError(f"{path}: field 'timeout': must be > 0 seconds (a finite number), not {timeout!r}")
     return data
 
 

@@ -57,11 +57,6 @@ def test_a_wrong_setting_names_the_file_and_the_field(tmp_path, toml, message):
     assert message in str(refused.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="course._read_config checks `timeout <= 0`, which nan passes: TOML's `timeout = nan` is accepted, and "
-    "Timeouts.for_stage then gives nan seconds per call (nan is truthy), a timeout no call ever reaches",
-)
 def test_a_timeout_of_nan_is_refused(tmp_path):
     _course(tmp_path, "timeout = nan")
     with pytest.raises(CourseError, match="field 'timeout'"):
@@ -95,3 +90,10 @@ def test_without_course_the_working_directorys_nearest_course_is_found(tmp_path,
     monkeypatch.chdir(tmp_path / "c" / "src")
     assert find_course(None).root == (tmp_path / "c").resolve()
     assert find_course(tmp_path / "c").root == (tmp_path / "c").resolve()  # --course DIR: that directory
+
+
+def test_an_infinite_or_boolean_timeout_is_refused(tmp_path):
+    for value in ("inf", "true"):
+        _course(tmp_path, f"timeout = {value}")
+        with pytest.raises(CourseError, match="field 'timeout'"):
+            load_course(tmp_path)

@@ -20,11 +20,6 @@ def test_every_shape_the_rows_diagnosis_names_may_get_a_hint():
     assert set(diagnose._SUMMARIES) <= set(SHAPES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/authoring.md's list of the shapes a [hints] key may name omits too-slow, machine-busy and "
-    "cost-tampered, which SHAPES accepts and judge/scaling.py gives (cost-tampered is documented nowhere)",
-)
 def test_every_shape_a_hint_may_name_is_documented_for_instructors():
     text = AUTHORING.read_text()
     paragraph = text[text.index("**Shapes** a `[hints]` key may name") :].split("\n\n")[0]

@@ -17,6 +17,7 @@ A batch grades many courses with one plan: for_course reads each submission as t
 
 import dataclasses
 import datetime
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -243,9 +244,11 @@ def _finish_by(text: str | None) -> float | None:
     if text is None:
         return None
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
-        pass
+        seconds = None
+    if seconds is not None and math.isfinite(seconds):
+        return seconds
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:

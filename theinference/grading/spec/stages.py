@@ -282,10 +282,10 @@ def _check_values(path: Path, data: dict) -> None:
         raise _fail(path, "id", f"'{data['id']}' must be lowercase words joined by '-'")
     if data["compare"] not in COMPARES:
         raise _fail(path, "compare", f"must be one of {', '.join(COMPARES)}")
-    if data["timeout"] <= 0:
-        raise _fail(path, "timeout", "must be > 0 seconds")
-    if data["points"] < 0:
-        raise _fail(path, "points", "must be >= 0")
+    if not math.isfinite(data["timeout"]) or data["timeout"] <= 0:  # TOML has nan and inf
+        raise _fail(path, "timeout", "must be > 0 seconds (a finite number)")
+    if not math.isfinite(data["points"]) or data["points"] < 0:
+        raise _fail(path, "points", "must be >= 0 (a finite number)")
     if data.get("credit", "all-or-nothing") not in ("all-or-nothing", "per-case"):
         raise _fail(path, "credit", "must be 'all-or-nothing' or 'per-case'")
     if data.get("visibility", "visible") not in VISIBILITIES:
