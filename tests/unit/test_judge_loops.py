@@ -98,7 +98,7 @@ def test_the_runner_up_once_is_named_with_its_step(bugs, tiny_model, right):
     assert len(tokens) == N_NEW
     once = [b for b in bugs if b.choice == "runner-up-once"]
     assert named(once, tiny_model, tokens) == [
-        ("greedy-runner-up", "picks the runner-up token instead of the argmax at one step", "step 2")
+        ("greedy-runner-up", "picks the runner-up token instead of the argmax at one step", "step 3")
     ]
     assert named(once, tiny_model, right) == []  # no step off: not "once"
 

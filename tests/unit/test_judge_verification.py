@@ -55,7 +55,7 @@ def test_a_wrong_token_fails_at_its_step_with_the_oracles_continuation(tiny_mode
     wrong[2] = (wrong[2] + 1) % 50257
     verdict = verify_tokens(ran(), np.array(wrong), tiny_model, 1e-4, HINTS)
     assert verdict.status == Status.FAIL
-    assert verdict.message == f"token 2 of {N_NEW} differs from the oracle's greedy choice"
+    assert verdict.message == f"token 3 of {N_NEW} differs from the oracle's greedy choice"
     assert [s.verdict for s in verdict.steps] == ["match", "match", "mismatch"]  # the walk stops there
     assert verdict.steps[-1].expected == greedy_tokens[2] and verdict.steps[-1].gap > 0
     assert verdict.steps[-1].position == len(PROMPT) + 1

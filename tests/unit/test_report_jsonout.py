@@ -65,6 +65,7 @@ STAGE_FIELDS = {
     "cross_case",
     "source",
     "visibility",
+    "float64_cases",
     "cases",
 }
 CASE_FIELDS = {
@@ -253,7 +254,7 @@ def test_batch_document_of_graded_and_ungradable_submissions():
     alice, bob = doc["submissions"]
     assert (alice["status"], alice["points"], alice["max_points"]) == ("pass", 10, 10)
     assert alice["results"]["schema"] == "theinference.results"
-    assert alice["copy_of"] == [{"of": "reference-solution", "files": ["src/a.py"]}]
+    assert alice["copy_of"] == [{"of": "reference-solution", "files": ["src/a.py"], "similarity": 1.0, "regions": []}]
     assert (alice["shard"], alice["batch_submissions"], alice["batch_ids"]) == ("2/3", 40, "sha256:123")
     # could not be graded: an error, 0 of the whole course's points, and why
     assert (bob["status"], bob["points"], bob["max_points"], bob["results"]) == ("error", 0, 20, None)

@@ -3,7 +3,6 @@
 import re
 from pathlib import Path
 
-import pytest
 
 from theinference.grading.judge import diagnose
 from theinference.grading.spec.shapes import SHAPES
