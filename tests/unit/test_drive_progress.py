@@ -119,6 +119,7 @@ def test_cache_scaling_is_recorded_on_its_own_preset():
         ({"status": "pass", "weights": "tiny", "timeout": 2.5}, "pass (tiny weights, --timeout 2.5)"),
         ({"status": "pass", "timeout": 10**400}, f"pass (--timeout {10**400})"),  # an int too large for a float
         ({"status": "pass", "weights": 3, "timeout": "soon"}, "pass"),  # wrong types are left out
+        ({"status": "pass", "timeout": True}, "pass"),  # a boolean is not a number of seconds
     ],
 )
 def test_describe_entry(entry, text):

@@ -95,7 +95,8 @@ def record_progress(root: Path, run: RunResult, timeout: float | None = None) ->
 def describe_entry(entry: dict) -> str:
     """'pass (tiny weights, --timeout 5)': a stage's recorded status and what it was graded with."""
     found = [f"{entry['weights']} weights"] if isinstance(entry.get("weights"), str) else []
-    if isinstance(entry.get("timeout"), (int, float)):  # the course's file: an int may be too large for a float
+    timeout = entry.get("timeout")
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):  # an int may be too large for a float
         found.append(
             f"--timeout {entry['timeout']:g}"
             if isinstance(entry["timeout"], float)
