@@ -48,6 +48,9 @@ SWITCHES = {
     "THEINFERENCE_ORPHANS": "watch",  # no child subreaper: the monitor watches its tree (theinference.proc.trees)
     "THEINFERENCE_KILL": "psutil",  # kill trees through psutil, as where /proc cannot be read
     "THEINFERENCE_GRADER_DEATH": "eof",  # no PR_SET_PDEATHSIG: end-of-file on the status socket only
+    "THEINFERENCE_PIPES": "threads",  # the grader reads its pipes with threads, as where select takes sockets only
+    # the Node harness reports over a loopback socket, as where a pipe is inherited as a handle, not an fd number
+    "THEINFERENCE_NODE_CHANNEL": "socket",
 }
 PASSED_ON = (*SWITCHES, "THEINFERENCE_PSUTIL_PROCFS")  # what the monitors' environment carries from the grader's
 MARK_ENV = "THEINFERENCE_TREE_MARK"  # what a watched tree carries in its environment (trees.Watch)
@@ -62,6 +65,8 @@ class Plan:
     orphans: str  # "subreaper": PR_SET_CHILD_SUBREAPER; "watch": the tree looked at while it runs (trees.Watch)
     kill: str  # "proc": the /proc scan (kill_trees); "psutil": trees.kill
     grader_death: str  # "pdeathsig": PR_SET_PDEATHSIG and end-of-file; "eof": end-of-file on the status socket only
+    pipes: str  # "select": the grader waits on its pipes with select; "threads": a reader thread each (channels.py)
+    node_channel: str  # "fd": the Node harness writes to the inherited pipe by its fd number; "socket": loopback
 
 
 def plan(environ=None) -> Plan:
@@ -77,6 +82,8 @@ def plan(environ=None) -> Plan:
         orphans="watch" if forced("THEINFERENCE_ORPHANS") or not _subreaper_supported() else "subreaper",
         kill="psutil" if forced("THEINFERENCE_KILL") or not _proc_readable() else "proc",
         grader_death="eof" if forced("THEINFERENCE_GRADER_DEATH") or _prctl() is None else "pdeathsig",
+        pipes="threads" if forced("THEINFERENCE_PIPES") or not _select_takes_pipes() else "select",
+        node_channel="socket" if forced("THEINFERENCE_NODE_CHANNEL") or _handles_only() else "fd",
     )
 
 
@@ -92,6 +99,27 @@ def _prctl() -> Callable[..., int] | None:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError, TypeError):  # no such symbol (macOS); no C library by that name (Windows)
         return None
+
+
+def _handles_only() -> bool:
+    """Whether a child inherits pipes as handles to reopen, not as fd numbers (Windows: protocol.handed_on)."""
+    return hasattr(os, "get_handle_inheritable")
+
+
+@functools.cache
+def _select_takes_pipes() -> bool:
+    """Whether select can wait on a pipe (Windows' takes sockets only), tried on one."""
+    import select
+
+    read, write = os.pipe()
+    try:
+        select.select([read], [], [], 0)
+        return True
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(read)
+        os.close(write)
 
 
 @functools.cache
