@@ -59,6 +59,7 @@ def test_the_ts_solution_passes_over_the_socket_and_the_header_says_so(cli, tmp_
     assert doc["processes"]["pipes"].startswith("a reader thread")
 
 
+@pytest.mark.linux  # /proc/self/fd
 def test_what_the_adapter_writes_into_the_inherited_pipe_is_no_event(cli, tmp_path, tiny_path, monkeypatch):
     """Over the socket, the pipe only says when the worker is gone: lines forged into it are not read as events.
     Over the pipe (Linux's default), the same adapter breaks the protocol, so the events did come by the socket."""
@@ -78,6 +79,7 @@ def test_what_the_adapter_writes_into_the_inherited_pipe_is_no_event(cli, tmp_pa
     assert over_socket["status"] == "fail" and "protocol" not in over_socket["message"]
 
 
+@pytest.mark.linux  # a signal's name (Windows has none to kill with)
 def test_a_crash_a_hang_and_an_exit_are_each_cases_outcome_over_the_socket(cli, tmp_path, tiny_path, portable):
     course = tmp_path / "js"
     (course / "tests").mkdir(parents=True)
@@ -97,6 +99,7 @@ def test_a_crash_a_hang_and_an_exit_are_each_cases_outcome_over_the_socket(cli, 
     )
 
 
+@pytest.mark.linux  # pass_fds
 def test_a_harness_that_cannot_import_dies_before_it_reports_and_the_stream_ends(tmp_path):
     """No event ever comes (the job file names no adapters that exist and Node exits at once, or before connecting):
     the pipe's end tells the grader, which does not wait for a connection that cannot come."""

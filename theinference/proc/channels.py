@@ -104,8 +104,8 @@ def pipe_reader(fd: int) -> Channel:
 
 
 class NodeSocket:
-    """A loopback socket the Node harness connects to and says TOKEN_ENV's token on, then reports over (and reads an
-    interactive job's calls from); `alive` (the protocol pipe, which the worker holds open without writing to it)
+    """A loopback socket the Node harness connects to and says TOKEN_ENV's token on, is told "go" on, then reports
+    over (and reads an interactive job's calls from); `alive` (the protocol pipe, which the worker holds open without writing to it)
     ends the stream if the worker dies before it connects. Only the first connection that says the token is kept,
     and nothing connects after it (the listening socket is closed)."""
 
@@ -171,6 +171,9 @@ class NodeSocket:
             conn.close()
             return False
         conn.settimeout(None)
+        # The worker waits for this before it imports the student's code: the grader knows its pid by now (the
+        # launcher's start returned it), as the monitor's hold gives where it forks (reaper.fork_held).
+        conn.sendall(b"go\n")
         self._conn, self._early = conn, rest
         self._listener.close()
         self._listener = None

@@ -24,6 +24,7 @@ const PROTOCOL_FD_ENV = "THEINFERENCE_PROTOCOL_FD";
 const CALLS_FD_ENV = "THEINFERENCE_CALLS_FD";
 const SOCKET_ENV = "THEINFERENCE_PROTOCOL_SOCKET";
 const TOKEN_ENV = "THEINFERENCE_PROTOCOL_TOKEN";
+const GO_FD_ENV = "THEINFERENCE_GO_FD";
 const HARNESS = fileURLToPath(import.meta.url);
 const realExit = process.exit.bind(process);
 
@@ -49,7 +50,29 @@ function dropPrivileges() {
 }
 
 let proto = null; // the pipe's fd, or
-let channel = null; // the socket the grader named instead
+let channel = null; // the socket the grader named instead, and
+let socketLines = null; // the lines the grader sends on it ("go", then an interactive job's calls)
+
+// Started without fork (the monitor's popen_held): wait for the monitor's byte on the hold's pipe, written once it
+// has reported this process's pid, before any student code runs; end-of-file instead means it is gone. Over a
+// socket the grader says "go" itself, once it knows the pid (and the hold's pipe is a handle there, not an fd).
+function awaitGo(overSocket) {
+  const token = process.env[GO_FD_ENV];
+  delete process.env[GO_FD_ENV];
+  if (token === undefined || overSocket) return;
+  const fd = Number(token);
+  const byte = Buffer.alloc(1);
+  let read = 0;
+  try {
+    read = fs.readSync(fd, byte, 0, 1, null);
+  } catch {
+    read = 0;
+  }
+  try {
+    fs.closeSync(fd);
+  } catch {}
+  if (read !== 1 || byte[0] !== 0x31) realExit(1);
+}
 
 function send(message) {
   const line = JSON.stringify(message) + "\n";
@@ -415,28 +438,39 @@ function guardProcess() {
 }
 
 async function* callLines(fd) {
-  const input = channel ?? fs.createReadStream(null, { fd: reopen(fd, "r"), encoding: "utf8" });
-  for await (const line of readline.createInterface({ input, crlfDelay: Infinity })) {
-    if (line.trim()) yield JSON.parse(line);
+  const lines =
+    socketLines ??
+    readline
+      .createInterface({ input: fs.createReadStream(null, { fd: reopen(fd, "r"), encoding: "utf8" }), crlfDelay: Infinity })
+      [Symbol.asyncIterator]();
+  for (let next = await lines.next(); !next.done; next = await lines.next()) {
+    if (next.value.trim()) yield JSON.parse(next.value);
   }
 }
 
 async function main() {
-  dropPrivileges();
-  const job = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
   const fd = Number(process.env[PROTOCOL_FD_ENV]);
   const [address, token] = [process.env[SOCKET_ENV], process.env[TOKEN_ENV]];
   for (const name of [PROTOCOL_FD_ENV, SOCKET_ENV, TOKEN_ENV]) delete process.env[name];
+  awaitGo(Boolean(address));
+  dropPrivileges();
+  const job = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
   // With a socket the inherited pipe (a handle, on Windows) is left as it is: it tells the grader when this ends.
-  if (address) channel = await connect(address, token ?? "");
-  else proto = reopen(fd, "w");
+  if (address) {
+    channel = await connect(address, token ?? "");
+    channel.setEncoding("utf8");
+    socketLines = readline.createInterface({ input: channel, crlfDelay: Infinity })[Symbol.asyncIterator]();
+    const go = await socketLines.next();
+    if (go.done || go.value !== "go") realExit(1);
+  } else {
+    proto = reopen(fd, "w");
+  }
   guardProcess();
   const found = await load(job);
   if (found === null) return;
   const at = definedAt(job.adapters, found.name);
   send({ event: "loaded", ...(at ? { defined_at: at } : {}) });
   if (job.interactive) {
-    if (channel !== null) channel.setEncoding("utf8");
     const callsFd = Number(process.env[CALLS_FD_ENV]);
     delete process.env[CALLS_FD_ENV];
     for await (const call of callLines(callsFd)) await runCase(found.func, call.case, call.args, job);

@@ -177,16 +177,7 @@ def fork_held() -> tuple[int, Callable[[], None]]:
             os._exit(1)
         return 0, lambda: None
     os.close(held)
-
-    def release() -> None:
-        try:
-            os.write(hold, b"1")
-        except BrokenPipeError:
-            pass  # the held child is already dead (killed from outside): its status says so
-        finally:
-            os.close(hold)
-
-    return pid, release
+    return pid, functools.partial(_release, hold)
 
 
 def _kill_all_and_exit(*_) -> None:
@@ -376,24 +367,41 @@ def own_group() -> dict:
     return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
 
 
-def _popen(command: list[str]) -> subprocess.Popen:
-    """Start command with subprocess (where there is no fork): its own group, the protocol's fds handed on."""
+def popen_held(command: list[str]) -> tuple[subprocess.Popen, Callable[[], None]]:
+    """Start command with subprocess (where there is no fork): its own group, the protocol's fds handed on, and the
+    read end of a hold (protocol.GO_FD_ENV) that the worker waits on before it runs any student code, until the
+    returned release. If this monitor dies first, the hold's end closes and the worker exits without running it."""
     fds = [
         protocol.inherited(os.environ[name], mode)
         for name, mode in ((protocol.PROTOCOL_FD_ENV, os.O_WRONLY), (protocol.CALLS_FD_ENV, os.O_RDONLY))
         if name in os.environ
     ]
-    return subprocess.Popen(command, **protocol.handed_on(fds), **own_group())
+    held, hold = os.pipe()
+    try:
+        env = {**os.environ, protocol.GO_FD_ENV: protocol.token(held)}
+        worker = subprocess.Popen(command, env=env, **protocol.handed_on([*fds, held]), **own_group())
+    finally:
+        os.close(held)
+    return worker, functools.partial(_release, hold)
+
+
+def _release(hold: int) -> None:
+    try:
+        os.write(hold, b"1")
+    except BrokenPipeError:
+        pass  # the held worker is already dead (killed from outside): its status says so
+    finally:
+        os.close(hold)
 
 
 def _spawn(command: list[str], conn: socket.socket) -> tuple[int, Callable[[], None], Callable[[], int]]:
     """Start the worker as plan().spawn says: (its pid, release it, wait for its Popen-style returncode).
 
-    fork_held holds the worker until release (its pid reported first); subprocess cannot hold it, so a worker
-    started that way runs at once (it must start an interpreter before any student code runs)."""
+    Either way the worker is held until release (its pid reported first): fork_held's child before it execs,
+    popen_held's worker (theinference.proc.child, the Node harness) before it imports the student's code."""
     if plan().spawn == "popen":
-        worker = _popen(command)
-        return worker.pid, lambda: None, worker.wait
+        worker, release = popen_held(command)
+        return worker.pid, release, worker.wait
     pid, release = fork_held()
     if pid == 0:
         conn.close()
