@@ -79,6 +79,7 @@ def test_what_the_adapter_writes_into_the_inherited_pipe_is_no_event(cli, tmp_pa
     assert over_socket["status"] == "fail" and "protocol" not in over_socket["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.linux  # a signal's name (Windows has none to kill with)
 def test_a_crash_a_hang_and_an_exit_are_each_cases_outcome_over_the_socket(cli, tmp_path, tiny_path, portable):
     course = tmp_path / "js"
@@ -94,9 +95,10 @@ def test_a_crash_a_hang_and_an_exit_are_each_cases_outcome_over_the_socket(cli, 
     cases = _grade(cli, course, tiny_path, "single-step-attention", "--timeout", timeout)["stages"][0]["cases"]
     assert (cases[0]["status"], cases[0]["message"]) == ("crash", "the adapter's process was killed by SIGKILL")
     assert (cases[1]["status"], cases[1]["message"]) == ("error", "the adapter called process.exit(3)")
-    assert cases[2]["status"] == "timeout" and cases[2]["message"].startswith(
-        f"timed out after {timeout:g} s while running"
-    )
+    # Timed out while running; or, on a machine too busy to give it its timeout in CPU, ended at the wall-clock
+    # backstop and said to be the machine's (runner._backstop_outcome): either way the hang ends, as the student's.
+    assert cases[2]["status"] == "timeout", cases[2]
+    assert cases[2]["message"].startswith((f"timed out after {timeout:g} s while running", "the machine was too busy"))
 
 
 @pytest.mark.linux  # pass_fds
