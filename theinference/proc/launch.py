@@ -498,8 +498,9 @@ def mechanisms(untrusted: bool = False) -> dict[str, str]:
         "pipes": "select" if chosen.pipes == "select" else "a reader thread per pipe (select takes sockets only)",
         "node-channel": (
             "the inherited pipe, by its fd number"
-            if chosen.node_channel == "fd" or untrusted  # a sandbox's own network: the pipe (runner._node_socket)
-            else "a loopback socket (the pipe is inherited as a handle, not an fd number)"
+            if chosen.node_channel == "fd"
+            else "a loopback socket (the pipe is inherited as a handle, not an fd number), where the worker shares "
+            "the grader's network (else, in a network of its own, the pipe by its fd number)"
         ),
     }
 
