@@ -6,6 +6,7 @@ another path: THEINFERENCE_PSUTIL_PROCFS). Every process of a run carries a mark
 the test can ask psutil afterwards whether anything the run started is still alive.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ import psutil
 import pytest
 
 from conftest import scaled, write_adapters
-from theinference.proc import launch, reaper
+from theinference.proc import launch, protocol, reaper
 
 FORCED = {"THEINFERENCE_SPAWN": "popen", "THEINFERENCE_KILL": "psutil"}
 # What macOS offers: fork, no subreaper (so no zygote: launch._can_fork_a_zygote), no PR_SET_PDEATHSIG, no /proc.
@@ -291,3 +292,115 @@ def test_kill_group_without_killpg_kills_the_tree(monkeypatch):
     finally:
         parent.kill()
         parent.wait()
+
+
+# The adapter that kills its monitor the moment it is imported, after starting a daemon in a session of its own.
+MONITOR_KILLER = """
+import os, signal, subprocess, sys
+sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], start_new_session=True)
+with open({pids!r}, "a") as f:
+    f.write(f"{{sleeper.pid}}\\n")
+with open({pids!r} + ".workers", "a") as f:
+    f.write(f"{{os.getpid()}}\\n")
+os.kill(os.getppid(), signal.SIGKILL)  # the monitor (the worker's parent), which would have killed the daemon
+
+def run_layer_equiv(seq_ids):
+    return []
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["popen+psutil", "like-windows"])
+def test_a_worker_without_fork_that_kills_its_monitor_at_import_is_an_error_with_nothing_left(
+    mode, solution_course, tiny_path, tmp_path
+):
+    """Started without fork, the worker runs the student's code only once its pid is reported (popen_held): the grader
+    knows whose tree to kill however early the monitor dies. Where the grader is a subreaper (Linux) the daemon comes
+    back to it and dies too; without one (like-windows) a daemon in a session of its own outlives its killed monitor,
+    as the README says only Linux guarantees otherwise."""
+    pids = tmp_path / "daemons.pid"
+    write_adapters(solution_course, MONITOR_KILLER.format(pids=str(pids)))
+    grader, marker = _run(mode, solution_course, tiny_path, tmp_path)
+    try:
+        out, err = grader.communicate(timeout=scaled(60))
+        stage = _stage(out)
+        assert (grader.returncode, stage["status"]) == (1, "error"), err
+        assert all("killed its monitor" in case["message"] for case in stage["cases"])
+        workers = [int(line) for line in Path(f"{pids}.workers").read_text().split()]
+        assert workers and [pid for pid in workers if _alive(pid)] == []
+        if mode == "popen+psutil":
+            daemons = [int(line) for line in pids.read_text().split()]
+            assert daemons and [pid for pid in daemons if _alive(pid)] == []
+            assert _marked(marker) == []
+    finally:
+        _cleanup(marker, pids)
+
+
+def _held_worker(tmp_path: Path, command: list[str], adapters: Path, monkeypatch) -> tuple[subprocess.Popen, int]:
+    """A worker started as the monitor starts it without fork (reaper.popen_held): (it, the hold's write end)."""
+    job = {
+        "course_root": str(tmp_path),
+        "adapters": str(adapters),
+        "names": ["run_single_step", "runSingleStep"],
+        "calls": [],
+        "start": 0,
+        "out_dir": str(tmp_path),
+        "interactive": False,
+        "limits": {"memory_bytes": None, "file_bytes": None, "shares_uid": False, "seal": False},
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    events, proto = os.pipe()
+    monkeypatch.setenv(protocol.PROTOCOL_FD_ENV, protocol.token(proto))
+    try:
+        worker, release = reaper.popen_held([*command, str(tmp_path / "job.json")])
+    finally:
+        os.close(proto)
+        os.close(events)  # the worker's first event breaks its pipe: it has run by then, which is what is asked
+    assert isinstance(release, functools.partial)
+    return worker, release.args[0]
+
+
+def _python_worker(tmp_path: Path) -> tuple[list[str], Path]:
+    adapters = write_adapters(tmp_path, f"open({str(tmp_path / 'ran')!r}, 'w').write('ran')\n")
+    return [sys.executable, "-P", "-m", "theinference.proc.child"], adapters
+
+
+def _node_worker(tmp_path: Path) -> tuple[list[str], Path]:
+    from theinference.proc.node import HARNESS, node_executable
+
+    node = node_executable()
+    if node is None:
+        pytest.skip("Node.js is not installed")
+    if os.name == "nt":  # the harness is told "go" over its socket there (channels.NodeSocket), never by a handle
+        pytest.skip("on Windows the TypeScript worker is held by its socket")
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    adapters = tmp_path / "tests" / "adapters.mjs"
+    adapters.write_text(f'import fs from "node:fs";\nfs.writeFileSync({json.dumps(str(tmp_path / "ran"))}, "ran");\n')
+    return [node, str(HARNESS)], adapters
+
+
+@pytest.mark.parametrize("worker", [_python_worker, _node_worker], ids=["python", "node"])
+def test_a_worker_without_fork_runs_nothing_before_its_release_and_nothing_if_its_monitor_dies(
+    worker, tmp_path, monkeypatch
+):
+    command, adapters = worker(tmp_path)
+    held, hold = _held_worker(tmp_path, command, adapters, monkeypatch)
+    try:
+        time.sleep(scaled(1))  # long enough to start an interpreter and import the adapters, were it not held
+        assert held.poll() is None and not (tmp_path / "ran").exists()
+        reaper._release(hold)
+        held.wait(timeout=scaled(30))
+        assert (tmp_path / "ran").read_text() == "ran"
+    finally:
+        held.kill()
+        held.wait()
+    (tmp_path / "ran").unlink()
+    # The monitor gone before its release: the hold's end closes without the byte, and the worker exits unrun.
+    orphan, hold = _held_worker(tmp_path, command, adapters, monkeypatch)
+    try:
+        os.close(hold)
+        assert orphan.wait(timeout=scaled(30)) == 1
+        assert not (tmp_path / "ran").exists()
+    finally:
+        orphan.kill()
+        orphan.wait()

@@ -54,10 +54,15 @@ def quick_stage_dir(tmp_path: Path) -> Path:
     return stages
 
 
-@pytest.fixture(params=["zygote", "subprocess"])
+@pytest.fixture(params=["zygote", "subprocess", "threads"])
 def launcher(request, monkeypatch):
-    """Every outcome is checked with both ways of starting the student's process."""
-    monkeypatch.setenv("THEINFERENCE_LAUNCHER", request.param)
+    """Every outcome is checked with both ways of starting the student's process, and with the grader reading the
+    events' pipe with a thread, as where select takes sockets only (Windows: THEINFERENCE_PIPES=threads)."""
+    if request.param == "threads":
+        monkeypatch.setenv("THEINFERENCE_PIPES", "threads")
+        monkeypatch.setenv("THEINFERENCE_LAUNCHER", "subprocess")
+    else:
+        monkeypatch.setenv("THEINFERENCE_LAUNCHER", request.param)
     return request.param
 
 

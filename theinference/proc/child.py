@@ -294,7 +294,24 @@ def _drop_privileges() -> None:
         os.setuid(int(run_as))
 
 
+def _await_go() -> None:
+    """Started without fork (the monitor's popen_held): wait until the monitor has reported this process's pid, so
+    that student code which kills its monitor at once still leaves the grader knowing whose tree to kill. The hold's
+    end closing without the byte means the monitor is gone: nothing runs."""
+    token = os.environ.pop(protocol.GO_FD_ENV, None)
+    if token is None:
+        return  # forked and held by the monitor itself (reaper.fork_held), or run by hand
+    fd = protocol.inherited(token, os.O_RDONLY)
+    try:
+        go = os.read(fd, 1)
+    finally:
+        os.close(fd)
+    if go != b"1":
+        os._exit(1)
+
+
 def main() -> None:
+    _await_go()
     _drop_privileges()
     job: protocol.Job = json.loads(Path(sys.argv[1]).read_text())
     fd = protocol.inherited(os.environ.pop(protocol.PROTOCOL_FD_ENV), os.O_WRONLY)

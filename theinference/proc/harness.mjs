@@ -2,10 +2,12 @@
 //
 // Started by theinference.proc.launch as `node [--import tsx] harness.mjs JOB.json`. It speaks
 // proc/protocol.py exactly: events go up the pipe whose fd is in THEINFERENCE_PROTOCOL_FD, one JSON
-// object a line (LOADED or LOAD_ERROR once, then START and DONE per case); each returned value is
+// object a line (LOADED or LOAD_ERROR once, then START and DONE per case), or, where the grader names a
+// loopback socket in THEINFERENCE_PROTOCOL_SOCKET instead (a pipe inherited as a Windows handle has no fd
+// number here), over that socket, after the token in THEINFERENCE_PROTOCOL_TOKEN; each returned value is
 // written to OUT_DIR/case-<i>.npy (float32 arrays, int64 token lists) by this file itself. Async
 // adapters are awaited. With `interactive: true` (cache-scaling) the calls come one JSON line at a time,
-// {"case": i, "args": [...]}, on the fd in THEINFERENCE_CALLS_FD, each only when the grader starts it, and the
+// {"case": i, "args": [...]}, on the fd in THEINFERENCE_CALLS_FD (or the socket), each only when the grader starts it, and the
 // harness exits 0 at its end. The grader counts each call's CPU from outside the process tree
 // (proc/calls.py): nothing here times anything.
 //
@@ -13,12 +15,16 @@
 
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
+import net from "node:net";
 import path from "node:path";
 import readline from "node:readline";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
 const PROTOCOL_FD_ENV = "THEINFERENCE_PROTOCOL_FD";
 const CALLS_FD_ENV = "THEINFERENCE_CALLS_FD";
+const SOCKET_ENV = "THEINFERENCE_PROTOCOL_SOCKET";
+const TOKEN_ENV = "THEINFERENCE_PROTOCOL_TOKEN";
+const GO_FD_ENV = "THEINFERENCE_GO_FD";
 const HARNESS = fileURLToPath(import.meta.url);
 const realExit = process.exit.bind(process);
 
@@ -43,9 +49,56 @@ function dropPrivileges() {
   }
 }
 
-let proto = null;
+let proto = null; // the pipe's fd, or
+let channel = null; // the socket the grader named instead, and
+let socketLines = null; // the lines the grader sends on it ("go", then an interactive job's calls)
+
+// Started without fork (the monitor's popen_held): wait for the monitor's byte on the hold's pipe, written once it
+// has reported this process's pid, before any student code runs; end-of-file instead means it is gone. Over a
+// socket the grader says "go" itself, once it knows the pid (and the hold's pipe is a handle there, not an fd).
+function awaitGo(overSocket) {
+  const token = process.env[GO_FD_ENV];
+  delete process.env[GO_FD_ENV];
+  if (token === undefined || overSocket) return;
+  const fd = Number(token);
+  const byte = Buffer.alloc(1);
+  let read = 0;
+  try {
+    read = fs.readSync(fd, byte, 0, 1, null);
+  } catch {
+    read = 0;
+  }
+  try {
+    fs.closeSync(fd);
+  } catch {}
+  if (read !== 1 || byte[0] !== 0x31) realExit(1);
+}
+
 function send(message) {
-  fs.writeSync(proto, JSON.stringify(message) + "\n");
+  const line = JSON.stringify(message) + "\n";
+  if (channel !== null) channel.write(line);
+  else fs.writeSync(proto, line);
+}
+
+// The grader's loopback socket (HOST:PORT), connected and told the token before any student code runs. A socket
+// writes each line as it is sent (to the kernel at once while nothing waits before it), in order; one that
+// breaks (the grader gone) ends this process, as a write to a broken pipe does.
+async function connect(address, token) {
+  const at = address.lastIndexOf(":");
+  const socket = net.connect({ host: address.slice(0, at), port: Number(address.slice(at + 1)) });
+  await new Promise((resolve, reject) => {
+    socket.once("connect", resolve);
+    socket.once("error", reject);
+  });
+  socket.on("error", () => realExit(1));
+  socket.setNoDelay(true);
+  socket.write(token + "\n");
+  return socket;
+}
+
+// Before this process exits: what was sent on the socket is written out.
+function flushed() {
+  return channel === null ? Promise.resolve() : new Promise((resolve) => channel.end(resolve));
 }
 
 // Where the student's stdout and stderr files stand now: each case's output is a slice of them.
@@ -385,18 +438,33 @@ function guardProcess() {
 }
 
 async function* callLines(fd) {
-  const input = fs.createReadStream(null, { fd: reopen(fd, "r"), encoding: "utf8" });
-  for await (const line of readline.createInterface({ input, crlfDelay: Infinity })) {
-    if (line.trim()) yield JSON.parse(line);
+  const lines =
+    socketLines ??
+    readline
+      .createInterface({ input: fs.createReadStream(null, { fd: reopen(fd, "r"), encoding: "utf8" }), crlfDelay: Infinity })
+      [Symbol.asyncIterator]();
+  for (let next = await lines.next(); !next.done; next = await lines.next()) {
+    if (next.value.trim()) yield JSON.parse(next.value);
   }
 }
 
 async function main() {
+  const fd = Number(process.env[PROTOCOL_FD_ENV]);
+  const [address, token] = [process.env[SOCKET_ENV], process.env[TOKEN_ENV]];
+  for (const name of [PROTOCOL_FD_ENV, SOCKET_ENV, TOKEN_ENV]) delete process.env[name];
+  awaitGo(Boolean(address));
   dropPrivileges();
   const job = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
-  const fd = Number(process.env[PROTOCOL_FD_ENV]);
-  delete process.env[PROTOCOL_FD_ENV];
-  proto = reopen(fd, "w");
+  // With a socket the inherited pipe (a handle, on Windows) is left as it is: it tells the grader when this ends.
+  if (address) {
+    channel = await connect(address, token ?? "");
+    channel.setEncoding("utf8");
+    socketLines = readline.createInterface({ input: channel, crlfDelay: Infinity })[Symbol.asyncIterator]();
+    const go = await socketLines.next();
+    if (go.done || go.value !== "go") realExit(1);
+  } else {
+    proto = reopen(fd, "w");
+  }
   guardProcess();
   const found = await load(job);
   if (found === null) return;
@@ -414,9 +482,9 @@ async function main() {
 }
 
 main().then(
-  () => realExit(0),
+  () => flushed().then(() => realExit(0)),
   (error) => {
     process.stderr.write(studentStack(error));
-    realExit(1);
+    flushed().then(() => realExit(1));
   },
 );

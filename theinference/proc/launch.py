@@ -465,7 +465,8 @@ def default_launcher(env: dict | None = None, untrusted: bool = False, allow_roo
 
 def mechanisms(untrusted: bool = False) -> dict[str, str]:
     """Which mechanism this machine (and the trusted switches) picked for each job of the process model, named for
-    the report's header: launcher, spawn, group, orphans, kill, grader-death, interrupt, limits, memory, hangs."""
+    the report's header: launcher, spawn, group, orphans, kill, grader-death, interrupt, limits, memory, hangs, pipes
+    (how the grader waits on the events' pipe), node-channel (what the TypeScript worker reports on)."""
     from theinference.proc.trees import WATCH_POLL  # psutil: imported for the header, not for every run
 
     _check_switches()
@@ -494,6 +495,13 @@ def mechanisms(untrusted: bool = False) -> dict[str, str]:
             else "the run's cgroup or else the grader's watch over the tree"
         ),
         "hangs": "the grader's timeouts (the tree killed)",
+        "pipes": "select" if chosen.pipes == "select" else "a reader thread per pipe (select takes sockets only)",
+        "node-channel": (
+            "the inherited pipe, by its fd number"
+            if chosen.node_channel == "fd"
+            else "a loopback socket (the pipe is inherited as a handle, not an fd number), where the worker shares "
+            "the grader's network (else, in a network of its own, the pipe by its fd number)"
+        ),
     }
 
 

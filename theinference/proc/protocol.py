@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from typing import Any, TypedDict
 
 PROTOCOL_FD_ENV = "THEINFERENCE_PROTOCOL_FD"
+# A worker started without fork (the monitor's spawn "popen"): the pipe it reads one byte from ("1") before it runs any
+# student code, written once the monitor has reported its pid (theinference.proc.reaper); end-of-file instead: exit.
+GO_FD_ENV = "THEINFERENCE_GO_FD"
 # Interactive jobs: the fd the worker reads call requests from, one JSON object a line ({"case", "args"}).
 CALLS_FD_ENV = "THEINFERENCE_CALLS_FD"
 

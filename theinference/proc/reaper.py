@@ -48,6 +48,9 @@ SWITCHES = {
     "THEINFERENCE_ORPHANS": "watch",  # no child subreaper: the monitor watches its tree (theinference.proc.trees)
     "THEINFERENCE_KILL": "psutil",  # kill trees through psutil, as where /proc cannot be read
     "THEINFERENCE_GRADER_DEATH": "eof",  # no PR_SET_PDEATHSIG: end-of-file on the status socket only
+    "THEINFERENCE_PIPES": "threads",  # the grader reads its pipes with threads, as where select takes sockets only
+    # the Node harness reports over a loopback socket, as where a pipe is inherited as a handle, not an fd number
+    "THEINFERENCE_NODE_CHANNEL": "socket",
 }
 PASSED_ON = (*SWITCHES, "THEINFERENCE_PSUTIL_PROCFS")  # what the monitors' environment carries from the grader's
 MARK_ENV = "THEINFERENCE_TREE_MARK"  # what a watched tree carries in its environment (trees.Watch)
@@ -62,6 +65,8 @@ class Plan:
     orphans: str  # "subreaper": PR_SET_CHILD_SUBREAPER; "watch": the tree looked at while it runs (trees.Watch)
     kill: str  # "proc": the /proc scan (kill_trees); "psutil": trees.kill
     grader_death: str  # "pdeathsig": PR_SET_PDEATHSIG and end-of-file; "eof": end-of-file on the status socket only
+    pipes: str  # "select": the grader waits on its pipes with select; "threads": a reader thread each (channels.py)
+    node_channel: str  # "fd": the Node harness writes to the inherited pipe by its fd number; "socket": loopback
 
 
 def plan(environ=None) -> Plan:
@@ -77,6 +82,8 @@ def plan(environ=None) -> Plan:
         orphans="watch" if forced("THEINFERENCE_ORPHANS") or not _subreaper_supported() else "subreaper",
         kill="psutil" if forced("THEINFERENCE_KILL") or not _proc_readable() else "proc",
         grader_death="eof" if forced("THEINFERENCE_GRADER_DEATH") or _prctl() is None else "pdeathsig",
+        pipes="threads" if forced("THEINFERENCE_PIPES") or not _select_takes_pipes() else "select",
+        node_channel="socket" if forced("THEINFERENCE_NODE_CHANNEL") or _handles_only() else "fd",
     )
 
 
@@ -92,6 +99,27 @@ def _prctl() -> Callable[..., int] | None:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError, TypeError):  # no such symbol (macOS); no C library by that name (Windows)
         return None
+
+
+def _handles_only() -> bool:
+    """Whether a child inherits pipes as handles to reopen, not as fd numbers (Windows: protocol.handed_on)."""
+    return hasattr(os, "get_handle_inheritable")
+
+
+@functools.cache
+def _select_takes_pipes() -> bool:
+    """Whether select can wait on a pipe (Windows' takes sockets only), tried on one."""
+    import select
+
+    read, write = os.pipe()
+    try:
+        select.select([read], [], [], 0)
+        return True
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(read)
+        os.close(write)
 
 
 @functools.cache
@@ -149,16 +177,7 @@ def fork_held() -> tuple[int, Callable[[], None]]:
             os._exit(1)
         return 0, lambda: None
     os.close(held)
-
-    def release() -> None:
-        try:
-            os.write(hold, b"1")
-        except BrokenPipeError:
-            pass  # the held child is already dead (killed from outside): its status says so
-        finally:
-            os.close(hold)
-
-    return pid, release
+    return pid, functools.partial(_release, hold)
 
 
 def _kill_all_and_exit(*_) -> None:
@@ -348,24 +367,41 @@ def own_group() -> dict:
     return {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
 
 
-def _popen(command: list[str]) -> subprocess.Popen:
-    """Start command with subprocess (where there is no fork): its own group, the protocol's fds handed on."""
+def popen_held(command: list[str]) -> tuple[subprocess.Popen, Callable[[], None]]:
+    """Start command with subprocess (where there is no fork): its own group, the protocol's fds handed on, and the
+    read end of a hold (protocol.GO_FD_ENV) that the worker waits on before it runs any student code, until the
+    returned release. If this monitor dies first, the hold's end closes and the worker exits without running it."""
     fds = [
         protocol.inherited(os.environ[name], mode)
         for name, mode in ((protocol.PROTOCOL_FD_ENV, os.O_WRONLY), (protocol.CALLS_FD_ENV, os.O_RDONLY))
         if name in os.environ
     ]
-    return subprocess.Popen(command, **protocol.handed_on(fds), **own_group())
+    held, hold = os.pipe()
+    try:
+        env = {**os.environ, protocol.GO_FD_ENV: protocol.token(held)}
+        worker = subprocess.Popen(command, env=env, **protocol.handed_on([*fds, held]), **own_group())
+    finally:
+        os.close(held)
+    return worker, functools.partial(_release, hold)
+
+
+def _release(hold: int) -> None:
+    try:
+        os.write(hold, b"1")
+    except BrokenPipeError:
+        pass  # the held worker is already dead (killed from outside): its status says so
+    finally:
+        os.close(hold)
 
 
 def _spawn(command: list[str], conn: socket.socket) -> tuple[int, Callable[[], None], Callable[[], int]]:
     """Start the worker as plan().spawn says: (its pid, release it, wait for its Popen-style returncode).
 
-    fork_held holds the worker until release (its pid reported first); subprocess cannot hold it, so a worker
-    started that way runs at once (it must start an interpreter before any student code runs)."""
+    Either way the worker is held until release (its pid reported first): fork_held's child before it execs,
+    popen_held's worker (theinference.proc.child, the Node harness) before it imports the student's code."""
     if plan().spawn == "popen":
-        worker = _popen(command)
-        return worker.pid, lambda: None, worker.wait
+        worker, release = popen_held(command)
+        return worker.pid, release, worker.wait
     pid, release = fork_held()
     if pid == 0:
         conn.close()

@@ -10,7 +10,6 @@ import dataclasses
 import json
 import math
 import os
-import select
 import shutil
 import signal
 import stat
@@ -23,8 +22,10 @@ from typing import Protocol
 
 import numpy as np
 
-from theinference.proc import accounting, interrupt, protocol, strays, tempdirs
+from theinference.proc import accounting, channels, interrupt, protocol, strays, tempdirs
 from theinference.proc.launch import Launcher, SubprocessLauncher
+from theinference.proc.node import is_node_adapters
+from theinference.proc.reaper import plan
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
 from theinference.proc.rundir import QUOTA_POLL, QuotaExceeded, RunDir
 from theinference.sizes import size_text
@@ -189,6 +190,15 @@ def _exit_message(returncode: int) -> str:
     return f"the adapter's process exited with code {returncode} before returning a result"
 
 
+def _node_socket(job: AdapterJob) -> bool:
+    """Whether this job's worker reports over a loopback socket: a Node worker where pipes are inherited as handles
+    (or THEINFERENCE_NODE_CHANNEL=socket), started with the grader's own network (a sandbox's is its own: there the
+    pipe's fd number is inherited, as on every Linux)."""
+    isolation = job.launcher.isolation
+    own_network = isolation.bwrap is not None or bool(isolation.unshare)
+    return plan().node_channel == "socket" and is_node_adapters(job.adapters) and not own_network
+
+
 class _Child:
     """One child process and the pipe it reports on."""
 
@@ -220,9 +230,13 @@ class _Child:
             env.update({name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
         (out_fd, self.stdout_id), (err_fd, self.stderr_id) = _create(self.stdout_path), _create(self.stderr_path)
+        # A Node worker that cannot take the pipe by its fd number reports over a loopback socket (channels.NodeSocket).
+        self.socket = channels.NodeSocket() if _node_socket(job) else None
+        if self.socket is not None:
+            env.update(self.socket.env)
         calls_read: int | None = None
         self.calls: int | None = None
-        if interactive:
+        if interactive and self.socket is None:  # else the calls go over the socket
             calls_read, self.calls = os.pipe()
         self.run_dir: RunDir | None = None
         self.over_quota: str | None = None  # the final measurement's verdict, once finished
@@ -241,13 +255,17 @@ class _Child:
                 )
         except BaseException:  # e.g. a setup error (no TypeScript runner): the event pipe's read end goes too
             os.close(read_fd)
+            if self.socket is not None:
+                self.socket.close()
             self._release()
             raise
         finally:
             os.close(write_fd)
             if calls_read is not None:
                 os.close(calls_read)
-        self.pipe = os.fdopen(read_fd, "rb")
+        self.channel: channels.Channel = channels.pipe_reader(read_fd)
+        if self.socket is not None:  # the pipe only says when the worker is gone
+            self.socket.alive, self.channel = self.channel, self.socket
         self.buffer = b""
         tmpfs = getattr(self.proc, "tmpfs_size", None)
         self.run_dir = RunDir(work, job.limits.run_dir_bytes, (self.proc.pid, tmpfs) if tmpfs else None)
@@ -279,9 +297,9 @@ class _Child:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            if not select.select([self.pipe], [], [], min(remaining, QUOTA_POLL))[0]:
+            chunk = self.channel.read(min(remaining, QUOTA_POLL))
+            if chunk is None:
                 continue  # the run's directory is measured again meanwhile
-            chunk = os.read(self.pipe.fileno(), 65536)
             if not chunk:
                 return None
             self.buffer += chunk
@@ -313,7 +331,7 @@ class _Child:
 
         graceful: the child has reported everything and should exit by itself; give it a moment.
         """
-        self.pipe.close()
+        self.channel.close()
         try:
             self.proc.wait(timeout=2 if graceful else 0)
         except subprocess.TimeoutExpired:
@@ -351,8 +369,12 @@ class _Child:
 
     def send_call(self, index: int, args: list) -> None:
         """Interactive jobs: hand the worker one call's arguments (it is waiting for them)."""
+        line = json.dumps({"case": index, "args": args}).encode() + b"\n"
+        if self.socket is not None:
+            self.socket.write(line)
+            return
         assert self.calls is not None, "only interactive children read calls"
-        os.write(self.calls, json.dumps({"case": index, "args": args}).encode() + b"\n")
+        os.write(self.calls, line)
 
     def attach_output(self, outcome: CallOutcome, start: list[int], end: list[int] | None) -> None:
         """Give the outcome the student's stdout/stderr written between two offset pairs (None: to the end)."""

@@ -13,7 +13,12 @@ children's time, which the count reads: nothing leaves it.
 
 The worker imports only the standard library (this module is copied into the sandbox's stub package). Whether a
 tree is sealed is read by the grader from outside (`tree_sealed`: /proc/PID/status), never taken from the worker's
-word. A Node.js worker is not sealed: its TypeScript loader starts esbuild, which needs a SIGCHLD handler.
+word. A Node.js worker is not sealed, and cannot be with this filter (tried: sealed, then exec'd, Node 20 runs a
+script that starts no process): libuv's first uv_spawn installs its SIGCHLD handler (rt_sigaction, refused), and
+its forked child resets every signal to SIG_DFL before exec (refused, which libuv takes as fatal: exit 127), so
+every child_process call fails with EPERM. tsx's loader starts esbuild that way, so no .ts adapter loads; nor can
+the harness find a syntax error's line (`node --check`). A BPF filter cannot read the sigaction struct the call
+points to, so it cannot tell SIG_DFL or a handler (harmless) from SIG_IGN or SA_NOCLDWAIT (the kernel's reaping).
 """
 
 import ctypes
