@@ -47,6 +47,23 @@ def proof_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def _worker_lock_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("grader-locks")
+    path.chmod(0o700)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def cost_lock_of_this_worker(_worker_lock_dir, monkeypatch):
+    """The graders this test process runs in-process share their cost-stage lock with each other only, not with
+    every root grader on the machine (the other xdist worker's, another checkout's): a test's untrusted grading
+    otherwise waits, idle, for each cost stage graded anywhere else (63 s for a 5 s stage beside a cache-proof
+    batch). The lock's own semantics across graders are tested in test_costlock.py; graders started as
+    subprocesses (test_isolation.py's neighbours, the as-nobody runs) still take the machine's."""
+    monkeypatch.setattr("theinference.grading.drive.grader.lock_dir", lambda: _worker_lock_dir)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tiny_path):
     return load_model(tiny_path)
 
