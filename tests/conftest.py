@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -118,6 +119,26 @@ def solution_course(tmp_path) -> Path:
     dest = tmp_path / "solution"
     shutil.copytree(data_dir("course") / "solution", dest)
     return dest
+
+
+@contextmanager
+def uid_leased(uid: int):
+    """Hold root's lease of uid (proc.sandbox.lease_uid's lock file) while a grader runs as that uid.
+
+    A grader run as nobody takes no lease (it cannot write root's lease directory), so a root grader elsewhere (the
+    other xdist worker's, another checkout's) may lease nobody for its student meanwhile, and after that student's
+    run it kills every process of nobody's: this grader with them (exit -9, no output, 3 s into a batch). Held here,
+    no root grader leases the uid; one that holds it now is waited for."""
+    import fcntl
+
+    from theinference.proc.sandbox import _lease_dir
+
+    fd = os.open(os.path.join(_lease_dir(), f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_adapters(course: Path, source: str) -> Path:

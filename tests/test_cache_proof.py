@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import as_nobody
-from conftest import write_adapters, write_quick_scaling_stage
+from conftest import uid_leased, write_adapters, write_quick_scaling_stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from scaling_subjects import FORGERY, FORK_OFFLOAD, PADDING, SOLUTION_CACHE, TRICKS  # noqa: E402
@@ -225,9 +225,10 @@ def test_every_trick_fails_at_the_weakest_level_as_a_non_root_user(tiny_path, pr
         out = work / "grades.json"
         args = ["grade", *map(str, subs), "--weights", str(weights), "--stages-dir", str(stages)]
         args += ["--stage", "quick-scaling", "--format", "json", "--out", str(out)]
-        done = subprocess.run(
-            _weakest_level_command(venv_bin, args, cache), capture_output=True, text=True, timeout=1800
-        )
+        with uid_leased(NOBODY):  # no root grader's cleanup kills this one, which runs as nobody
+            done = subprocess.run(
+                _weakest_level_command(venv_bin, args, cache), capture_output=True, text=True, timeout=1800
+            )
         assert done.returncode == 0, done.stdout + done.stderr
         _check_batch(json.loads(out.read_text()), "subreaper", "process tree")
     finally:
