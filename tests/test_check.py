@@ -145,6 +145,7 @@ def test_the_runner_up_once_fails_every_greedy_case(cli, tiny_path, tmp_path):
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_wrong_manifest_is_a_mismatch_and_exit_1(cli, tiny_path, tmp_path, find, replace, mismatch):
     source = tmp_path / "course"
     shutil.copytree(data_dir("course") / "solution", source / "solution")
