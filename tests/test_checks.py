@@ -56,6 +56,7 @@ def name(check: Check) -> str:
 """
 
 
+@pytest.mark.slow  # two mypy runs: 7 s
 def test_mypy_names_the_kind_a_match_leaves_out(tmp_path):
     shutil.copy(Path(checks.__file__), tmp_path / "checks.py")  # the standard library only: mypy reads it alone
 

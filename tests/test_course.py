@@ -7,6 +7,7 @@ import pytest
 
 from theinference.bundled import data_dir
 from theinference.grading.drive.advice import next_stage_line
+from theinference.grading.drive.progress import read_progress
 from theinference.grading.spec.stages import load_stages
 
 ALL_STAGES = tuple(s.id for s in load_stages([data_dir("stages")]))
@@ -84,6 +85,7 @@ def test_init_refuses_a_non_empty_directory_without_force(cli, tmp_path):
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_plain_test_moves_on_to_the_next_stage(cli, tmp_path, tiny_path):
     course = tmp_path / "course"
     cli("init", course)
@@ -120,7 +122,18 @@ def test_plain_test_moves_on_to_the_next_stage(cli, tmp_path, tiny_path):
         ('{"stages": {"greedy": "pass"}}', "entry 'greedy'"),
     ],
 )
-def test_corrupt_progress_file_is_ignored_with_a_notice_and_rewritten(cli, solution_course, tiny_path, content, why):
+def test_a_corrupt_progress_file_is_read_as_none_and_says_why(tmp_path, content, why):
+    progress = tmp_path / ".theinference" / "progress.json"
+    progress.parent.mkdir()
+    progress.write_text(content)
+    assert read_progress(tmp_path)[0] == {} and why in read_progress(tmp_path)[1]
+
+
+@pytest.mark.slow
+def test_corrupt_progress_file_is_ignored_with_a_notice_and_rewritten(cli, solution_course, tiny_path):
+    """Whatever is wrong with it (test_a_corrupt_progress_file_is_read_as_none_and_says_why), a run says so and
+    writes the file anew."""
+    content, why = '{"stages": {"greedy": "pass"}}', "entry 'greedy'"
     progress = solution_course / ".theinference" / "progress.json"
     progress.parent.mkdir()
     progress.write_text(content)
@@ -145,6 +158,7 @@ def test_demo_shows_a_pass_and_a_named_diagnosis(cli, tiny_path):
     )
 
 
+@pytest.mark.slow
 def test_progress_records_the_weights_and_timeout_of_each_pass_and_stages_list_shows_them(
     cli, solution_course, tiny_path
 ):

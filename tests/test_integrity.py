@@ -192,6 +192,7 @@ def _fake_hf_cache(hf_home: Path, tiny_dir: Path) -> None:
     shutil.copytree(tiny_dir, repo / "snapshots" / "rev")
 
 
+@pytest.mark.slow
 def test_course_chosen_zero_weights_are_ignored_when_untrusted(cli, tmp_path, tiny_dir):
     _fake_hf_cache(tmp_path / "hf-home", tiny_dir)
     course = tmp_path / "sub"
@@ -278,6 +279,7 @@ BREAKS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", BREAKS)
 def test_protocol_break_is_that_submissions_error_and_the_batch_goes_on(cli, tmp_path, tiny_path, kind):
     forge, words = BREAKS[kind]

@@ -101,6 +101,7 @@ def _kill(pids: list[int]) -> None:
 # --- 1. Silent root fallback ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not IS_ROOT, reason="the grader is not run as root here")
 @pytest.mark.skipif(not PYTHON_PRIVATE, reason="this Python is readable by user nobody: nothing would run as root")
 def test_untrusted_grading_refuses_to_run_student_code_as_root(tmp_path, tiny_path):
@@ -453,6 +454,7 @@ def run_layer_equiv(seq_ids):
 ZERO_WORK = "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.zeros((len(seq_ids), 128))\n"
 
 
+@pytest.mark.slow
 def test_a_poisoned_preset_is_remade_before_any_grading_uses_it(cli, tmp_path, solution_course):
     from theinference.model.synth import made_digest
     from theinference.model.weights_choice import synthetic_path
@@ -495,6 +497,7 @@ def test_a_poisoned_preset_is_remade_before_any_grading_uses_it(cli, tmp_path, s
     assert unverified.returncode == 0 and json.loads(unverified.stdout)["status"] == "pass"
 
 
+@pytest.mark.slow
 def test_a_poisoned_proof_preset_is_remade_in_untrusted_grading(cli, tmp_path, solution_course, proof_cache, tiny_path):
     """cache-scaling's own weights, made in the same cache a student's plain `test` could write, are checked too:
     one altered is made again (a notice in the stage's weights note), never exit 2 for every later grading."""
@@ -543,6 +546,7 @@ def _runs_openblas_kernels(flag: str) -> str:
     return "" if flag in flags else f"this CPU lacks {flag}: those kernels would not run"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels, flag", [("Haswell", "avx2"), ("SkylakeX", "avx512f"), ("Sandybridge", "avx")])
 def test_the_tiny_preset_made_with_each_blas_kernel_family_is_in_the_known_digests(kernels, flag):
     """The same code makes other bytes with other BLAS kernels (a CPU without AVX-512, say): each is known."""
@@ -590,6 +594,7 @@ def top_tokens(params, ids, n_head, k=5):
 """
 
 
+@pytest.mark.slow
 def test_grade_flags_a_disguised_copy_of_the_solution_and_two_identical_submissions(cli, tmp_path, tiny_path):
     from theinference.bundled import data_dir
 

@@ -235,7 +235,7 @@ def test_ctrl_c_exits_cleanly_with_code_0(solution_course, tiny_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)  # the first grading: a student process starts
     seen = ""
     while "watching" not in seen and time.monotonic() < deadline:
         seen += proc.stdout.readline()
@@ -264,6 +264,7 @@ def test_a_failing_native_observer_suggests_polling(solution_course, tiny_path, 
     assert "inotify watch limit reached" in err and "--poll" in err
 
 
+@pytest.mark.slow
 def test_changed_weights_are_reloaded_at_the_next_regrade(solution_course, tiny_dir, tmp_path):
     from theinference.model.synth import write_synthetic
 
