@@ -99,6 +99,8 @@ def test_default_alias_is_camel_case(tmp_path):
         (lambda t: t.replace("timeout = 10", 'timeout = "ten"'), "timeout", "expected int or float"),
         (lambda t: t.replace("timeout = 10", "timeout = true"), "timeout", "expected int or float"),
         (lambda t: t.replace("timeout = 10", "timeout = 0"), "timeout", "must be > 0"),
+        (lambda t: t.replace("timeout = 10", "timeout = nan"), "timeout", "must be > 0 seconds (a finite number)"),
+        (lambda t: t.replace("timeout = 10", "timeout = inf"), "timeout", "must be > 0 seconds (a finite number)"),
         (
             lambda t: t.replace('compare = "rows"', 'compare = "bytes"'),
             "compare",
