@@ -25,7 +25,6 @@ first; run each --load pass under whatever lock the machine's users share for CP
 
 import argparse
 import json
-import multiprocessing
 import os
 import shutil
 import signal
@@ -38,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from diagnosis import MISTAKES, make_course  # noqa: E402
+import busy  # noqa: E402
 
 from theinference.bundled import data_dir  # noqa: E402
 
@@ -73,21 +73,12 @@ def grade(course: Path, stages: list[str], weights: str, env: dict, log: Path) -
     return json.loads(done.stdout)
 
 
-def _burn() -> None:
-    while True:
-        pass
-
-
 def run_pass(label: str, subjects: list[str], args) -> None:
     out = Path(args.out) / label
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "THEINFERENCE_CACHE": str(Path(args.cache or Path(args.out) / "cache").resolve())}
-    burners = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM (timeout, kill) still stops the burners
-    if label == "loaded":
-        burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-        for burner in burners:
-            burner.start()
+    burners = busy.start() if label == "loaded" else []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for name in subjects:
@@ -99,9 +90,7 @@ def run_pass(label: str, subjects: list[str], args) -> None:
                 (out / f"{name}.json").write_text(json.dumps(report))
                 print(f"  … {label} {name}: {report['status']} in {report['bench']['minutes']:.1f} min", flush=True)
     finally:
-        for burner in burners:
-            burner.terminate()
-            burner.join()
+        busy.stop(burners)
 
 
 def _steps(stage: dict) -> list[dict]:

@@ -18,7 +18,6 @@ grader's work, never charged to a student).
 
 import argparse
 import json
-import multiprocessing
 import os
 import shutil
 import signal
@@ -27,6 +26,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import busy
 
 from theinference.bundled import data_dir
 from theinference.grading.tools.mutants import build_mutant, load_mutant
@@ -52,20 +53,11 @@ def make_class(root: Path) -> list[Path]:
     return sorted(root.iterdir())
 
 
-def _burn() -> None:
-    while True:
-        pass
-
-
 def run_pass(label: str, args) -> None:
     out = Path(args.out)
     env = {**os.environ, "THEINFERENCE_CACHE": str((out / "cache").resolve())}
-    burners = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a SIGTERM (timeout, kill) still stops the burners
-    if label == "loaded":
-        burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-        for burner in burners:
-            burner.start()
+    burners = busy.start() if label == "loaded" else []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             subs = make_class(Path(tmp) / "class")
@@ -79,9 +71,7 @@ def run_pass(label: str, args) -> None:
             minutes = (time.monotonic() - started) / 60
             print(f"  … {label}: {minutes:.1f} min, load {load:.1f} before, {os.getloadavg()[0]:.1f} after", flush=True)
     finally:
-        for burner in burners:
-            burner.terminate()
-            burner.join()
+        busy.stop(burners)
 
 
 def _points(doc: dict) -> dict[str, tuple[str, dict[str, str], list[str]]]:

@@ -22,7 +22,7 @@ preset made on first use in $THEINFERENCE_CACHE (so a gpt2-shape file is made on
    made by `theinference init` (its own theinference.toml: the tiny preset), each `--repeats` times:
    warm (weights made, oracle store filled, bytecode compiled) and cold (a fresh $THEINFERENCE_CACHE,
    so the weights are made first, and the package's __pycache__ removed), quiet and, with `--load`,
-   with two CPU burners per core alongside (run it under `flock /work/burners.lock`). A cold run of
+   with two CPU burners per core alongside (run it under whatever lock the machine's users share for CPU burners). A cold run of
    `test --stage STAGE --weights gpt2` then shows the longest the screen stays unchanged until the
    student's code starts (the gpt2 preset being made in between). Target: the first line within 1 s.
 
@@ -31,7 +31,6 @@ measured in one run on this machine.
 """
 
 import argparse
-import multiprocessing
 import pty
 import re
 import select
@@ -46,6 +45,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import busy
 
 from theinference.bundled import data_dir
 from theinference.grading.tools.mutants import build_mutant, load_mutants
@@ -105,15 +106,6 @@ def batch_seconds(subs: list[Path], preset: str, stages: list[str], out: Path) -
         return {row["id"]: float(row["seconds"]) for row in csv.DictReader(f)}
 
 
-def bytecode_line() -> str:
-    """Whether the runs write bytecode: with PYTHONDONTWRITEBYTECODE set (some sandboxes and CI images set it) every
-    run compiles the package's modules again, a second or more of each run's grader time that a student's machine,
-    which keeps its __pycache__, does not pay."""
-    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        return "bytecode: not written (PYTHONDONTWRITEBYTECODE is set): every run compiles the package again"
-    return "bytecode: written and reused, as on a student's machine"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="tiny", choices=["tiny", "gpt2"])
@@ -124,7 +116,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["test", "grade", "first-line"], help="measure only one part")
     parser.add_argument("--load", action="store_true", help="test, first-line: also beside two CPU burners per core")
     args = parser.parse_args()
-    print(bytecode_line())
+    print(busy.bytecode_line())
     if args.only == "first-line":
         with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
             measure_first_line(args, Path(tmp))
@@ -139,7 +131,7 @@ def main() -> None:
         if args.only == "test" or args.only is None:
             rows = measure_test(args, {"passing": solution, "failing": buggy}, root, "quiet")
             if args.load:
-                with burners():
+                with busy.Burners():
                     rows += measure_test(args, {"passing": solution, "failing": buggy}, root, "load")
             print("\nside by side (verdict and report over the student's own time):\n" + "\n".join(rows))
         if args.only != "test":
@@ -172,21 +164,6 @@ def measure_test(args: argparse.Namespace, courses: dict[str, Path], root: Path,
             f"report {_spread(ratios['report'], 'x')}"
         )
     return rows
-
-
-class burners:
-    """Two CPU burners per core while the block runs (what a busy shared machine does to the grader)."""
-
-    def __enter__(self):
-        self.procs = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-        for proc in self.procs:
-            proc.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for proc in self.procs:
-            proc.kill()
-            proc.join()
 
 
 def _spread(values: list[float], unit: str = " s") -> str:
@@ -270,11 +247,6 @@ def _cold(env: dict[str, str], root: Path, i: int) -> dict[str, str]:
     return {**env, "THEINFERENCE_CACHE": str(root / f"cold-cache-{i}")}
 
 
-def _burn() -> None:
-    while True:
-        pass
-
-
 def first_line_pass(args, course: Path, env: dict[str, str], root: Path, label: str) -> list[str]:
     """One table of Enter -> first line, cold and warm, for each command."""
     stage = args.stage
@@ -315,7 +287,7 @@ def measure_first_line(args: argparse.Namespace, root: Path) -> None:
     print(f"Enter -> first line on a pty ({SCREEN_COLUMNS} columns), {args.repeats} runs each (target <= 1 s)")
     rows = first_line_pass(args, course, env, root, "quiet")
     if args.load:
-        with burners():
+        with busy.Burners():
             rows += first_line_pass(args, course, env, root, "load")
     print("\nside by side:\n" + "\n".join(rows))
 

@@ -29,7 +29,6 @@ elsewhere where a test hides /proc (THEINFERENCE_PSUTIL_PROCFS, tests/test_meter
 import argparse
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cache_scaling import row, stage_for  # noqa: E402
+import busy  # noqa: E402
 
 from theinference.bundled import data_dir  # noqa: E402
 from theinference.course import load_course  # noqa: E402
@@ -102,11 +102,6 @@ def run_pass(stage, model, found, sources) -> dict[tuple[str, str], list[str]]:
     return rows
 
 
-def _burn() -> None:
-    while True:
-        pass
-
-
 def print_table(passes: list[tuple[str, dict]], found, sources) -> None:
     print("margins (above 1: on the right side of the threshold)")
     header = f"  {'subject':<18} {'meter':<19}"
@@ -150,14 +145,11 @@ def main() -> None:
         )
         passes = [("quiet", run_pass(stage, model, found, sources))]
         if args.load:
-            burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-            for burner in burners:
-                burner.start()
+            burners = busy.start()
             try:
                 passes.append(("two burners per core", run_pass(stage, model, found, sources)))
             finally:
-                for burner in burners:
-                    burner.kill()
+                busy.stop(burners)
         print_table(passes, found, sources)
 
 

@@ -18,13 +18,14 @@ must agree (the threads change the order of sums, not the answer): the largest d
 """
 
 import argparse
-import multiprocessing
 import os
 import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import busy
 
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits  # type: ignore[import-untyped]
@@ -37,11 +38,6 @@ from theinference.model.synth import write_synthetic
 from theinference.model.weights import load_model
 
 PASSES = ("quiet", "loaded")
-
-
-def _burn() -> None:
-    while True:
-        pass
 
 
 def timed(model, stage, spec, limit: int | None) -> tuple[float, float, list[np.ndarray]]:
@@ -77,11 +73,7 @@ def measure(model, stages, rounds: int) -> dict:
 
 
 def run_pass(label: str, model, stages, rounds: int) -> dict:
-    burners = []
-    if label == "loaded":
-        burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-        for burner in burners:
-            burner.start()
+    burners = busy.start() if label == "loaded" else []
     try:
         load = os.getloadavg()[0]
         figures = measure(model, stages, rounds)
@@ -91,9 +83,7 @@ def run_pass(label: str, model, stages, rounds: int) -> dict:
             print(f"      {label} {stage_id:22} wall {w1 / wd:4.2f}x, CPU {c1 / cd:4.2f}x", flush=True)
         return figures
     finally:
-        for burner in burners:
-            burner.terminate()
-            burner.join()
+        busy.stop(burners)
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ per core, and both printed side by side.
 
 import argparse
 import io
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -24,6 +23,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import busy
 
 from rich.console import Console
 
@@ -105,11 +106,6 @@ def summarize(name: str, samples: list[tuple[float, float]]) -> str:
     return line
 
 
-def _burn() -> None:
-    while True:
-        pass
-
-
 def one_pass(course: Path, weights: Path, args: argparse.Namespace, label: str) -> list[str]:
     rows = [
         summarize(f"{label} zygote (fork)", measure(course, weights, ZygoteLauncher(), args.saves, args.pause)),
@@ -123,22 +119,13 @@ def one_pass(course: Path, weights: Path, args: argparse.Namespace, label: str) 
     return rows
 
 
-def bytecode_line() -> str:
-    """Whether the runs write bytecode: with PYTHONDONTWRITEBYTECODE set (some sandboxes and CI images set it) every
-    run compiles the package's modules again, a second or more of each run's grader time that a student's machine,
-    which keeps its __pycache__, does not pay."""
-    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        return "bytecode: not written (PYTHONDONTWRITEBYTECODE is set): every run compiles the package again"
-    return "bytecode: written and reused, as on a student's machine"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--saves", type=int, default=20)
     parser.add_argument("--pause", type=float, default=0.4)
     parser.add_argument("--load", action="store_true", help="also beside two CPU burners per core")
     args = parser.parse_args()
-    print(bytecode_line())
+    print(busy.bytecode_line())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         weights = write_synthetic(tmp / "weights", preset="tiny", seed=0)
@@ -147,14 +134,11 @@ def main() -> None:
         print(f"{args.saves} saves of src/kvcache.py, stage {STAGE}, tiny weights")
         rows = one_pass(course, weights, args, "quiet")
         if args.load:
-            burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-            for burner in burners:
-                burner.start()
+            burners = busy.start()
             try:
                 rows += one_pass(course, weights, args, "load")
             finally:
-                for burner in burners:
-                    burner.kill()
+                busy.stop(burners)
         print("\nside by side:\n" + "\n".join(rows))
 
 
