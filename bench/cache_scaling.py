@@ -5,9 +5,11 @@
 
 Grades the built-in cache-scaling stage exactly as `theinference test` does (the grader drives each
 timed call and counts the CPU of the student's whole process tree) for: the reference solution
-(must pass); a careful recompute (every layer over the whole sequence, the LM head on the last row
-only), a plain recompute, each mutant whose manifest expects `no-cache`, short calls padded to a flat
-cost, and the six tricks of bench/scaling_subjects.py (all must fail). For each it prints (a) the
+(must pass), the solution computing in float64 (must pass: (b) is then set against the oracle's float64
+recompute); a careful recompute (every layer over the whole sequence, the LM head on the last row
+only) in float32 and in float64, a plain recompute, each mutant whose manifest expects `no-cache`, short calls padded to a flat
+cost, and the six tricks of bench/scaling_subjects.py and a
+float32 careful recompute whose decode step claims float64 (all must fail). For each it prints (a) the
 per-token ratio and (b) the longest call's fraction of the oracle's full recompute, with the margin
 to each threshold (threshold / figure for code that must pass, figure / threshold for code that must
 fail: above 1 is on the right side; '>' marks a lower bound, from a call stopped at its budget), and
@@ -43,7 +45,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scaling_subjects import CAREFUL_RECOMPUTE, PADDING, SLOW_CACHE, TRICKS  # noqa: E402
+from scaling_subjects import (  # noqa: E402
+    CAREFUL_RECOMPUTE,
+    FLOAT64_CACHE,
+    FLOAT64_CLAIM,
+    FLOAT64_RECOMPUTE,
+    PADDING,
+    SLOW_CACHE,
+    TRICKS,
+)
 
 from theinference.bundled import data_dir  # noqa: E402
 from theinference.course import load_course  # noqa: E402
@@ -86,7 +96,9 @@ def subjects(work: Path) -> list[tuple[str, Path, bool]]:
     solution = data_dir("course") / "solution"
     found = [
         ("solution", solution, True),
+        ("float64-cache", _course(work, "float64-cache", FLOAT64_CACHE), True),
         ("careful-recompute", _course(work, "careful-recompute", CAREFUL_RECOMPUTE), False),
+        ("float64-recompute", _course(work, "float64-recompute", FLOAT64_RECOMPUTE), False),
         ("plain-recompute", _course(work, "plain-recompute", _PLAIN_RECOMPUTE), False),
         ("padded-recompute", _course(work, "padded-recompute", PADDING), False),
         ("slow-cache (too-slow)", _course(work, "slow-cache", SLOW_CACHE), False),
@@ -95,6 +107,7 @@ def subjects(work: Path) -> list[tuple[str, Path, bool]]:
         if mutant.expect.get("cache-scaling") == ("no-cache",):
             found.append((mutant.name, build_mutant(mutant, solution, work / mutant.name), False))
     found += [(f"trick:{name}", _course(work, f"trick-{name}", source), False) for name, source in TRICKS.items()]
+    found.append(("trick:float64-claim", _course(work, "trick-float64-claim", FLOAT64_CLAIM), False))
     return found
 
 

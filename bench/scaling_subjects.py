@@ -225,6 +225,80 @@ def run_greedy(prompt_ids, n_new):
 """
 )
 
+# The newcomer's slip of issue 37: the attention scale a NumPy float64 (`1.0 / np.sqrt(d)` promotes float32 arrays
+# under NumPy 2; here the cast is explicit, so the subject computes in float64 under NumPy 1 too). Every array after
+# it is float64 and every matmul converts its float32 weights: a correct cache, flat in cost, computing in float64.
+# Its decode step returns float64 logits (the precision cache-scaling reads), as the solution's would with the slip.
+_FLOAT64 = """
+import src.gpt2
+import src.kvcache
+from src.gpt2 import softmax
+from src.kvcache import decode_step, prefill
+
+
+def _attention(q, k, v, mask):  # the solution's, with its scale a NumPy float64
+    scores = q.astype(np.float64) @ k.transpose(0, 2, 1) * (1.0 / np.sqrt(np.float64(q.shape[-1]))) + mask
+    return softmax(scores) @ v
+
+
+src.gpt2.attention = src.kvcache.attention = _attention
+
+
+def run_decode_step(prompt_ids, next_id):
+    params, n_head = _model()
+    return decode_step(params, prefill(params, prompt_ids, n_head)[1], next_id, len(prompt_ids), n_head)
+"""
+
+FLOAT64_CACHE = (
+    _HEAD
+    + _FLOAT64
+    + """
+
+def run_greedy(prompt_ids, n_new):
+    params, n_head = _model()
+    return generate_cached(params, prompt_ids, n_new, n_head)
+"""
+)
+
+# The careful recompute with the same slip: float64 throughout, and its decode step says so. It must fail (no-cache).
+FLOAT64_RECOMPUTE = (
+    _HEAD
+    + _FLOAT64
+    + """
+
+def run_greedy(prompt_ids, n_new):
+    return careful_recompute(prompt_ids, n_new)
+"""
+)
+
+# A forgery of the precision: the careful recompute in float32 with every call padded to three times PADDING's rate
+# (so its cost looks flat, the diagnostic calls' included) and its decode step casting its logits to float64, so
+# that (b) would be set against the dearer float64 recompute. It must still fail: its tokens after the diagnostic
+# prompt cost a recompute's, far over the oracle's float64 step (scaling._CLAIM).
+FLOAT64_CLAIM = (
+    _HEAD
+    + """
+from src.kvcache import decode_step, prefill
+
+
+def run_decode_step(prompt_ids, next_id):
+    params, n_head = _model()
+    return decode_step(params, prefill(params, prompt_ids, n_head)[1], next_id, len(prompt_ids), n_head).astype(
+        np.float64
+    )
+
+
+def run_greedy(prompt_ids, n_new):
+    started = time.process_time()
+    tokens = careful_recompute(prompt_ids, n_new)
+    params, _ = _model()
+    rate = 3 * 12 * len(params["h"]) * params["wte"]["weight"].shape[1] ** 2 * 250 / 1e10
+    while time.process_time() - started < rate * n_new:
+        sum(i * i for i in range(1000))
+    return tokens
+"""
+)
+
 TRICKS = {
     "clock": CLOCK,
     "timing-module": TIMING_MODULE,

@@ -112,12 +112,14 @@ def test_the_solution_passes_the_built_in_stage_and_shows_both_tests(
     )
     result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "cache-scaling")
     assert result.exit_code == 0, result.stdout
-    # The live line said which call ran: the warm-up, then each timed call (3 rounds of 8 and 480 tokens).
+    # The live line said which call ran: the warm-up, then each timed call (up to 3 rounds of 8 and 480 tokens; the
+    # rounds stop once the verdict is clear, which the reference cache's usually is after the first).
     timed = [f"timed call {k + 1} of 6: {n} new tokens" for k, n in enumerate([8, 480] * 3)]
     # (The three diagnostic calls come before the first 480-token call only where the short calls are dear enough
     # that a stop could be a flat cost's.)
     diagnostic = [c for c in calls if c.startswith("diagnostic call")]
-    assert [c for c in calls if c and c not in diagnostic] == ["untimed warm-up: 8 new tokens", *timed]
+    said_calls = [c for c in calls if c and c not in diagnostic]
+    assert said_calls[0] == "untimed warm-up: 8 new tokens" and said_calls[1:] in [timed[: 2 * k] for k in (1, 2, 3)]
     said = "(tells no-cache from too-slow)"
     assert diagnostic == [] or (
         diagnostic[:2] == [f"diagnostic call {k} of 3: 1 new token after 384 {said}" for k in (1, 2)]
@@ -211,7 +213,10 @@ def test_json_junit_and_gradescope_carry_the_accounting_and_both_figures(cli, so
     assert scaling["ratio"] == pytest.approx(scaling["ms_per_token"][1] / scaling["ms_per_token"][0])
     assert 0 < scaling["fraction_of_recompute"] <= 0.35 and scaling["oracle_cpu_seconds"] > 0
     timed = [c for c in scaling["calls"] if not c["diagnostic"]]
-    assert [c["n_new"] for c in timed] == [8, 320] * 2 and all(c["cpu_seconds"] > 0 for c in scaling["calls"])
+    # one round, or two where the first did not settle the verdict beyond the margin (scaling._CLEAR)
+    assert [c["n_new"] for c in timed] in ([8, 320], [8, 320] * 2) and all(
+        c["cpu_seconds"] > 0 for c in scaling["calls"]
+    )
     assert {c["prompt_tokens"] for c in timed} == {4} and len(scaling["calls"]) - len(timed) in (0, 3)
 
     junit = ET.fromstring(grade_quick(cli, solution_course, tiny_path, quick_stages, "--format", "junit").stdout)

@@ -9,6 +9,8 @@ past its timeout (time not spent waiting for a CPU: runner.StepClock) times out;
 ends a call that a starved machine cannot finish, and says so.
 """
 
+import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,11 @@ from theinference.proc.runner import (
     starved_message,
 )
 
-_POLL = 0.05  # seconds between readings of the tree's CPU while a call runs
+_POLL = 0.05  # the least seconds between readings of the tree's CPU while a call runs
+# The most: a reading walks /proc for the run-queue wait (runner.StepClock), CPU the grader takes from the student's
+# cores, so a call far from its budget is read less often (_poll); its result wakes the grader at once whatever this is.
+_SLOW_POLL = 0.5
+DEADLINE = "deadline"  # CallOutcome.limit of a call stopped at the run's deadline (AdapterJob.deadline)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class CallSession:
     def __init__(self, job: AdapterJob, load_budget: Budget):
         self.work = Path(tempdirs.mkdtemp("run"))  # 0700; chowned to the submission's uid as root
         self.launcher, self.course_root = job.launcher, str(job.course_root)
+        self.deadline, self.deadline_budget = job.deadline, job.deadline_budget  # the run's end (monotonic), if any
         self.monitor_lost = False  # the worker killed its monitor: none of the session's calls count
         self.child: _Child | None = _Child(job, 0, self.work, interactive=True)
         self.meter: accounting.Meter | None = None
@@ -96,9 +103,11 @@ class CallSession:
         clock = StepClock(self.child, budget.timeout)
         while self.failure is None:
             try:
-                message = self.child.next_message(min(clock.backstop, time.monotonic() + _POLL))
+                message = self.child.next_message(min(clock.backstop, self._end(), time.monotonic() + _POLL))
             except TimeoutError:
-                if clock.charged() >= budget.timeout or time.monotonic() >= clock.backstop:
+                if self.past_deadline():
+                    self._fail(self.deadline_outcome("while importing the adapters"))
+                elif clock.charged() >= budget.timeout or time.monotonic() >= clock.backstop:
                     why = f"timed out after {budget.timeout:g} s while importing the adapters{clock.wall_note()}"
                     self._fail(CallOutcome(status=protocol.TIMEOUT, message=why, limit="time"))
                 continue
@@ -150,6 +159,18 @@ class CallSession:
         except Exception:  # noqa: BLE001 - still running or unknown: reported as killed
             return -9
 
+    def _end(self) -> float:
+        return math.inf if self.deadline is None else self.deadline
+
+    def past_deadline(self) -> bool:
+        """Whether the run's deadline (the submission's budget, `grade --finish-by`) has passed."""
+        return time.monotonic() >= self._end()
+
+    def deadline_outcome(self, when: str, used: float | None = None) -> CallOutcome:
+        """The outcome of a call (or the load) that the run's deadline ended: TIMEOUT, limit DEADLINE."""
+        message = f"stopped {when}: the submission's time budget of {self.deadline_budget or 0:g} s ran out"
+        return CallOutcome(status=protocol.TIMEOUT, message=message, cpu_seconds=used, limit=DEADLINE)
+
     def _fail(self, outcome: CallOutcome) -> None:
         self.failure = outcome
         if self.child is not None:
@@ -160,6 +181,8 @@ class CallSession:
         if self.failure is not None:
             return self.failure
         assert self.meter is not None and self.child is not None, "a loaded session has a worker and a meter"
+        if self.past_deadline():  # not started: the worker stays as it is, and every later call is told the same
+            return self.deadline_outcome("before it started", 0.0)
         try:
             before = self.meter.cpu_seconds()
             self.child.send_call(index, args)
@@ -183,11 +206,14 @@ class CallSession:
             try:
                 used = self.meter.cpu_seconds() - before
                 over = _over_budget(clock, budget, used)
+                if over is None and self.past_deadline():
+                    over = self.deadline_outcome("while running", used)
                 if over is not None:
                     over.clock = clock.reading()
                     return self._ended(over, output)
                 try:
-                    message = self.child.next_message(min(clock.backstop, time.monotonic() + _POLL))
+                    wake = min(clock.backstop, self._end(), time.monotonic() + _poll(budget, used))
+                    message = self.child.next_message(wake)
                 except TimeoutError:
                     continue
                 if message is None:
@@ -226,6 +252,11 @@ class CallSession:
         if self.child is not None:
             self.child.attach_output(outcome, output, None)
         return outcome
+
+
+def _poll(budget: Budget, used: float) -> float:
+    """Seconds until the tree's CPU is read again: before it could pass the budget on every core, within bounds."""
+    return min(_SLOW_POLL, max(_POLL, (budget.cpu - used) / (os.cpu_count() or 1)))
 
 
 def _is_call(message: dict, index: int) -> bool:

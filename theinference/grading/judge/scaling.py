@@ -30,6 +30,8 @@ import random
 import time
 from typing import Any, cast
 
+import numpy as np
+
 from theinference.grading.judge.results import CaseResult, Diagnosis, Guarantee, ScalingResult, Status, TimedCall
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
@@ -38,7 +40,7 @@ from theinference.model import gpt2 as oracle
 from theinference.model.weights import Model, load_model
 from theinference.model.weights_choice import WeightsChoice, ensure_weights, synthetic_path
 from theinference.proc import protocol
-from theinference.proc.calls import Budget, CallSession
+from theinference.proc.calls import DEADLINE, Budget, CallSession
 from theinference.proc.node import is_node_adapters
 from theinference.proc.runner import MONITOR_LOST, AdapterJob, CallOutcome
 
@@ -113,6 +115,25 @@ NODE_FACTOR = 3.0
 # child that ends loses under one tick of its count): a count below the floor, or fallen, by less says nothing.
 _FLOOR_SHARE = 5.0
 _RESOLUTION = 0.05
+# Rounds stop early once the verdict is clear: a pass whose figures sit this far inside both thresholds, or a (a)
+# failure this far beyond it. More rounds only lower the longest call's cheapest cost, so (b) can only get better
+# for the student; (a) may move either way, but it cannot flip from a margin this wide (the reference's rounds
+# differ by under 1.3x under load).
+_CLEAR = 1.5
+# (b)'s floor compares like with like: a cache that computes in float64 (a NumPy float64 scalar promotes float32
+# arrays under NumPy 2: `1.0 / np.sqrt(head_dim)`) is set against the oracle's recompute in float64. What precision the
+# student computes in is read from the array its decode step returns (this adapter, one call on the proof weights),
+# asked only when a flat-cost longest call was stopped over the float32 floor. The answer is the student's, so a
+# false one must gain nothing: the float64 floor is one no recompute meets either (a float32 careful recompute that
+# says float64 reads as a recompute over it: see the table in stages/cache-scaling.toml).
+# The claim is also weighed by cost, which cannot be faked downward: in the float64 run the diagnostic calls always
+# run, and a token after their long prompt must cost at most _CLAIM times the oracle's float64 single-token step (a
+# float64 cache converts every weight at every step, the LM head's above all, and costs about that step at any
+# position: 1.1-1.3x; a float32 recompute there costs a forward over the prompt, 2.5x and more: see the table).
+_DTYPE_PROBE = ("run_decode_step", "runDecodeStep")
+_CLAIM = 2.0
+_REFUSED = "float64-refused"  # Verdict.detail of a float64 run whose diagnostic calls deny the claim
+FLOAT32, FLOAT64 = "float32", "float64"
 
 
 # Transformer work per token (12 · n_layer · n_embd² MACs) at least this fraction of the LM head's
@@ -198,22 +219,33 @@ def _single_thread_cpu(fn, repeats: int = 3) -> float:
     return best
 
 
-def recompute_seconds(model: Model, prompt_tokens: int, n_new: int) -> float:
+def recompute_seconds(model: Model, prompt_tokens: int, n_new: int, dtype: str = "float32") -> float:
     """CPU seconds (one BLAS thread) for the oracle to generate n_new tokens by full recompute, measured now.
 
     Step k of a careful recompute runs every layer over prompt + k tokens and the LM head on the last row
     only. Its cost grows about linearly with length, so the n steps cost about n forwards at the middle
-    length: that forward is timed and multiplied by n_new.
+    length: that forward is timed and multiplied by n_new. dtype: the precision it computes in (_last_logits).
     """
     ids = [0] * (prompt_tokens + n_new // 2)
-    return n_new * _single_thread_cpu(
-        lambda: oracle.logits(model.params, ids, model.config.n_head, rows=slice(len(ids) - 1, len(ids)))
-    )
+    return n_new * _single_thread_cpu(lambda: _last_logits(model, ids, dtype))
 
 
-def step_seconds(model: Model) -> float:
+def step_seconds(model: Model, dtype: str = "float32") -> float:
     """CPU seconds (one BLAS thread) of one single-token forward here: about what a cached token costs."""
-    return _single_thread_cpu(lambda: oracle.logits(model.params, [0], model.config.n_head), repeats=5)
+    return _single_thread_cpu(lambda: _last_logits(model, [0], dtype), repeats=5)
+
+
+def _last_logits(model: Model, ids: list[int], dtype: str) -> np.ndarray:
+    """The oracle's logits at the last position, in float32 (the weights'), or in float64 as a student's code computes
+    once a float64 array enters it: the activations float64, the weights float32, so every matmul converts them (the
+    oracle's float32 constants do not narrow a float64 array, under NumPy 1 and 2 alike)."""
+    params, n_head = model.params, model.config.n_head
+    if dtype == "float32":
+        return oracle.logits(params, ids, n_head, rows=slice(len(ids) - 1, len(ids)))
+    x = oracle.embed(params, ids).astype(np.float64)
+    for block in params["h"]:
+        x = oracle.transformer_block(x, **block, n_head=n_head)
+    return oracle.lm_head(params, oracle.layer_norm(x[-1:], **params["ln_f"]))
 
 
 def cost_floor(step: float) -> float:
@@ -227,16 +259,19 @@ class _Costs:
 
     recompute: dict[int, float]  # n_new -> CPU seconds of a full recompute
     step: float
+    dtype: str = FLOAT32  # the precision the oracle computed in: the weights' (float32), or float64 (see _DTYPE_PROBE)
 
 
-def _costs(stage: StageSpec, model: Model, cache) -> _Costs:
+def _costs(stage: StageSpec, model: Model, cache, dtype: str = FLOAT32) -> _Costs:
     spec = _check(stage).params
 
     def measure() -> _Costs:
-        return _Costs({n: recompute_seconds(model, spec.prompt_tokens, n) for n in spec.lengths}, step_seconds(model))
+        recompute = {n: recompute_seconds(model, spec.prompt_tokens, n, dtype) for n in spec.lengths}
+        return _Costs(recompute, step_seconds(model, dtype), dtype)
 
     # Kept for the session (watch, a batch) only: it is a timing of this machine, measured where it is used.
-    return cache.memo(("scaling-costs", str(model.path), model.stamp, spec.prompt_tokens, spec.lengths), measure)
+    key = ("scaling-costs", str(model.path), model.stamp, spec.prompt_tokens, spec.lengths, dtype)
+    return cache.memo(key, measure)
 
 
 def measure_costs(stage: StageSpec, model: Model, cache, untrusted: bool = False) -> None:
@@ -296,7 +331,7 @@ class _Watched:
 class _Run:
     """One case of the stage: the session and the calls so far, which the verdict is read from."""
 
-    def __init__(self, stage: StageSpec, ctx, timeout: float, weights_note: str):
+    def __init__(self, stage: StageSpec, ctx, timeout: float, weights_note: str, dtype: str = FLOAT32):
         self.check = _check(stage)
         self.stage, self.spec, self.ctx = stage, self.check.params, ctx
         self.factor = NODE_FACTOR if is_node_adapters(ctx.course.adapters) else 1.0
@@ -308,7 +343,13 @@ class _Run:
             )
         self.timeout = timeout
         self.calls: list[TimedCall] = []
-        self.costs = _costs(stage, ctx.model, ctx.cache)
+        self.costs = _costs(stage, ctx.model, ctx.cache, dtype)
+        if dtype != FLOAT32:
+            weights_note += (
+                f"{'; ' if weights_note else ''}your decode step returns {dtype} logits, so (b)'s full recompute by "
+                f"the oracle was measured in {dtype} too"
+            )
+        self.flat_stop = False  # the longest call was stopped over (b) with no sign of growth: too-slow, so far
         self.accounting = ""
         self.complete = True  # the meter's: counts every process ever in the tree (set once the session has one)
         self.untrusted = ctx.untrusted
@@ -325,6 +366,8 @@ class _Run:
     def needs_diagnostic(self) -> bool:
         """Whether a stop of the longest call could be a flat cost's, at the short calls' rate (so not read as growth)."""
         rate, last = self.short_rate(), self.spec.lengths[-1]
+        if self.costs.dtype != FLOAT32:  # the float64 claim is weighed by the diagnostic calls (see _CLAIM)
+            return True
         return rate is not None and _GROWN * rate * last >= self.timed_budget(last).cpu
 
     def diagnostic_prompt(self) -> int:
@@ -341,6 +384,27 @@ class _Run:
         """The long diagnostic call's new tokens: 1 + m (see _MARGINAL), as the context has room."""
         rate, room = self.short_rate() or 1.0, self.ctx.model.config.n_ctx - 1 - self.diagnostic_prompt()
         return 1 + min(room - 1, max(_MARGINAL, math.ceil(prefill / (4 * rate))))
+
+    def marginal(self) -> float | None:
+        """CPU seconds a token costs after the diagnostic prompt (the long call less a one-token one), once measured."""
+        ones = [c.cpu_seconds for c in self.calls if c.diagnostic and c.n_new == 1 and not c.stopped]
+        long = [c for c in self.calls if c.diagnostic and c.n_new > 1 and not c.stopped]
+        if not (ones and long):
+            return None
+        return (long[0].cpu_seconds - min(ones)) / (long[0].n_new - 1)
+
+    def refused(self) -> Verdict | None:
+        """In the float64 run: the verdict that its diagnostic calls deny the claim (see _CLAIM), else None."""
+        marginal = self.marginal()
+        if self.costs.dtype == FLOAT32 or marginal is None or marginal <= _CLAIM * self.costs.step:
+            return None
+        message = (
+            f"your decode step returns {self.costs.dtype} logits, but a token after a {self.diagnostic_prompt()}-token "
+            f"prompt costs {1000 * marginal:.3g} ms, {marginal / self.costs.step:.1f}× the oracle's {self.costs.dtype} "
+            f"single-token step (a {self.costs.dtype} cache costs about that step at any position; over {_CLAIM:g}× is "
+            f"not one), so (b) stays set against the float32 recompute"
+        )
+        return Verdict(Status.FAIL, message, detail=_REFUSED)
 
     def growth(self) -> float | None:
         """What a token costs after the diagnostic prompt over one at the short calls' rate, once measured."""
@@ -362,7 +426,7 @@ class _Run:
         assert outcome.value is not None, 'an "ok" outcome carries the adapter\'s array'
         model = self.ctx.model
         problem = token_problem(outcome.value, n_new, model.config.n_vocab)
-        steps = [] if problem else check_steps(model, prompt, [int(t) for t in outcome.value], self.check.tie_rtol)
+        steps = [] if problem else _checked(model, prompt, [int(t) for t in outcome.value], self.check.tie_rtol)
         if not problem and steps[-1].verdict != "mismatch":
             return None
         why = problem or (
@@ -425,6 +489,16 @@ class _Run:
         return None
 
 
+def _checked(model: Model, prompt: list[int], tokens: list[int], tie_rtol: float):
+    """check_steps with BLAS held to one thread: the teacher-forced forward over 480 tokens is the grader's largest
+    cost in the stage, and a second BLAS thread spinning beside busy cores made it 2-3x dearer in CPU and in time
+    (0.55 s against 1.85 s of CPU on the proof preset, beside two CPU burners per core)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        return check_steps(model, prompt, tokens, tie_rtol)
+
+
 def _fail(
     stage: StageSpec, shape: str, summary: str, message: str, scaling: ScalingResult, status=Status.FAIL
 ) -> Verdict:
@@ -479,6 +553,11 @@ def judge_stopped(run: _Run, outcome: CallOutcome, n_new: int, prompt: int = 0) 
     run.calls.append(dataclasses.replace(call, diagnostic=bool(prompt)))
     timing = run.scaling_result(stopped_at=None if prompt else n_new)
     after = f" after a {prompt}-token prompt" if prompt else ""
+    if outcome.limit == DEADLINE:  # the run's end, not the code's: no verdict on its cost
+        run.calls.pop()
+        done = sum(1 for c in run.calls if not c.diagnostic)
+        message = f"{outcome.message} (the call generating {n_new} tokens{after}; {done} timed calls had finished)"
+        return Verdict(Status.TIMEOUT, message, detail=DEADLINE, scaling=run.scaling_result())
     if outcome.limit == "time":  # past the timeout without using the CPU for it: the code waited
         return Verdict(Status.TIMEOUT, f"{outcome.message} (a call generating {n_new} tokens{after})", scaling=timing)
     if outcome.limit == "wall":
@@ -494,14 +573,15 @@ def judge_stopped(run: _Run, outcome: CallOutcome, n_new: int, prompt: int = 0) 
         return _fail(run.stage, "too-slow", _TOO_SLOW, message, timing)
     recompute = run.costs.recompute[n_new]
     floor = (
-        f"(b) fails: it passed {used / recompute:.0%} of a full recompute of those tokens by the oracle here "
-        f"({recompute:.3g} s), and at most {run.spec.max_fraction:.0%} passes"
+        f"(b) fails: it passed {used / recompute:.0%} of a full recompute of those tokens by the oracle here in "
+        f"{run.costs.dtype} ({recompute:.3g} s), and at most {run.spec.max_fraction:.0%} passes"
     )
     grown = _grown(run, used, n_new)
     if grown:
         message = f"the {n_new}-token call was stopped after {used:.3g} s of CPU, {grown}: {floor}"
         return _fail(run.stage, "no-cache", _NO_CACHE, message, timing)
     per_token = f"{1000 * rate:.3g} ms per token at {run.spec.lengths[0]} tokens" if rate else "no call finished"
+    run.flat_stop = True
     message = (
         f"the {n_new}-token call was stopped after {used:.3g} s of CPU ({per_token}, flat; the oracle's "
         f"single-token step costs {step_ms:.3g} ms here): {floor}"
@@ -535,6 +615,7 @@ def _ended(outcome: CallOutcome, what: str) -> Verdict:
     return Verdict(
         Status.FAIL if outcome.status == protocol.BAD_OUTPUT else outcome.status,
         ": ".join(part for part in (what, outcome.message) if part),
+        detail=DEADLINE if outcome.limit == DEADLINE else "",  # the adapters' load, stopped at the run's end
         traceback=outcome.traceback,
         stdout=outcome.stdout,
         stderr=outcome.stderr,
@@ -556,14 +637,24 @@ def _timed_rounds(session: CallSession, run: _Run, rng: random.Random, output_ca
     for round_ in range(spec.repeats):
         for k, n_new in enumerate(spec.lengths):
             if round_ == 0 and n_new == spec.lengths[-1] and run.needs_diagnostic():
-                if ended := _diagnose(session, run, rng, output_cap, case, index):
+                if ended := _diagnose(session, run, rng, output_cap, case, index) or run.refused():
                     return ended
                 index += 3
             label = f"timed call {round_ * len(spec.lengths) + k + 1} of {calls}: {n_new} new tokens"
             if ended := _call(session, run, rng, output_cap, case, (index, n_new, spec.prompt_tokens), label):
                 return ended
             index += 1
+        if _clear(run.scaling_result()):
+            break
     return unproven(judge(run.stage, run.scaling_result()))
+
+
+def _clear(scaling: ScalingResult) -> bool:
+    """Whether the rounds so far settle the verdict beyond _CLEAR: no later round could change it."""
+    if scaling.ratio is None or scaling.fraction is None:
+        return False
+    inside = scaling.ratio * _CLEAR <= scaling.max_ratio and scaling.fraction * _CLEAR <= scaling.max_fraction
+    return inside or scaling.ratio >= _CLEAR * scaling.max_ratio
 
 
 def _diagnose(session: CallSession, run: _Run, rng, output_cap, case: int, index: int) -> Verdict | None:
@@ -616,10 +707,39 @@ def grade_case(
     if ctx.on_case is not None:  # the live line: the case runs from the worker's start to its last call
         ctx.on_case(protocol.START, stage, index)
     try:
-        return _run_case(run, index, job, output_cap)
+        result, outcome = _run_case(run, index, job, output_cap)
+        if run.flat_stop and run.factor == 1.0 and not _past(job):
+            dtype = _probe_dtype(run, index, job, output_cap)
+            if dtype == FLOAT64 and not _past(job):  # like with like: the whole case again, against float64's floor
+                wide = _Run(stage, ctx, job.timeout, weights_note, dtype)
+                again, outcome_again = _run_case(wide, index, job, output_cap)
+                if again.detail == _REFUSED:  # the first verdict stands, and says why the claim did not count
+                    return dataclasses.replace(result, message=f"{result.message}. {again.message}"), outcome
+                return again, outcome_again
+        return result, outcome
     finally:
         if ctx.on_case is not None:
             ctx.on_case(protocol.DONE, stage, index)
+
+
+def _past(job: AdapterJob) -> bool:
+    return job.deadline is not None and time.monotonic() >= job.deadline
+
+
+def _probe_dtype(run: _Run, index: int, job: AdapterJob, output_cap) -> str:
+    """The precision the student's decode step computes in, from the logits it returns (see _DTYPE_PROBE): FLOAT64,
+    FLOAT32, or "" when it gave none (not written, failed, or not an array of floats)."""
+    probe = dataclasses.replace(job, names=_DTYPE_PROBE)
+    prompt, n_vocab = run.stage.cases[index].inputs["prompt"], run.ctx.model.config.n_vocab
+    _tell(run, index, "one decode step: which precision your arrays are in")
+    with CallSession(probe, _budget(job.timeout, job.timeout)) as session:
+        if session.failure is not None:
+            return ""
+        outcome = session.call(0, [prompt, 0], output_cap(n_vocab), _budget(job.timeout, job.timeout))
+    value = outcome.value if outcome.status == protocol.OK else None
+    if value is None or value.dtype.kind != "f":
+        return ""
+    return FLOAT64 if value.dtype == np.float64 else FLOAT32
 
 
 def _case_result(case: CaseSpec, verdict: Verdict) -> CaseResult:
