@@ -430,7 +430,7 @@ class _Run:
         if not problem and steps[-1].verdict != "mismatch":
             return None
         why = problem or (
-            f"token {len(steps) - 1} of {n_new} is {steps[-1].got}, the oracle's greedy choice is {steps[-1].expected}"
+            f"token {len(steps)} of {n_new} is {steps[-1].got}, the oracle's greedy choice is {steps[-1].expected}"
         )
         diagnosis = Diagnosis(
             shape="token-mismatch",
