@@ -27,14 +27,14 @@ vertical-align:top}th{background:#f4f4f4}.pass{color:#17702b}.fail,.error,.timeo
 .finding{font-weight:600}svg text{font:11px sans-serif;fill:#444}
 table.grid td{text-align:center;white-space:nowrap}table.grid td.name{text-align:left}
 table.grid td a{display:block;color:inherit;text-decoration:none}
-td.c-pass{background:#dff3e3}td.c-fail{background:#fbe0e3}td.c-error,td.c-timeout,td.c-crash{background:#f4c7cc}
+td.c-pass{background:#dff3e3}td.c-fail{background:#fbe0e3}td.c-too-slow{background:#fdf0d5}td.c-error,td.c-timeout,td.c-crash{background:#f4c7cc}
 td.c-not-started,td.c-unproven{background:#fff1c2}td.c-not-graded{background:#eee;color:#888}
 .trouble{background:#fdecee;border-left:4px solid #b00020;padding:.4em .8em}
 .copy{background:#eef3fb;border-left:4px solid #4a78b5;padding:.4em .8em;margin:.4em 0}
 .sidebyside{display:flex;gap:1em}.sidebyside pre{flex:1;margin:.2em 0;font-size:.85em}
 """
 
-_STATUS_ORDER = ("pass", "fail", "unproven", "not-started", "error", "timeout", "crash", "not graded")
+_STATUS_ORDER = ("pass", "fail", "too-slow", "unproven", "not-started", "error", "timeout", "crash", "not graded")
 
 
 def _number(value) -> float:

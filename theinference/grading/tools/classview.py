@@ -149,6 +149,16 @@ def _float(value, default: float = 0.0) -> float:
     return number if math.isfinite(number) else default
 
 
+def shown_status(stage: dict) -> str:
+    """A stage's status as the class report shows it: a fail whose diagnosis is `too-slow` (a cache with a flat cost,
+    but dearer than the floor) apart from other fails, since it asks for another fix than a missing cache does."""
+    status = str(stage.get("status", ""))
+    diagnosis = stage.get("diagnosis")
+    if status == "fail" and isinstance(diagnosis, dict) and diagnosis.get("shape") == "too-slow":
+        return "too-slow"
+    return status
+
+
 def _grid_row(sub: dict, stage_ids: list[str]) -> GridRow:
     by_id = {s.get("id"): s for s in stage_results(sub)}
     cells = []
@@ -157,7 +167,7 @@ def _grid_row(sub: dict, stage_ids: list[str]) -> GridRow:
         if stage is None:
             cells.append(Cell(stage_id, "not graded", 0.0, 0.0, ""))
             continue
-        status = str(stage.get("status", ""))
+        status = shown_status(stage)
         points, most = _float(stage.get("points")), _float(stage.get("max_points"))
         cells.append(Cell(stage_id, status, points, most, anchor(sub["id"], stage_id)))
     seconds = sub.get("seconds")
@@ -270,7 +280,7 @@ def class_view(doc: dict) -> ClassView:
                 statuses[stage_id]["not graded"] += 1
                 continue
             titles[stage_id] = stage.get("title", "")
-            statuses[stage_id][stage.get("status", "")] += 1
+            statuses[stage_id][shown_status(stage)] += 1
             diagnosis = stage.get("diagnosis") or {}
             if stage.get("status") != "fail" or not diagnosis:
                 continue
