@@ -258,6 +258,8 @@ def test_wheel_built_from_the_source_tree_carries_stages_and_scripts(tmp_path, m
 
 
 def test_grade_gradescope_format_takes_one_submission(cli, tmp_path, tiny_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
     result = cli(
         "grade",
         tmp_path / "a",

@@ -119,9 +119,7 @@ def test_default_synthetic_weights_are_made_on_first_use(cli, solution_course, m
     assert result.exit_code == 0
     made = tmp_path / "user-cache" / f"synthetic-tiny-seed0-v{SYNTH_VERSION}" / "model.safetensors"
     assert made.is_file()
-    assert (
-        "made synthetic GPT-2-shape weights" in result.stderr and "hf download openai-community/gpt2" in result.stderr
-    )
+    assert "made the synthetic tiny weights" in result.stderr and "hf download openai-community/gpt2" in result.stderr
     assert "no weights configured: synthetic GPT-2-shape weights" in result.stdout
     again = cli("test", "--stage", "prove-one-layer", "--course", solution_course)
     assert again.exit_code == 0 and "made synthetic" not in again.stderr

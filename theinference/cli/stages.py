@@ -135,9 +135,7 @@ def check(
     """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
     exactly the stages its manifest names, with the named diagnosis.
 
-    A manifest silent about a stage expects it to pass; when a mutant fails such a stage (a stage
-    added after the manifest) that the solution passes, the expectation lines that describe it are
-    printed, and written with --propose. Exit 1 on any mismatch; 2 when a manifest is broken (it does not load, or names a stage or a bug that does not exist), after checking every other mutant."""
+    A manifest silent about a stage expects it to pass; when a mutant fails such a stage (a stage added after the manifest) that the solution passes, the expectation lines that describe it are printed, and written with --propose. Exit 1 on any mismatch; 2 when a manifest is broken (it does not load, or names a stage or a bug that does not exist), after checking every other mutant."""
     source = (source or data_dir("course")).resolve()
     extra = [*(stages_dir or []), *([source / "stages"] if (source / "stages").is_dir() else [])]
     # The instructor's own subjects, graded with every tie named (first_exact off: the manifests list them all).
