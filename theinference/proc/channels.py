@@ -42,15 +42,21 @@ class SelectPipe:
     """A pipe's read end, waited on with select (where select takes pipes)."""
 
     def __init__(self, fd: int):
-        self.fd = fd
+        self.fd: int | None = fd
 
     def read(self, timeout: float) -> bytes | None:
+        if self.fd is None:
+            return b""  # closed: the end of the stream
         if not select.select([self.fd], [], [], max(timeout, 0))[0]:
             return None
         return os.read(self.fd, CHUNK)
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Close the fd once: a runner finishes a stopped worker, then its session closes it again, and a second
+        os.close could close a file the grader opened meanwhile under the same number."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class ThreadPipe:
