@@ -90,6 +90,9 @@ def test_the_header_appears_before_the_adapter_returns(tmp_path, tiny_path):
         if proc.poll() is None:
             proc.kill()
     assert "✔ forward" in rest and "1 of 1 stage(s) passed" in rest
+    if str(course) not in first:  # at 80 columns a long path goes whole on a line of its own, right after
+        assert rest.splitlines()[0].strip() == str(course)
+        rest = rest.split("\n", 1)[1]
     assert rest.startswith("weights: ")  # the rest of the header follows the early first line, which is not repeated
     assert (
         "grading" not in rest.splitlines()[0]
