@@ -149,7 +149,7 @@ def test_padding_short_calls_fails_on_the_floor_in_numbers(cli, tmp_path, tiny_p
     assert "padded:" in case["stdout"]
     assert case["status"] == "fail" and "(b) fails" in case["message"]
     assert re.search(
-        r"passed \d+% of a full recompute of those tokens by the oracle here \([\d.]+ s\)", case["message"]
+        r"passed \d+% of a full recompute of those tokens by the oracle here in float32 \([\d.]+ s\)", case["message"]
     )
     assert case["scaling"]["fraction_of_recompute"] > case["scaling"]["max_fraction"]
 
