@@ -36,8 +36,6 @@ decode-recomputes-last-row, and decode-recomputes, which applies the LM head to 
 
 import argparse
 import dataclasses
-import multiprocessing
-import os
 import shutil
 import sys
 import tempfile
@@ -45,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import busy  # noqa: E402
 from scaling_subjects import (  # noqa: E402
     CAREFUL_RECOMPUTE,
     FLOAT64_CACHE,
@@ -191,11 +190,6 @@ def run_all(stage, graded_model, found) -> list[list[str]]:
     return rows
 
 
-def _burn() -> None:
-    while True:
-        pass
-
-
 def print_table(title: str, passes: list[tuple[str, list[list[str]]]]) -> None:
     print(title)
     header = f"  {'subject':<30}"
@@ -250,15 +244,12 @@ def main() -> None:
         for run in range(0 if args.load and args.load_only else args.runs):
             passes.append((f"quiet #{run + 1}", run_all(stage, model, found)))
         if args.load:
-            burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-            for burner in burners:
-                burner.start()
+            burners = busy.start()
             try:
                 for run in range(args.runs):
                     passes.append((f"load #{run + 1}", run_all(stage, model, found)))
             finally:
-                for burner in burners:
-                    burner.kill()
+                busy.stop(burners)
         print_table("margins (above 1: on the right side of the threshold)", passes)
 
 

@@ -16,10 +16,10 @@ Every ratio must stay above 1 with margin: the figure printed is the least over 
 
 import argparse
 import dataclasses
-import multiprocessing
-import os
 import tempfile
 from pathlib import Path
+
+import busy
 
 from theinference.bundled import data_dir
 from theinference.course import load_course
@@ -30,11 +30,6 @@ from theinference.grading.spec.stages import load_stages
 from theinference.model.synth import write_synthetic
 from theinference.model.weights import load_model
 from theinference.proc.launch import SubprocessLauncher
-
-
-def _burn() -> None:
-    while True:
-        pass
 
 
 def measure(stage, model, proof, rounds: int) -> dict:
@@ -58,16 +53,11 @@ def measure(stage, model, proof, rounds: int) -> dict:
 
 
 def run_pass(label: str, stage, model, proof, rounds: int) -> dict:
-    burners = []
-    if label == "loaded":
-        burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(2 * (os.cpu_count() or 1))]
-        for burner in burners:
-            burner.start()
+    burners = busy.start() if label == "loaded" else []
     try:
         return measure(stage, model, proof, rounds)
     finally:
-        for burner in burners:
-            burner.kill()
+        busy.stop(burners)
 
 
 def main() -> None:
