@@ -1,6 +1,7 @@
 """The Gradescope bundle and the GitHub Actions workflow, run against fake trees with stubbed installers."""
 
 import csv
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -234,8 +235,10 @@ def test_bad_settings_are_usage_errors_before_anything_is_written(cli, tmp_path,
     assert not (tmp_path / "a.zip").exists()
 
 
-def test_without_a_source_checkout_it_asks_for_a_wheel(cli, tmp_path, monkeypatch):
+def test_without_a_source_checkout_or_an_installed_record_it_asks_for_a_wheel(cli, tmp_path, monkeypatch):
+    # With either, it builds the wheel itself (tests/test_autograder_wheel.py): CI's plain install has the record.
     monkeypatch.setattr(autograder, "source_tree", lambda: None)
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda **_: [])
     result = cli("autograder", "gradescope", "--out", tmp_path / "a.zip")
     assert result.exit_code == 2 and "pass --wheel PATH" in result.stderr
 
