@@ -316,8 +316,9 @@ def test_a_worker_without_fork_that_kills_its_monitor_at_import_is_an_error_with
 ):
     """Started without fork, the worker runs the student's code only once its pid is reported (popen_held): the grader
     knows whose tree to kill however early the monitor dies. Where the grader is a subreaper (Linux) the daemon comes
-    back to it and dies too; without one (like-windows) a daemon in a session of its own outlives its killed monitor,
-    as the README says only Linux guarantees otherwise."""
+    back to it and dies too; without one (like-windows) the grader kills what carries the mark its monitor reported
+    before any student code ran (a process that removes the mark from its environment escapes that: only Linux
+    guarantees nothing outlives a grading, as the README says)."""
     pids = tmp_path / "daemons.pid"
     write_adapters(solution_course, MONITOR_KILLER.format(pids=str(pids)))
     grader, marker = _run(mode, solution_course, tiny_path, tmp_path)
@@ -328,10 +329,9 @@ def test_a_worker_without_fork_that_kills_its_monitor_at_import_is_an_error_with
         assert all("killed its monitor" in case["message"] for case in stage["cases"])
         workers = [int(line) for line in Path(f"{pids}.workers").read_text().split()]
         assert workers and [pid for pid in workers if _alive(pid)] == []
-        if mode == "popen+psutil":
-            daemons = [int(line) for line in pids.read_text().split()]
-            assert daemons and [pid for pid in daemons if _alive(pid)] == []
-            assert _marked(marker) == []
+        daemons = [int(line) for line in pids.read_text().split()]
+        assert daemons and [pid for pid in daemons if _alive(pid)] == []
+        assert _marked(marker) == []
     finally:
         _cleanup(marker, pids)
 

@@ -111,8 +111,11 @@ class ZygoteProcess:
         self.returncode: int | None = None
         self.tmpfs_size: int | None = None
         self.monitor_lost = False  # the monitor died without a status: nothing of this run counts
+        self.started_at = time.time()
         started = self._read(time.monotonic() + 30)
         self.pid, self.monitor_pid = started["pid"], started.get("monitor", started["pid"])
+        # Said before the worker runs student code, so trusted: what its tree carries where no subreaper keeps it.
+        self.mark: str | None = started.get("mark") if isinstance(started.get("mark"), str) else None
 
     def _read(self, deadline: float) -> dict:
         while b"\n" not in self.buffer:
@@ -138,9 +141,19 @@ class ZygoteProcess:
                 # Student code killed its monitor (or forged its words): its group dies, the orphans it left
                 # came back to the grader (theinference.proc.strays), and the run is an error.
                 kill_group(self.pid)
+                if self.mark is not None:  # no subreaper: what re-parented away came back to nobody (the monitor's
+                    _sweep(self.mark, self.started_at)  # watch died with it); it carries the mark
                 self.returncode, self.monitor_lost = -SIGKILL, True
             self.conn.close()
         return self.returncode
+
+
+def _sweep(mark: str, started_at: float) -> None:
+    """Kill what a lost monitor's tree left, by the mark it carries (psutil: only where there is no subreaper)."""
+    from theinference.proc import trees
+
+    # Create times (boot time plus clock ticks) may be off by a second or more, as in trees.Watch.
+    trees.kill_marked(mark, started_at - 10)
 
 
 class MonitoredProcess(ZygoteProcess):

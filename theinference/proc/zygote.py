@@ -95,7 +95,10 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int], zygote: int) ->
         watch_tree(mark)  # no subreaper keeps its orphans: remember what the tree holds while it runs
     for fd in fds:
         os.close(fd)
-    conn.sendall(json.dumps({"pid": pid, "monitor": os.getpid()}).encode() + b"\n")
+    # Sent before the release, so before any student code runs: the grader may trust it (the mark: what it sweeps for
+    # if student code kills this monitor, where no subreaper brings the orphans back to the grader).
+    started = {"pid": pid, "monitor": os.getpid(), **({} if subreaper else {"mark": mark})}
+    conn.sendall(json.dumps(started).encode() + b"\n")
     release()
     _, status = os.waitpid(pid, 0)
     kill_descendants()
