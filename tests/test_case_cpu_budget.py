@@ -100,7 +100,7 @@ def test_a_starved_case_is_retried_in_fresh_children_then_marked_and_listed_for_
     assert children == [0] * (1 + runner.MACHINE_RETRIES)  # the first case, afresh each time; the rest skipped
     doc = json.loads(out_json.read_text())["submissions"][0]
     first = doc["results"]["stages"][0]["cases"][0]
-    assert first["detail"] == "machine-busy" and first["message"].startswith("the machine was too busy")
+    assert first["detail"] == "machine-busy" and first["message"].startswith("the machine was too busy"), first
     assert doc["machine_busy"] == [{"stage": "prove-one-layer", "case": first["name"]}]
 
     assert cli("grade", *args, "--out", out_csv).exit_code == 0

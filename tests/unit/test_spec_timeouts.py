@@ -1,6 +1,15 @@
 """spec/timeouts.py: the seconds each adapter call gets, and a case's CPU budget inside it."""
 
-from theinference.grading.spec.timeouts import CPU_FACTOR, CPU_FLOOR, NODE_FACTOR, Timeouts, cpu_budget
+import pytest
+
+from theinference.grading.spec.timeouts import (
+    CPU_FACTOR,
+    CPU_FLOOR,
+    NODE_FACTOR,
+    Timeouts,
+    cpu_budget,
+    recompute_factor,
+)
 
 from .builders import stage_spec
 
@@ -36,3 +45,15 @@ def test_the_timeout_message_gives_what_was_used_and_allowed():
         "timed out: used 10 s of CPU without answering, on a case the reference computes in 0.1 s "
         "(a case may use 10 s of CPU here)"
     )
+
+
+def test_a_generation_is_budgeted_for_a_recompute_of_every_step():
+    # Step k of a submission without a cache runs the model over all P + k tokens: N*P + N*(N-1)/2 for N steps,
+    # against the P + N the oracle consumes. Such a submission must pass every stage but the cost one.
+    prompt, cont = list(range(11)), list(range(47))
+    assert recompute_factor({"prompt": prompt, "cont": cont}) == (47 * 11 + 47 * 46 / 2) / 58
+    assert recompute_factor({"prompt": prompt, "n_new": 47}) == recompute_factor({"prompt": prompt, "cont": cont})
+    assert recompute_factor({"seq": prompt}) == 1.0 and recompute_factor({"prompt": prompt, "next_id": 5}) == 1.0
+    budget = cpu_budget(0.024, node=False, inputs={"prompt": prompt, "cont": cont})
+    assert budget.seconds == pytest.approx(CPU_FLOOR + 0.024 * CPU_FACTOR * (47 * 11 + 47 * 46 / 2) / 58)
+    assert cpu_budget(0.024, node=False, inputs={"seq": prompt}).seconds == cpu_budget(0.024, node=False).seconds

@@ -286,7 +286,8 @@ def _case_cpu(stage: StageSpec, ctx: GradeContext, spec: OracleSpec):
     node = is_node_adapters(ctx.course.adapters)
 
     def budget(index: int) -> CpuBudget:
-        return cpu_budget(ctx.cache.cost(ctx.model, stage, spec, stage.cases[index]), node)
+        case = stage.cases[index]
+        return cpu_budget(ctx.cache.cost(ctx.model, stage, spec, case), node, case.inputs)
 
     return budget
 

@@ -1,5 +1,6 @@
 """The one rule for a stage's seconds per adapter call (made by the run's plan, read by the judge's job)."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from theinference.grading.spec.stages import StageSpec
@@ -51,6 +52,23 @@ class CpuBudget:
         )
 
 
-def cpu_budget(reference: float, node: bool) -> CpuBudget:
-    """The rule: CPU_FLOOR plus CPU_FACTOR times the reference's CPU (NODE_FACTOR more for the TypeScript edition)."""
-    return CpuBudget(CPU_FLOOR + reference * CPU_FACTOR * (NODE_FACTOR if node else 1.0), reference)
+def cpu_budget(reference: float, node: bool, inputs: Mapping | None = None) -> CpuBudget:
+    """The rule: CPU_FLOOR plus CPU_FACTOR times the reference's CPU (NODE_FACTOR more for the TypeScript edition),
+    times recompute_factor(inputs): an honest submission without a cache must pass every stage but the cost one."""
+    factor = CPU_FACTOR * (NODE_FACTOR if node else 1.0) * recompute_factor(inputs or {})
+    return CpuBudget(CPU_FLOOR + reference * factor, reference)
+
+
+def recompute_factor(inputs: Mapping) -> float:
+    """How many times the tokens the case consumes a recompute of every step runs the model over (at least 1).
+
+    The oracle's work for a case follows the tokens consumed (P prompt tokens, then N steps); a submission without a
+    cache runs step k over all P + k tokens so far, N*P + N*(N-1)/2 in all: for the 11-token prompt and 47 steps of
+    per-step-identity's longest case, 27.6 times the oracle's 58. Its budget must cover that, or a correct
+    recompute is called a hang (measured: 6.24 s of CPU against a budget of 6.22 without this factor, beside load)."""
+    if "prompt" not in inputs:
+        return 1.0
+    prompt = len(inputs["prompt"])
+    steps = len(inputs["cont"]) if "cont" in inputs else int(inputs.get("n_new", 1))
+    recomputed = steps * prompt + steps * (steps - 1) / 2
+    return max(1.0, recomputed / max(prompt + steps, 1))
