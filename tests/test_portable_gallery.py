@@ -15,6 +15,7 @@ import pytest
 from conftest import scaled
 from test_check import _table_rows
 from test_portable_procs import LIKE_WINDOWS, _env, _marked
+from test_typescript import node_modules  # noqa: F401 - the fixture
 from theinference.bundled import data_dir
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import load_stages
@@ -39,14 +40,18 @@ def _check_hidden(source: Path, weights: Path, env: dict, real_proc: Path) -> su
 @pytest.mark.slow
 @pytest.mark.parametrize("edition", ["python", "typescript"])
 def test_every_mutant_is_caught_as_its_manifest_says_with_windows_mechanisms_and_proc_hidden(
-    edition, tiny_path, tmp_path
+    edition, tiny_path, tmp_path, request
 ):
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
     bundled = data_dir("course") if edition == "python" else data_dir("course") / "ts"
-    if edition == "typescript" and node_executable() is None:
-        pytest.skip("Node.js is not installed")
     source = shutil.copytree(bundled, tmp_path / "course", ignore=shutil.ignore_patterns("BUNDLED", "node_modules"))
+    if edition == "typescript":
+        if node_executable() is None:
+            pytest.skip("Node.js is not installed")
+        modules = request.getfixturevalue("node_modules")  # skips where there is no tsx
+        if modules is not None:  # each subject finds it above its own directory
+            (source / "node_modules").symlink_to(modules, target_is_directory=True)
     env, marker = _env(WINDOWS_LIKE)
     try:
         done = _check_hidden(source, tiny_path, env, tmp_path / "real-proc")
