@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from theinference.model import variant as model_variant
-from theinference.model.variant import Variant
+from theinference.grading.judge import positions
+from theinference.model.variant import Variant, counted
 from theinference.model.weights import Model
 
 
@@ -38,34 +39,18 @@ def _own(prompt: list[int], tokens: list[int]) -> list[int]:
 
 
 def _position_loops(n_layer: int) -> Iterator[LoopBug]:
-    for base in ("prompt", "layers", "zero"):
-        for slope in (1, 0):
-            for k in (0, 1, -1, 2):
-                if (base, slope, k) == ("prompt", 1, 0) or (base == "layers" and (slope, k) != (0, 0)):
-                    continue  # right, or no mistake anyone makes (and it would alias simpler ones)
-                term = {"prompt": "len(prompt)", "zero": "", "layers": f"n_layer ({n_layer})"}[base]
-                expr = " + ".join(t for t in (term, "i" if slope else "") if t) or "0"
-                if k:
-                    expr = f"{expr} {'+' if k > 0 else '-'} {abs(k)}" if expr != "0" else str(k)
-                why = {
-                    ("prompt", 1): "off by a constant",
-                    ("prompt", 0): "a position that does not advance",
-                    ("zero", 1): "a position that ignores the prompt's length, e.g. len(out)",
-                    ("zero", 0): "a fixed position",
-                    ("layers", 0): "a length that counts layers, not cached rows",
-                    ("layers", 1): "a length that counts layers, not cached rows",
-                }[(base, slope)]
+    for base, slope, k in positions.counters():
+        expr, why = positions.expression(base, slope, k, n_layer), positions.WHY[base, slope][1]
 
-                def positions(n_prompt: int, steps: int, base=base, slope=slope, k=k) -> list[int]:
-                    start = {"prompt": n_prompt, "zero": 0, "layers": n_layer}[base]
-                    return [start + slope * i + k for i in range(steps)]
+        def fed_at(n_prompt: int, steps: int, base=base, slope=slope, k=k) -> list[int]:
+            return counted(base, slope, k, n_prompt, steps, n_layer)
 
-                yield LoopBug(
-                    "greedy-position",
-                    f"feeds generated token i at position {expr} instead of len(prompt) + i ({why})",
-                    _own,
-                    positions,
-                )
+        yield LoopBug(
+            "greedy-position",
+            f"feeds generated token i at position {expr} instead of len(prompt) + i ({why})",
+            _own,
+            fed_at,
+        )
 
 
 def loop_bugs(model: Model) -> list[LoopBug]:
