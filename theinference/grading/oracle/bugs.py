@@ -132,7 +132,7 @@ def _shared_cache(
     return _logits_at(params, oracle.layer_norm(np.concatenate(hidden), **params["ln_f"]), own, columns)
 
 
-_BUILTIN = (
+_ROW_BUGS = (
     Bug(
         "missing-scale",
         "no 1/sqrt(head_dim) scale on the attention scores",
@@ -268,6 +268,9 @@ _BUILTIN = (
         uses_history=True,
     ),
 )
+# A bug of the model itself (a Defects) is also one of a greedy loop's: the loop's logits are the same parametrised
+# forward with it, teacher-forced on the student's tokens (theinference.grading.judge.loops.listed_loop_bugs).
+_BUILTIN = tuple(dataclasses.replace(b, oracles=(*b.oracles, "greedy")) if b.defects else b for b in _ROW_BUGS)
 BUILTIN_BUGS = {bug.name: bug for bug in _BUILTIN}
 
 

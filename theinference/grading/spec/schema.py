@@ -109,8 +109,8 @@ class StageSpec:
                 "list of str",
                 "bug oracles a failing output is fingerprinted against: built-in names "
                 "(`theinference/grading/oracle/bugs.py`; each only for the built-in oracles it can be computed for, "
-                'and a refusal lists those that can) or `"file.py:function"` (the only kind an oracle of your own can '
-                "have)",
+                'and a refusal lists those that can; a `"tokens"` stage\'s are matched as a right greedy loop over '
+                'GPT-2 with that bug) or `"file.py:function"` (the only kind an oracle of your own can have)',
             )
         ),
     )

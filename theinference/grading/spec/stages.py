@@ -346,6 +346,10 @@ def _bugs(path: Path, data: dict) -> tuple[tuple[str, ...], dict]:
             )
         elif data["oracle"] not in BUILTIN_BUGS[name].oracles:
             raise _fail(path, f"bugs[{i}]", _uncomputable(name, data["oracle"]))
+        elif data["compare"] == ScalingCheck.kind:  # its verdict is the cost; it never fingerprints its tokens
+            raise _fail(
+                path, f"bugs[{i}]", f'a "scaling" stage is judged on cost: list bug \'{name}\' in a "tokens" stage'
+            )
     hints = data.get("bug_hints", {})
     for key, text in hints.items():
         if key not in names:
