@@ -15,28 +15,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from theinference.grading.oracle.registry import SCHEDULES
 from theinference.model import variant as model_variant
-from theinference.model.variant import Variant
+from theinference.grading.judge import positions
+from theinference.model.variant import Variant, counted
 from theinference.model.weights import Model
 
-# What each built-in oracle feeds one causal pass, which rows it returns, and how many rows form the block.
-_SCHEDULES: dict[str, tuple[Callable[[dict], list], Callable[[dict], object], Callable[[dict], int]]] = {
-    "logits": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"])), lambda i: len(i["seq"])),
-    "layer0-attn-sublayer": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"])), lambda i: 0),
-    "layer0-attn-last": (lambda i: list(i["seq"]), lambda i: len(i["seq"]) - 1, lambda i: len(i["seq"]) - 1),
-    "decode-step-logits": (
-        lambda i: [*i["prompt"], i["next_id"]],
-        lambda i: len(i["prompt"]),
-        lambda i: len(i["prompt"]),
-    ),
-    "per-step-logits": (
-        lambda i: [*i["prompt"], *i["cont"][:-1]],
-        lambda i: slice(len(i["prompt"]) - 1, len(i["prompt"]) - 1 + len(i["cont"])),
-        lambda i: len(i["prompt"]),
-    ),
-}
-LAYER0 = ("layer0-attn-sublayer", "layer0-attn-last")
-SUPPORTED = tuple(_SCHEDULES)
+LAYER0 = tuple(name for name, schedule in SCHEDULES.items() if schedule.layer0)
+SUPPORTED = tuple(SCHEDULES)  # every built-in oracle that is one causal pass
 
 
 @dataclass(frozen=True)
@@ -75,9 +61,9 @@ def variant_outputs(
     float64: bool = False,
 ) -> list[np.ndarray]:
     """variant_output for each variant, in one pass over the weights for all of them."""
-    consumed, rows, prefill = _SCHEDULES[oracle_name]
-    ids, own = consumed(inputs), rows(inputs)
-    variants = [replace(v, prefill=prefill(inputs)) for v in variants]
+    schedule = SCHEDULES[oracle_name]
+    ids, own = schedule.consumed(inputs), schedule.rows(inputs)
+    variants = [replace(v, prefill=schedule.prefill(inputs)) for v in variants]
     params, n_head, dtype = model.params, model.config.n_head, np.float64 if float64 else np.float32
     if oracle_name in LAYER0:
         outs = [
@@ -89,7 +75,7 @@ def variant_outputs(
     if isinstance(own, slice):
         hidden = model_variant.hidden_states_many(params, [(ids, v) for v in variants], n_head, dtype)
         return [model_variant.lm_head(params, h[own], columns) for h in hidden]
-    at = int(own)  # type: ignore[call-overload]  # one row: an int
+    at = int(own)  # one row: an int
     runs = [_truncated(ids, v, at, model.config.n_layer) for v in variants]
     hidden = model_variant.hidden_states_many(params, runs, n_head, dtype)
     return list(model_variant.lm_head(params, np.stack([h[at] for h in hidden]), columns))
@@ -102,16 +88,16 @@ def case_outputs(
     for all of them (a float64 pass casts each weight to float64 once, not once per case); the LM head is applied to
     each case's rows only when its output is asked for, so a caller that stops at a case that does not match
     spends no LM head on the cases after it."""
-    consumed, rows, prefill = _SCHEDULES[oracle_name]
+    schedule = SCHEDULES[oracle_name]
     params, n_head, dtype = model.params, model.config.n_head, np.float64 if float64 else np.float32
     passes, owns = [], []
     for inputs, variant in runs:
-        ids, own = consumed(inputs), rows(inputs)
-        variant = replace(variant, prefill=prefill(inputs))
+        ids, own = schedule.consumed(inputs), schedule.rows(inputs)
+        variant = replace(variant, prefill=schedule.prefill(inputs))
         if oracle_name in LAYER0 or isinstance(own, slice):
             passes.append((ids, variant))
         else:  # one row: only the rows it depends on, as variant_output computes it
-            passes.append(_truncated(ids, variant, int(own), model.config.n_layer))  # type: ignore[call-overload]
+            passes.append(_truncated(ids, variant, int(own), model.config.n_layer))
         owns.append(own)
     if oracle_name in LAYER0:
         yield from (
@@ -131,9 +117,9 @@ def screen_positions(oracle_name: str, inputs: dict, row: int | None) -> int:
     row), which is what screening every candidate there costs. 0 (no case is cheaper: the smallest output's is kept)
     for a screen that is not one row of several, an output of one row (decode-step: its shortest prompt screened
     worse, more candidates passing to a whole verification), and an oracle the families cannot compute."""
-    if oracle_name not in _SCHEDULES or row is None:
+    if oracle_name not in SCHEDULES or row is None:
         return 0
-    own = _SCHEDULES[oracle_name][1](inputs)
+    own = SCHEDULES[oracle_name].rows(inputs)
     return int(own.start) + row + 1 if isinstance(own, slice) else 0
 
 
@@ -155,8 +141,8 @@ def _fixed(variant: Variant) -> Callable[[dict], Variant]:
 
 
 def _schedule(oracle_name: str, inputs: dict) -> tuple[int, int]:
-    consumed, _, prefill = _SCHEDULES[oracle_name]
-    return len(consumed(inputs)), prefill(inputs)
+    schedule = SCHEDULES[oracle_name]
+    return len(schedule.consumed(inputs)), schedule.prefill(inputs)
 
 
 # --- attention scale -------------------------------------------------------------------------------
@@ -258,19 +244,7 @@ def _position_text(block: int, base: str, slope: int, k: int, n_layer: int) -> s
     if block:
         parts.append(f"the block's position i embedded at wpe[i {'+' if block > 0 else '-'} {abs(block)}]")
     if base:
-        term = {"prompt": "len(prompt)", "zero": "", "layers": f"n_layer ({n_layer})"}[base]
-        expr = " + ".join(t for t in (term, "i" if slope else "") if t)
-        if k:
-            expr = f"{expr} {'+' if k > 0 else '-'} {abs(k)}" if expr else str(k)
-        expr = expr or "0"
-        why = {
-            ("prompt", 1): "the position is off by a constant",
-            ("prompt", 0): "the position does not advance",
-            ("zero", 1): "the prompt's length is missing from the position",
-            ("zero", 0): "a fixed position",
-            ("layers", 0): "a length that counts the layers, not the cached rows (len() of the wrong object)",
-            ("layers", 1): "a length that counts the layers, not the cached rows",
-        }[(base, slope)]
+        expr, why = positions.expression(base, slope, k, n_layer), positions.WHY[base, slope][0]
         parts.append(f"decode step i embedded at wpe[{expr}] instead of wpe[len(prompt) + i]: {why}")
     return "; ".join(parts)
 
@@ -280,11 +254,7 @@ def position_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
     blocks = (0, 1, -1, 2)
     decodes: list[tuple[str, int, int]] = [("", 1, 0)]
     if oracle_name != "logits":
-        for base in ("prompt", "layers", "zero"):
-            for slope in (1, 0):
-                for k in (0, 1, -1, 2):
-                    if (base, slope, k) != ("prompt", 1, 0) and (base != "layers" or (slope, k) == (0, 0)):
-                        decodes.append((base, slope, k))
+        decodes.extend(positions.counters())
     for block in blocks if oracle_name not in ("layer0-attn-sublayer",) else (0,):
         for base, slope, k in decodes:
             if not block and not base:
@@ -292,10 +262,8 @@ def position_candidates(model: Model, oracle_name: str) -> Iterator[Candidate]:
 
             def make(inputs, block=block, base=base, slope=slope, k=k) -> Variant:
                 n, prefill = _schedule(oracle_name, inputs)
-                start = {"": prefill, "prompt": prefill, "zero": 0, "layers": n_layer}[base]
-                pos = [i + block for i in range(prefill)]
-                pos += [start + (slope if base else 1) * r + (k if base else 0) for r in range(n - prefill)]
-                return Variant(positions=tuple(pos))
+                steps = counted(base or "prompt", slope, k, prefill, n - prefill, n_layer)
+                return Variant(positions=(*(i + block for i in range(prefill)), *steps))
 
             yield Candidate("position-offset", _position_text(block, base, slope, k, n_layer), make)
 

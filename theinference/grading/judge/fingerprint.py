@@ -350,7 +350,7 @@ def fingerprint_stage(
     """
     match stage.check:
         case TokensCheck() as check:
-            return _fingerprint_tokens(check, result, outputs, model)
+            return _fingerprint_tokens(stage, check, result, outputs, model)
         case RowsCheck():
             return _fingerprint_rows(stage, result, outputs, model, cache, first_exact)
         case ScalingCheck():
@@ -387,8 +387,11 @@ def _with_diagnoses(result: StageResult, diagnoses: Mapping[str, Diagnosis | Non
     return dataclasses.replace(result, cases=cases, **changes)
 
 
-def _fingerprint_tokens(check: TokensCheck, result: StageResult, outputs: Outputs, model: Model) -> StageResult:
-    """A greedy stage: is every case's token list exactly what a loop with one known mistake returns?"""
+def _fingerprint_tokens(
+    stage: StageSpec, check: TokensCheck, result: StageResult, outputs: Outputs, model: Model
+) -> StageResult:
+    """A greedy stage: is every case's token list exactly what a loop with one known mistake returns (the loop
+    mistakes, then the stage's listed built-in bugs: a right loop over GPT-2 with that bug)?"""
     cases = [c for c in result.cases if c.status in (Status.PASS, Status.FAIL) and c.name in outputs]
     tokens = {c.name: _token_list(outputs[c.name]) for c in cases}
     cases = sorted(
@@ -398,7 +401,8 @@ def _fingerprint_tokens(check: TokensCheck, result: StageResult, outputs: Output
     if not failing or not cases or cases[0].status != Status.FAIL:
         return result
     found: list[tuple[loops.LoopBug, str]] = []
-    for bug in loops.loop_bugs(model):
+    tried = loops.loop_bugs(model) + loops.listed_loop_bugs(stage.bugs)
+    for bug in tried:
         details = []
         for case in cases:
             detail = loops.reproduces(
@@ -413,6 +417,8 @@ def _fingerprint_tokens(check: TokensCheck, result: StageResult, outputs: Output
                 found.append((bug, f" ({', '.join(fitted)})" if fitted else ""))
     if not found:
         checked = f"{len(loops.loop_bugs(model))} greedy-loop mistakes"
+        if len(tried) > len(loops.loop_bugs(model)):
+            checked += f" and {len(tried) - len(loops.loop_bugs(model))} listed bugs"
         unknown = {c.name: _apply(c.diagnosis, None, checked) for c in failing if c.diagnosis is not None}
         return _with_diagnoses(result, unknown)
     where = f"in every one of the {len(cases)} case(s) that returned tokens"
@@ -420,9 +426,9 @@ def _fingerprint_tokens(check: TokensCheck, result: StageResult, outputs: Output
     evidence = f"your tokens are exactly those of a greedy loop that {each}, {where}"
     if len(found) > 1:
         evidence = f"your tokens are exactly those of a greedy loop with each of these mistakes {where}: {each}"
-    diagnosis = Diagnosis(
-        shape="", summary="", hint="", bugs=tuple(dict.fromkeys(b.name for b, _ in found)), evidence=evidence
-    )
+    names = tuple(dict.fromkeys(b.name for b, _ in found))
+    hint = " ".join(stage.bug_hints[name] for name in names if stage.bug_hints.get(name))
+    diagnosis = Diagnosis(shape="", summary="", hint=hint, bugs=names, evidence=evidence)
     return _with_diagnoses(
         result,
         {c.name: diagnosis if c.diagnosis is None else _apply(c.diagnosis, diagnosis, "") for c in failing},

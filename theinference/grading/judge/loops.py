@@ -10,12 +10,15 @@ be the candidate's choice at every step (within the stage's near-tie tolerance) 
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from theinference.model import variant as model_variant
-from theinference.model.variant import Variant
+from theinference.grading.judge import positions
+from theinference.grading.oracle.bugs import BUILTIN_BUGS
+from theinference.model.defective import Defects, as_variant
+from theinference.model.variant import Variant, counted
 from theinference.model.weights import Model
 
 
@@ -31,6 +34,7 @@ class LoopBug:
     choice: str = "argmax"  # argmax | runner-up (every step) | runner-up-once (at one step: fitted)
     length: str = "exact"  # exact | one-short | eot
     first_row: str = "last"  # the prefill row the first token is chosen from: last | first (the prompt's position 0)
+    defects: Defects | None = None  # the logits are GPT-2's with this named bug (a stage's listed bug), not GPT-2's
 
 
 def _own(prompt: list[int], tokens: list[int]) -> list[int]:
@@ -38,34 +42,18 @@ def _own(prompt: list[int], tokens: list[int]) -> list[int]:
 
 
 def _position_loops(n_layer: int) -> Iterator[LoopBug]:
-    for base in ("prompt", "layers", "zero"):
-        for slope in (1, 0):
-            for k in (0, 1, -1, 2):
-                if (base, slope, k) == ("prompt", 1, 0) or (base == "layers" and (slope, k) != (0, 0)):
-                    continue  # right, or no mistake anyone makes (and it would alias simpler ones)
-                term = {"prompt": "len(prompt)", "zero": "", "layers": f"n_layer ({n_layer})"}[base]
-                expr = " + ".join(t for t in (term, "i" if slope else "") if t) or "0"
-                if k:
-                    expr = f"{expr} {'+' if k > 0 else '-'} {abs(k)}" if expr != "0" else str(k)
-                why = {
-                    ("prompt", 1): "off by a constant",
-                    ("prompt", 0): "a position that does not advance",
-                    ("zero", 1): "a position that ignores the prompt's length, e.g. len(out)",
-                    ("zero", 0): "a fixed position",
-                    ("layers", 0): "a length that counts layers, not cached rows",
-                    ("layers", 1): "a length that counts layers, not cached rows",
-                }[(base, slope)]
+    for base, slope, k in positions.counters():
+        expr, why = positions.expression(base, slope, k, n_layer), positions.WHY[base, slope][1]
 
-                def positions(n_prompt: int, steps: int, base=base, slope=slope, k=k) -> list[int]:
-                    start = {"prompt": n_prompt, "zero": 0, "layers": n_layer}[base]
-                    return [start + slope * i + k for i in range(steps)]
+        def fed_at(n_prompt: int, steps: int, base=base, slope=slope, k=k) -> list[int]:
+            return counted(base, slope, k, n_prompt, steps, n_layer)
 
-                yield LoopBug(
-                    "greedy-position",
-                    f"feeds generated token i at position {expr} instead of len(prompt) + i ({why})",
-                    _own,
-                    positions,
-                )
+        yield LoopBug(
+            "greedy-position",
+            f"feeds generated token i at position {expr} instead of len(prompt) + i ({why})",
+            _own,
+            fed_at,
+        )
 
 
 def loop_bugs(model: Model) -> list[LoopBug]:
@@ -115,16 +103,33 @@ def loop_bugs(model: Model) -> list[LoopBug]:
     ]
 
 
+def listed_loop_bugs(names) -> list[LoopBug]:
+    """A greedy stage's listed built-in bugs, each a loop that is right but runs GPT-2 with that bug (its cache
+    filled by prefill, then one decode step per token)."""
+    listed = [BUILTIN_BUGS[name] for name in names if name in BUILTIN_BUGS]
+    return [
+        LoopBug(bug.name, f"runs GPT-2 with {bug.finding}", _own, defects=bug.defects) for bug in listed if bug.defects
+    ]
+
+
 class _PathLogits:
     """The logits each choice is made from (after the prompt, then after each fed token), one row at a time:
     one causal pass for the hidden states, the LM head only on the rows read (a wrong loop fails early)."""
 
     def __init__(
-        self, model: Model, prompt: list[int], fed: list[int], positions: list[int] | None, first_row: str = "last"
+        self,
+        model: Model,
+        prompt: list[int],
+        fed: list[int],
+        positions: list[int] | None,
+        first_row: str = "last",
+        defects: Defects | None = None,
     ):
         ids = list(prompt) + list(fed)
         pos = None if positions is None else tuple(range(len(prompt))) + tuple(positions)
         variant = Variant(prefill=len(prompt), positions=pos)
+        if defects is not None:
+            variant = as_variant(replace(defects, prefill=len(prompt)), len(ids))
         hidden = model_variant.hidden_states(model.params, ids, model.config.n_head, variant)
         first = 0 if first_row == "first" else len(prompt) - 1
         self.hidden = np.concatenate([hidden[first : first + 1], hidden[len(prompt) :]])
@@ -161,7 +166,7 @@ def reproduces(
     steps = len(tokens) + (1 if stopped_before else 0)
     fed = bug.fed(prompt, tokens + [ENDOFTEXT_ID] if stopped_before else tokens)
     positions = bug.positions(len(prompt), steps - 1) if bug.positions else None
-    logits = _PathLogits(model, prompt, fed, positions, bug.first_row)
+    logits = _PathLogits(model, prompt, fed, positions, bug.first_row, bug.defects)
     if stopped_before and not _chosen(logits[len(tokens)], ENDOFTEXT_ID, 0, tie_rtol):
         return None
     ranks = [1 if bug.choice == "runner-up" else 0] * len(tokens)

@@ -15,14 +15,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from theinference.model import defective
 from theinference.model import gpt2 as oracle
 from theinference.model.defective import Defects
-from theinference.grading.oracle.registry import OracleSpec, compute_expected, load_file_function
+from theinference.grading.oracle.registry import SCHEDULES, OracleSpec, compute_expected, load_file_function
 from theinference.model.weights import Model
 
 LAYER0 = ("layer0-attn-sublayer", "layer0-attn-last")
@@ -63,31 +62,18 @@ def _upto(ids: list, own) -> list:  # attention is causal: nothing after the las
     return ids[: (own.stop if isinstance(own, slice) else own + 1)]
 
 
-# What one call feeds the cache, and which of those rows (relative to the call's first) it returns.
-_CONSUMED: dict[str, tuple[Callable[[dict], list], Callable[[dict], Any]]] = {
-    "logits": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"]))),
-    "layer0-attn-sublayer": (lambda i: list(i["seq"]), lambda i: slice(0, len(i["seq"]))),
-    "layer0-attn-last": (lambda i: list(i["seq"]), lambda i: len(i["seq"]) - 1),
-    "decode-step-logits": (lambda i: [*i["prompt"], i["next_id"]], lambda i: len(i["prompt"])),
-    "per-step-logits": (
-        lambda i: [*i["prompt"], *i["cont"][:-1]],
-        lambda i: slice(len(i["prompt"]) - 1, len(i["prompt"]) - 1 + len(i["cont"])),
-    ),
-}
-
-
 def _cache_kept(
     model: Model, oracle_name: str, inputs: dict, history: list, row: int | None = None, columns=None
 ) -> np.ndarray:
     # The earlier cases of the stage ran first in the same process and left their rows in the cache.
-    consumed, rows = _CONSUMED[oracle_name]
+    consumed, rows = SCHEDULES[oracle_name].consumed, SCHEDULES[oracle_name].rows
     calls = [consumed(h) for h in history] + [consumed(inputs)]
     ids, start = [t for call in calls for t in call], sum(map(len, calls[:-1]))
     own = rows(inputs)
     own = _picked(slice(start + own.start, start + own.stop) if isinstance(own, slice) else start + own, row)
     ids = _upto(ids, own)
     defects = Defects(segments=(*map(len, calls[:-1]), len(ids) - start))
-    if oracle_name in LAYER0:
+    if SCHEDULES[oracle_name].layer0:
         return defective.layer0_attn_sublayer(model.params, ids, model.config.n_head, defects)[own]
     return _logits_at(
         model.params, defective.hidden_states(model.params, ids, model.config.n_head, defects), own, columns
@@ -131,7 +117,7 @@ def _shared_cache(
     model: Model, oracle_name: str, inputs: dict, history: list, row: int | None = None, columns=None
 ) -> np.ndarray:
     # Stateful, so computed step by step: the prompt as one block, then one row per decode step.
-    consumed, rows = _CONSUMED[oracle_name]
+    consumed, rows = SCHEDULES[oracle_name].consumed, SCHEDULES[oracle_name].rows
     own = _picked(rows(inputs), row)
     ids, prefill, params = np.asarray(_upto(consumed(inputs), own)), len(inputs["prompt"]), model.params
     shared, hidden = [None, None], []
@@ -146,7 +132,7 @@ def _shared_cache(
     return _logits_at(params, oracle.layer_norm(np.concatenate(hidden), **params["ln_f"]), own, columns)
 
 
-_BUILTIN = (
+_ROW_BUGS = (
     Bug(
         "missing-scale",
         "no 1/sqrt(head_dim) scale on the attention scores",
@@ -282,6 +268,9 @@ _BUILTIN = (
         uses_history=True,
     ),
 )
+# A bug of the model itself (a Defects) is also one of a greedy loop's: the loop's logits are the same parametrised
+# forward with it, teacher-forced on the student's tokens (theinference.grading.judge.loops.listed_loop_bugs).
+_BUILTIN = tuple(dataclasses.replace(b, oracles=(*b.oracles, "greedy")) if b.defects else b for b in _ROW_BUGS)
 BUILTIN_BUGS = {bug.name: bug for bug in _BUILTIN}
 
 
@@ -339,17 +328,17 @@ def bug_screen(
         if bug.compute is None or not bug.screens:
             return None
         return bug.compute(model, oracle_name, inputs, list(history), row, columns)
-    if oracle_name not in _CONSUMED:
+    if oracle_name not in SCHEDULES:
         return None
-    consumed, rows = _CONSUMED[oracle_name]
-    ids, own = consumed(inputs), rows(inputs)
+    schedule = SCHEDULES[oracle_name]
+    ids, own = schedule.consumed(inputs), schedule.rows(inputs)
     if isinstance(own, slice) and row is None:
         return None
     at = own.start + row if isinstance(own, slice) else own
     prefill = spec.prefill(inputs)
     keep = _kept(bug.defects, len(ids), at, prefill)
     defects = dataclasses.replace(bug.defects, prefill=min(prefill, keep))
-    if oracle_name in LAYER0:
+    if schedule.layer0:
         return defective.layer0_attn_sublayer(model.params, ids[:keep], model.config.n_head, defects)[at]
     h = defective.hidden_states(model.params, ids[:keep], model.config.n_head, defects)[at]
     wte = model.params["wte"]["weight"]
@@ -363,10 +352,10 @@ def bug_screens(
     are read once for all of them (defective.hidden_states_many): on the gpt2 shape a screen is one short row, whose
     cost is reading the weights, so a dozen bugs cost about what one does. Empty where bug_screen computes nothing
     (a row that is not one) or computes layer 0 only; the bugs left out are bug_screen's."""
-    if oracle_name not in _CONSUMED or oracle_name in LAYER0:
+    if oracle_name not in SCHEDULES or SCHEDULES[oracle_name].layer0:
         return {}
-    consumed, rows = _CONSUMED[oracle_name]
-    ids, own = consumed(inputs), rows(inputs)
+    schedule = SCHEDULES[oracle_name]
+    ids, own = schedule.consumed(inputs), schedule.rows(inputs)
     if isinstance(own, slice) and row is None:
         return {}
     at = own.start + row if isinstance(own, slice) else own

@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,19 @@ from theinference.errors import ConfigError
 
 class OracleError(ConfigError):
     """An instructor's oracle could not be loaded or run (a course-configuration error)."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A built-in oracle as one causal pass: the ids it feeds, which rows of the pass it returns (a slice, or one
+    row's index: a vector), how many leading rows the stage's incremental path computes as one block (every later
+    row a single-query decode step), and whether the rows are layer 0's attention sublayer instead of logits. The
+    oracle, its bug oracles and the families' candidates are each this schedule over one forward pass."""
+
+    consumed: Callable[[dict], list]
+    rows: Callable[[dict], Any]
+    prefill: Callable[[dict], int]
+    layer0: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,7 @@ class OracleSpec:
     # The shape of the output for these inputs, known without computing it (the runner's byte cap for a
     # returned array is set from it before the student's process starts); built-in oracles only.
     shape: Callable[[GPT2Config, dict], tuple[int, ...]] | None = None
+    schedule: Schedule | None = None  # a built-in oracle that is one causal pass (all but greedy)
 
 
 def _seq_positions(inputs: dict) -> list[int]:
@@ -55,51 +70,87 @@ def _step_positions(inputs: dict) -> list[int]:
     return list(range(start, start + len(inputs.get("cont") or range(inputs.get("n_new", 0)))))
 
 
+def _returned(params, schedule: Schedule, inputs: dict, layer0, hidden) -> np.ndarray:
+    """The schedule's rows of one pass: layer0(ids) or the LM head on hidden(ids) (one row: a vector)."""
+    ids, own = schedule.consumed(inputs), schedule.rows(inputs)
+    if schedule.layer0:
+        return layer0(ids)[own]
+    h = hidden(ids)
+    return oracle.lm_head(params, h[own]) if isinstance(own, slice) else oracle.lm_head(params, h[own : own + 1])[0]
+
+
+def _one_pass(inputs: tuple[str, ...], schedule: Schedule, positions, shape) -> OracleSpec:
+    """A built-in oracle written once: its schedule over gpt2.py, and over model/defective.py for its bug oracles."""
+
+    def compute(m: Model, **given) -> np.ndarray:
+        p, n_head = m.params, m.config.n_head
+        return _returned(
+            p,
+            schedule,
+            given,
+            lambda ids: oracle.layer0_attn_sublayer(p, ids, n_head),
+            lambda ids: oracle.hidden_states(p, ids, n_head),
+        )
+
+    def with_defects(m: Model, defects, **given) -> np.ndarray:
+        p, n_head = m.params, m.config.n_head
+        return _returned(
+            p,
+            schedule,
+            given,
+            lambda ids: defective.layer0_attn_sublayer(p, ids, n_head, defects),
+            lambda ids: defective.hidden_states(p, ids, n_head, defects),
+        )
+
+    return OracleSpec(
+        inputs=inputs,
+        compute=compute,
+        positions=positions,
+        prefill=schedule.prefill,
+        defective=with_defects,
+        shape=shape,
+        schedule=schedule,
+    )
+
+
+def _whole(i: dict) -> slice:
+    return slice(0, len(i["seq"]))
+
+
 BUILTIN_ORACLES = {
-    "layer0-attn-last": OracleSpec(
-        inputs=("seq",),
-        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head)[-1],
-        positions=_last_position,
-        prefill=lambda inputs: len(inputs["seq"]) - 1,
-        defective=lambda m, defects, seq: defective.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects)[-1],
-        shape=lambda config, inputs: (config.n_embd,),
+    "layer0-attn-last": _one_pass(
+        ("seq",),
+        Schedule(lambda i: list(i["seq"]), lambda i: len(i["seq"]) - 1, lambda i: len(i["seq"]) - 1, layer0=True),
+        _last_position,
+        lambda config, inputs: (config.n_embd,),
     ),
-    "decode-step-logits": OracleSpec(
-        inputs=("prompt", "next_id"),
-        compute=lambda m, prompt, next_id: oracle.logits(
-            m.params, [*prompt, next_id], m.config.n_head, rows=slice(len(prompt), len(prompt) + 1)
-        )[0],
-        positions=_last_position,
-        prefill=lambda inputs: len(inputs["prompt"]),
-        defective=lambda m, defects, prompt, next_id: defective.logits(
-            m.params, [*prompt, next_id], m.config.n_head, defects, rows=slice(len(prompt), len(prompt) + 1)
-        )[0],
-        shape=lambda config, inputs: (config.n_vocab,),
+    "decode-step-logits": _one_pass(
+        ("prompt", "next_id"),
+        Schedule(lambda i: [*i["prompt"], i["next_id"]], lambda i: len(i["prompt"]), lambda i: len(i["prompt"])),
+        _last_position,
+        lambda config, inputs: (config.n_vocab,),
     ),
-    "logits": OracleSpec(
-        inputs=("seq",),
-        compute=lambda m, seq: oracle.logits(m.params, seq, m.config.n_head),
-        positions=_seq_positions,
-        prefill=lambda inputs: len(inputs["seq"]),  # one block: no decode steps
-        defective=lambda m, defects, seq: defective.logits(m.params, seq, m.config.n_head, defects),
-        shape=lambda config, inputs: (len(inputs["seq"]), config.n_vocab),
+    "logits": _one_pass(
+        ("seq",),
+        Schedule(lambda i: list(i["seq"]), _whole, lambda i: len(i["seq"])),  # one block: no decode steps
+        _seq_positions,
+        lambda config, inputs: (len(inputs["seq"]), config.n_vocab),
     ),
-    "layer0-attn-sublayer": OracleSpec(
-        inputs=("seq",),
-        compute=lambda m, seq: oracle.layer0_attn_sublayer(m.params, seq, m.config.n_head),
-        positions=_seq_positions,
-        defective=lambda m, defects, seq: defective.layer0_attn_sublayer(m.params, seq, m.config.n_head, defects),
-        shape=lambda config, inputs: (len(inputs["seq"]), config.n_embd),
+    "layer0-attn-sublayer": _one_pass(
+        ("seq",),
+        Schedule(lambda i: list(i["seq"]), _whole, lambda i: 0, layer0=True),
+        _seq_positions,
+        lambda config, inputs: (len(inputs["seq"]), config.n_embd),
     ),
-    "per-step-logits": OracleSpec(
-        inputs=("prompt", "cont"),
-        compute=lambda m, prompt, cont: oracle.per_step_logits(m.params, prompt, cont, m.config.n_head),
-        positions=_step_positions,
-        prefill=lambda inputs: len(inputs["prompt"]),
-        defective=lambda m, defects, prompt, cont: defective.per_step_logits(
-            m.params, prompt, cont, m.config.n_head, defects
+    "per-step-logits": _one_pass(  # row k: the logits seen before consuming cont[k]
+        ("prompt", "cont"),
+        Schedule(
+            lambda i: [*i["prompt"], *i["cont"][:-1]],
+            lambda i: slice(len(i["prompt"]) - 1, len(i["prompt"]) - 1 + len(i["cont"])),
+            lambda i: len(i["prompt"]),
         ),
-        shape=lambda config, inputs: (len(inputs["cont"]), config.n_vocab),
+        _step_positions,
+        lambda config, inputs: (len(inputs["cont"]), config.n_vocab),
     ),
     "greedy": OracleSpec(
         inputs=("prompt", "n_new"),
@@ -108,6 +159,7 @@ BUILTIN_ORACLES = {
         shape=lambda config, inputs: (inputs["n_new"],),
     ),
 }
+SCHEDULES = {name: spec.schedule for name, spec in BUILTIN_ORACLES.items() if spec.schedule is not None}
 
 
 _FILE_ORACLES: dict[tuple, OracleSpec] = {}  # loaded instructor oracles, by file stamp and function

@@ -40,6 +40,7 @@ _STALE_TEMP = 3600  # seconds after which a temporary file is a crashed writer's
 _ORACLE_MODULES = (
     "model/gpt2.py",
     "model/defective.py",
+    "model/variant.py",
     "model/weights.py",
     "grading/oracle/registry.py",
     "grading/oracle/bugs.py",

@@ -14,6 +14,39 @@ in each `match` makes mypy name a kind that a new one leaves unhandled.
 from dataclasses import dataclass
 from typing import ClassVar, assert_never
 
+from theinference.grading.spec.keys import Key
+
+
+# The stage file's keys a Check is read from (StageSpec.check's): its kind, then the table each kind reads.
+COMPARE_KEY = Key(
+    "compare",
+    str,
+    "str",
+    '`"rows"` (per-row `allclose` of arrays), `"tokens"` (greedy token ids) or `"scaling"` (greedy token ids plus '
+    'cost per token; oracle `"greedy"` only)',
+    required=True,
+)
+TOLERANCE_KEY = Key(
+    "[tolerance]",
+    dict,
+    "`atol`, `rtol`",
+    "finite numbers, `atol` > 0 (0 would fail the solution on rounding), `rtol` ≥ 0 (0 beside a positive `atol` is "
+    'a plain absolute tolerance); required for `"rows"`, refused for `"tokens"`/`"scaling"`',
+)
+TIE_KEY = Key(
+    "[tie]",
+    dict,
+    "`rtol`",
+    'a number > 0; `"tokens"`/`"scaling"` only, and required there: a generated token that is not the oracle\'s '
+    "argmax is a near-tie when its logit is within `rtol × max|logit|` of the argmax's",
+)
+SCALING_KEY = Key(
+    "[scaling]",
+    dict,
+    "`lengths`, `repeats`, `max_ratio`",
+    '`compare = "scaling"` only (see `theinference/grading/spec/stages.py`)',
+)
+
 
 @dataclass(frozen=True)
 class ScalingSpec:
@@ -30,12 +63,14 @@ class RowsCheck:
     atol: float
     rtol: float
     kind: ClassVar[str] = "rows"
+    table: ClassVar[Key] = TOLERANCE_KEY
 
 
 @dataclass(frozen=True)
 class TokensCheck:
     tie_rtol: float  # relative to max|logit| at the step
     kind: ClassVar[str] = "tokens"
+    table: ClassVar[Key] = TIE_KEY
 
 
 @dataclass(frozen=True)
@@ -43,10 +78,14 @@ class ScalingCheck:
     tie_rtol: float
     params: ScalingSpec
     kind: ClassVar[str] = "scaling"
+    table: ClassVar[Key] = TIE_KEY
+    params_table: ClassVar[Key] = SCALING_KEY
 
 
 Check = RowsCheck | TokensCheck | ScalingCheck
 COMPARES = (RowsCheck.kind, TokensCheck.kind, ScalingCheck.kind)  # the values a stage file's `compare` may take
+# Every key a Check is read from: its kind, then each kind's tables, once.
+CHECK_KEYS = tuple(dict.fromkeys((COMPARE_KEY, RowsCheck.table, TokensCheck.table, ScalingCheck.params_table)))
 
 
 def tolerance(check: Check) -> dict[str, float]:

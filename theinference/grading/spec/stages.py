@@ -1,42 +1,10 @@
 """Stage files: discover `stages/*.toml`, validate them strictly, return StageSpec objects.
 
-A stage file (format_version 1) holds, at the top level:
+A stage file (format_version 1) holds the top-level keys of schema.STAGE_KEYS: each is a field of StageSpec or of a check
+type (theinference.grading.spec.checks), whose metadata says what the loader accepts and what the authoring guide
+says of it (theinference.grading.spec.schema: docs/authoring.md's table of fields is its `schema_text()`, and a
+test fails when the two disagree). Below, what two of those tables hold:
 
-  format_version  int, must be 1
-  id              str, lowercase words joined by '-'; unique across every stage directory
-  title           str, one line shown in listings and headers
-  order           int, position in the course (lower first)
-  lesson          str, path of the lesson Markdown, relative to the stage file
-  adapter         str, the function in tests/adapters.py that the stage calls
-  aliases         list of str, other accepted names for that function (default: the camelCase name)
-  oracle          str, a built-in oracle name (see theinference.grading.oracle.registry) or "file.py:function"
-                  for an instructor's oracle defined in a file beside the stage file
-  inputs          list of input names the cases give and the adapter receives, in order;
-                  required for an instructor's oracle, implied by a built-in one
-  compare         "rows" (per-row allclose of arrays), "tokens" (greedy token ids) or "scaling"
-                  (greedy token ids, plus the cost per token timed at several lengths: see [scaling]);
-                  with its tolerance it becomes StageSpec.check (theinference.grading.spec.checks)
-  timeout         number > 0, seconds each case may take in the student's process
-  points          number >= 0, what the stage is worth
-  credit          "all-or-nothing" (default) or "per-case"
-  visibility      when Gradescope shows the stage's result to the student: "visible" (default),
-                  "after_due_date", "after_published" or "hidden" (its values for a test); other
-                  formats show every stage
-  [tolerance]     atol > 0, rtol >= 0: finite numbers (required, except for "tokens" and "scaling"
-                  stages, which reject it)
-  [tie]           "tokens" and "scaling" stages only, and required there: rtol, a number > 0. A
-                  generated token that is not the oracle's argmax is accepted as a near-tie when
-                  its logit is within rtol * max|logit| of that step's argmax (max|logit| sets
-                  float32's rounding error of the logits, so rtol ~1e-4 accepts genuine float ties only)
-  [hints]         failure shape -> hint text shown when a failing case has that shape and no
-                  known bug matches; it lists the suspects for that shape in this stage,
-                  never one cause stated as fact. Only shapes the stage's kind can fail with
-                  (theinference.grading.spec.shapes.SHAPES_OF_KIND): another's hint would never show
-  bugs            list of bug oracles a failing output is fingerprinted against: built-in
-                  names (see theinference.grading.oracle.bugs; each must support the stage's oracle) or
-                  "file.py:function" beside the stage file, `function(model, **inputs)`
-                  returning the adapter's output with that bug
-  [bug_hints]     bug name (one of `bugs`) -> hint text shown when the output matches it
   [scaling]       required with compare = "scaling" (oracle "greedy"), forbidden otherwise:
                     lengths    list of >= 2 ints >= 1, ascending: the n_new values timed; every
                                call's tokens are checked as the greedy stage checks them.
@@ -65,20 +33,17 @@ A stage file (format_version 1) holds, at the top level:
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.model import tokenizer
 from theinference.grading.oracle.bugs import BUILTIN_BUGS
-from theinference.grading.spec.checks import (
-    COMPARES,
-    Check,
-    RowsCheck,
-    ScalingCheck,
-    ScalingSpec,
-    TokensCheck,
-    checks_tokens,
-    tolerance,
+from theinference.grading.spec.checks import COMPARES, Check, RowsCheck, ScalingCheck, ScalingSpec, TokensCheck
+from theinference.grading.spec.schema import (  # re-exported: the stage's type is the loader's
+    OPTIONAL_KEYS,
+    REQUIRED_KEYS,
+    VISIBILITIES,
+    CaseSpec,
+    StageSpec,
 )
 from theinference.grading.spec.shapes import SHAPES, SHAPES_OF_KIND
 from theinference.grading.spec.inputs import CASE_INPUTS, COUNT_INPUTS, ID_INPUTS, described
@@ -89,77 +54,10 @@ from theinference.errors import ConfigError
 
 FORMAT_VERSION = 1
 _ID = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-_REQUIRED = {
-    "format_version": int,
-    "id": str,
-    "title": str,
-    "order": int,
-    "lesson": str,
-    "adapter": str,
-    "oracle": str,
-    "compare": str,
-    "timeout": (int, float),
-    "points": (int, float),
-    "case": list,
-}
-_OPTIONAL = {
-    "aliases": list,
-    "hints": dict,
-    "credit": str,
-    "inputs": list,
-    "tolerance": dict,
-    "tie": dict,
-    "scaling": dict,
-    "bugs": list,
-    "bug_hints": dict,
-    "visibility": str,
-}
-VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")  # Gradescope's, for a test
 
 
 class StageError(ConfigError):
     """A stage file is invalid; the message names the file and the field."""
-
-
-@dataclass(frozen=True)
-class CaseSpec:
-    name: str
-    inputs: dict  # input name -> list of token ids or int, in the oracle's argument order
-    texts: dict = field(default_factory=dict)  # input name -> the text it was given as, if any
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    id: str
-    title: str
-    order: int
-    lesson: Path
-    adapter: str
-    aliases: tuple[str, ...]
-    oracle: str
-    inputs: tuple[str, ...]
-    check: Check  # what the stage checks: rows within atol/rtol, greedy tokens, or the cache proof
-    timeout: float
-    points: float
-    credit: str
-    hints: dict
-    cases: tuple[CaseSpec, ...]
-    source: Path
-    bugs: tuple[str, ...] = ()  # bug oracles to fingerprint failing outputs against
-    bug_hints: dict = field(default_factory=dict)  # bug name -> hint text
-    visibility: str = "visible"  # when Gradescope shows the result to the student (VISIBILITIES)
-
-    @property
-    def adapter_names(self) -> tuple[str, ...]:
-        return (self.adapter, *self.aliases)
-
-    @property
-    def checks_tokens(self) -> bool:
-        return checks_tokens(self.check)
-
-    @property
-    def tolerance(self) -> dict[str, float]:
-        return tolerance(self.check)
 
 
 def valid_id(stage_id: str) -> bool:
@@ -186,14 +84,14 @@ def _check_type(path: Path, where: str, value, expected) -> None:
 
 def _check_keys(path: Path, data: dict) -> None:
     for key in data:
-        if key not in _REQUIRED and key not in _OPTIONAL:
-            known = ", ".join(sorted([*_REQUIRED, *_OPTIONAL]))
+        if key not in REQUIRED_KEYS and key not in OPTIONAL_KEYS:
+            known = ", ".join(sorted([*REQUIRED_KEYS, *OPTIONAL_KEYS]))
             raise _fail(path, key, f"unknown field (known fields: {known})")
-    for key, expected in _REQUIRED.items():
+    for key, expected in REQUIRED_KEYS.items():
         if key not in data:
             raise _fail(path, key, "missing required field")
         _check_type(path, key, data[key], expected)
-    for key, expected in _OPTIONAL.items():
+    for key, expected in OPTIONAL_KEYS.items():
         if key in data:
             _check_type(path, key, data[key], expected)
 
@@ -448,6 +346,10 @@ def _bugs(path: Path, data: dict) -> tuple[tuple[str, ...], dict]:
             )
         elif data["oracle"] not in BUILTIN_BUGS[name].oracles:
             raise _fail(path, f"bugs[{i}]", _uncomputable(name, data["oracle"]))
+        elif data["compare"] == ScalingCheck.kind:  # its verdict is the cost; it never fingerprints its tokens
+            raise _fail(
+                path, f"bugs[{i}]", f'a "scaling" stage is judged on cost: list bug \'{name}\' in a "tokens" stage'
+            )
     hints = data.get("bug_hints", {})
     for key, text in hints.items():
         if key not in names:
