@@ -1,6 +1,6 @@
 """The grader's end of the events' channel where select cannot wait on a pipe (Windows), proven on Linux by forcing it
 (THEINFERENCE_PIPES=threads, THEINFERENCE_NODE_CHANNEL=socket). The runner's outcomes under the reader thread are
-tests/test_runner.py's (its `threads` launcher); these are the channels' own promises."""
+tests/e2e/test_runner.py's (its `threads` launcher); these are the channels' own promises."""
 
 import os
 import socket

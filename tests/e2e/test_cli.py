@@ -211,7 +211,7 @@ def test_weights_tiny_names_the_tiny_preset_made_on_first_use(cli, solution_cour
 
 @pytest.mark.slow
 def test_after_a_pass_the_report_names_the_next_stage_and_its_lesson(cli, solution_course, tiny_path):
-    # (After every stage has passed there is no next stage: tests/test_course.py, the solution's whole run.)
+    # (After every stage has passed there is no next stage: tests/e2e/test_course.py, the solution's whole run.)
     stages = [s.id for s in load_stages([data_dir("stages")])]
     first = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
     assert first.exit_code == 0

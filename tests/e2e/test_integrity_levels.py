@@ -295,7 +295,7 @@ def test_the_next_grader_removes_a_sigkilled_graders_temp_dirs_and_none_of_a_liv
 @needs_linux
 def test_stages_check_stops_at_the_first_sigterm_and_kills_its_students(tmp_path, tiny_path):
     marker, source = f"starter-{uuid.uuid4()}", tmp_path / "course"
-    shutil.copytree(Path(__file__).parents[1] / "course" / "solution", source / "solution")
+    shutil.copytree(Path(__file__).parents[2] / "course" / "solution", source / "solution")
     # The starter (graded after the solution, with the other subjects in parallel) hangs in a marked process.
     write_adapters(
         source / "starter",
@@ -819,7 +819,7 @@ def test_a_submission_filling_its_run_directory_is_stopped_at_the_quota(tmp_path
 
 # --- 2, 3, 6 as a non-root user: no bubblewrap, no unshare, the grader's own uid (the `subreaper` level) -----------
 
-# setpriv to user nobody needs root; this Python is made reachable for nobody where it is not (tests/as_nobody.py).
+# setpriv to user nobody needs root; this Python is made reachable for nobody where it is not (tests/e2e/as_nobody.py).
 NOBODY_CAN_RUN = not as_nobody.available()
 needs_nobody = pytest.mark.skipif(not NOBODY_CAN_RUN, reason=as_nobody.available() or "-")
 
@@ -848,7 +848,7 @@ def weak(tmp_path_factory, tiny_dir):
                 for name in ("unshare", "true", *(["bwrap"] if level == "nobody-sandbox" else [])):
                     os.symlink(shutil.which(name) or name, bin_dir / name)
         base = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
-        base[ALLOW_WEAK_ENV] = "1"  # these tests grade at the subreaper level for other ends (tests/test_isolation.py)
+        base[ALLOW_WEAK_ENV] = "1"  # these tests grade at the subreaper level for other ends (tests/e2e/test_isolation.py)
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
         return as_nobody.command(
             [*python, *map(str, args)],
