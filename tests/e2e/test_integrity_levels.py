@@ -848,7 +848,7 @@ def weak(tmp_path_factory, tiny_dir):
                 for name in ("unshare", "true", *(["bwrap"] if level == "nobody-sandbox" else [])):
                     os.symlink(shutil.which(name) or name, bin_dir / name)
         base = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
-        base[ALLOW_WEAK_ENV] = "1"  # these tests grade at the subreaper level for other ends (tests/e2e/test_isolation.py)
+        base[ALLOW_WEAK_ENV] = "1"  # these tests grade at the subreaper level for other ends (test_isolation.py)
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
         return as_nobody.command(
             [*python, *map(str, args)],
