@@ -69,19 +69,17 @@ def tiny_model(tiny_path):
     return load_model(tiny_path)
 
 
-@pytest.fixture(autouse=True)
-def isolated_env(tmp_path, monkeypatch):
-    """No test reads or writes the real user's home, caches or config, nor depends on the directory pytest
-    was started in; output is plain at a fixed width. Subprocesses inherit all of it."""
-    home = tmp_path / "home"
-    home.mkdir()
+def _isolate(monkeypatch, root: Path) -> None:
+    """isolated_env's settings under root (also for a session fixture's gradings, solution_run)."""
+    home = root / "home"
+    home.mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
     for var, name in (("XDG_CACHE_HOME", "cache"), ("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state")):
         monkeypatch.setenv(var, str(home / name))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
-    monkeypatch.setenv("THEINFERENCE_CACHE", str(tmp_path / "user-cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(root / "user-cache"))
+    monkeypatch.setenv("HF_HOME", str(root / "hf-home"))
+    monkeypatch.chdir(root)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("THEINFERENCE_WEIGHTS", raising=False)
     monkeypatch.delenv("CI", raising=False)  # CI=true makes `test` untrusted; tests that need it set it
@@ -89,6 +87,13 @@ def isolated_env(tmp_path, monkeypatch):
         "COLUMNS", "160"
     )  # the width reports take off a terminal without COLUMNS (tests of 80: their own)
     monkeypatch.setenv("NO_COLOR", "1")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path, monkeypatch):
+    """No test reads or writes the real user's home, caches or config, nor depends on the directory pytest
+    was started in; output is plain at a fixed width. Subprocesses inherit all of it."""
+    _isolate(monkeypatch, tmp_path)
 
 
 def _bundled_files() -> dict[str, tuple[int, int]]:
@@ -119,6 +124,33 @@ def solution_course(tmp_path) -> Path:
     dest = tmp_path / "solution"
     shutil.copytree(data_dir("course") / "solution", dest)
     return dest
+
+
+@pytest.fixture(scope="session")
+def solution_run(tmp_path_factory, tiny_path, _worker_lock_dir):
+    """`theinference test --course SOLUTION --weights TINY *args` through the real CLI (in-process), graded once per
+    test run for each args: tests that only read what one grading of the bundled solution shows share it instead
+    of grading it again. Each args grades its own copy of the solution (progress from one grading never changes
+    another's report), in isolated_env's settings, from its own directory (a relative --output lands in
+    `result.root`); the click Result is returned with `course` and `root` set.
+    A test that changes the course, the environment or the weights grades its own (solution_course)."""
+    runs: dict[tuple[str, ...], object] = {}
+
+    def run(*args):
+        key = tuple(str(a) for a in args)
+        if key not in runs:
+            root = tmp_path_factory.mktemp("solution-run")
+            course = shutil.copytree(data_dir("course") / "solution", root / "solution")
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                _isolate(monkeypatch, root)
+                monkeypatch.setattr("theinference.grading.drive.grader.lock_dir", lambda: _worker_lock_dir)
+                argv = ["test", "--course", str(course), "--weights", str(tiny_path), *key]
+                result = CliRunner().invoke(app, argv, catch_exceptions=False)
+            result.course, result.root = course, root
+            runs[key] = result
+        return runs[key]
+
+    return run
 
 
 @contextmanager
