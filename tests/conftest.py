@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import typer.testing
 from typer.testing import CliRunner
 
 from theinference.cli.app import app
@@ -18,6 +19,23 @@ from theinference.model.synth import write_synthetic
 from theinference.model.weights import load_model
 from theinference.model.weights_choice import synthetic_path
 from theinference.proc.sandbox import ALLOW_ROOT_ENV
+
+# typer builds the click command from the app again on every CliRunner.invoke (0.17 s on an idle machine, before the
+# command runs; a test run invokes the CLI in-process hundreds of times). Built once per app here, as the installed
+# `theinference` builds it once per process; each invocation still gets its own click context. The one setting typer
+# reads while building (whether the completion options detect the shell) is part of the key.
+_built_commands: dict[tuple[int, str | None], tuple[object, object]] = {}
+_build_command = typer.testing._get_command
+
+
+def _command_once(typer_app):
+    key = (id(typer_app), os.environ.get("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION"))
+    if key not in _built_commands:
+        _built_commands[key] = (typer_app, _build_command(typer_app))
+    return _built_commands[key][1]
+
+
+typer.testing._get_command = _command_once
 
 # Run as root with a Python that user nobody cannot read (pyenv under /root) and no bubblewrap,
 # untrusted grading refuses to run student code at all. The suite grades its own fixtures, so it
@@ -293,7 +311,13 @@ LINUX_ONLY = {
 }
 
 
+E2E = Path(__file__).parent / "e2e"
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:  # the folder is the mark: `-m "not slow and not e2e"` is the everyday run
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
     if sys.platform == "linux":
         return
     for item in items:
