@@ -11,10 +11,17 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import write_adapters, write_quick_scaling_stage
+from typer.testing import CliRunner
+
+from conftest import _isolate, write_adapters, write_quick_scaling_stage
 from test_scaling import RECOMPUTE
+import theinference.cli.test as cli_test
+from theinference import __version__
 from theinference.bundled import data_dir
+from theinference.cli.app import app
 from theinference.grading.tools.mutants import build_mutant, load_mutant
+from theinference.report import TEXT_FORMATS
+from theinference.report.github import render_summary
 
 MUTANT = "missing-attn-scale"
 KINDS = {  # stage -> how it is diagnosed
@@ -51,18 +58,56 @@ def stage_texts(fmt: str, stdout: str, out, summary, stages=tuple(KINDS)) -> dic
     return texts
 
 
+class Graded:
+    """One subject's gradings through the real CLI, each once per module: `--format junit` (trusted), whose run also
+    gives github's annotations and step summary (rendered from that same run; the CLI's github output itself:
+    test_formats.py), and `--format gradescope` (untrusted, so graded on its own)."""
+
+    def __init__(self, tmp_path_factory, lock_dir: str, course, args, cache=None):
+        self.tmp_path_factory, self.lock_dir, self.course, self.args, self.cache = (
+            tmp_path_factory, lock_dir, course, args, cache,
+        )  # fmt: skip
+        self.results: dict[str, tuple] = {}
+
+    def texts(self, fmt: str, stages=tuple(KINDS)) -> tuple[object, dict[str, str]]:
+        """(the CLI's result, what a reader of fmt sees about each stage)."""
+        graded_as = "gradescope" if fmt == "gradescope" else "junit"
+        if graded_as not in self.results:
+            root = self.tmp_path_factory.mktemp(f"graded-{graded_as}")
+            out, runs = root / "results.json", []
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                _isolate(monkeypatch, root)
+                if self.cache is not None:
+                    monkeypatch.setenv("THEINFERENCE_CACHE", str(self.cache))
+                monkeypatch.setattr("theinference.grading.drive.grader.lock_dir", lambda: self.lock_dir)
+                emit = cli_test._emit
+                monkeypatch.setattr(cli_test, "_emit", lambda run, *a: (runs.append(run), emit(run, *a)))
+                extra = ["--output", str(out)] if graded_as == "gradescope" else []
+                argv = ["test", "--course", str(self.course), *map(str, self.args), "--format", graded_as, *extra]
+                result = CliRunner().invoke(app, argv, catch_exceptions=False)
+            self.results[graded_as] = (result, runs[0], out, root)
+        result, run, out, root = self.results[graded_as]
+        stdout, summary = result.stdout, root / "summary.md"
+        if fmt == "github":
+            stdout = TEXT_FORMATS["github"](run, __version__)
+            summary.write_text(render_summary(run, __version__))
+        return result, stage_texts(fmt, stdout, out, summary, stages)
+
+
+@pytest.fixture(scope="module")
+def mutant_graded(tmp_path_factory, tiny_path, _worker_lock_dir):
+    mutant = load_mutant(data_dir("course") / "mutants" / MUTANT / "manifest.toml")
+    course = build_mutant(mutant, data_dir("course") / "solution", tmp_path_factory.mktemp("mutant") / MUTANT)
+    stages = [arg for s in KINDS for arg in ("--stage", s)]
+    return mutant, Graded(tmp_path_factory, _worker_lock_dir, course, ["--weights", tiny_path, *stages])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["junit", "github", "gradescope"])
-def test_every_failing_stage_carries_shape_finding_and_hint(cli, tmp_path, tiny_path, monkeypatch, fmt):
-    mutant = load_mutant(data_dir("course") / "mutants" / MUTANT / "manifest.toml")
-    course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / MUTANT)
-    out, summary = tmp_path / "results.json", tmp_path / "summary.md"
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    extra = ["--output", out] if fmt == "gradescope" else []
-    stages = [arg for s in KINDS for arg in ("--stage", s)]
-    result = cli("test", "--course", course, "--weights", tiny_path, *stages, "--format", fmt, *extra)
+def test_every_failing_stage_carries_shape_finding_and_hint(mutant_graded, fmt):
+    mutant, graded = mutant_graded
+    result, texts = graded.texts(fmt)
     assert result.exit_code == 1, result.output
-    texts = stage_texts(fmt, result.stdout, out, summary)
     for stage, kind in KINDS.items():
         text = texts[stage]
         assert "shape: " in text and "hint: " in text, (fmt, stage, kind, text)
@@ -74,26 +119,24 @@ def test_every_failing_stage_carries_shape_finding_and_hint(cli, tmp_path, tiny_
             assert "shape: token-mismatch" in text, (fmt, stage, text)
 
 
+@pytest.fixture(scope="module")
+def recompute_graded(tmp_path_factory, tiny_path, proof_cache, _worker_lock_dir):
+    root = tmp_path_factory.mktemp("recompute")
+    stages_dir = write_quick_scaling_stage(root / "quick-stages")
+    course = root / "recompute"
+    write_adapters(course, RECOMPUTE)
+    args = ["--weights", tiny_path, "--stages-dir", stages_dir, "--stage", "quick-scaling"]
+    return Graded(tmp_path_factory, _worker_lock_dir, course, args, cache=proof_cache)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["junit", "github", "gradescope"])
-def test_a_failing_cache_scaling_stage_carries_its_shape_figures_and_hint(
-    cli, tmp_path, tiny_path, proof_cache, monkeypatch, fmt
-):
+def test_a_failing_cache_scaling_stage_carries_its_shape_figures_and_hint(recompute_graded, fmt):
     """cache-scaling, the fourth kind: a recompute fails as no-cache, with both tests' figures, how the CPU
     was counted and the stopped call marked as a lower bound, in every CI format."""
-    monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
-    stages_dir = write_quick_scaling_stage(tmp_path / "quick-stages")
-    course = tmp_path / "recompute"
-    write_adapters(course, RECOMPUTE)
-    out, summary = tmp_path / "results.json", tmp_path / "summary.md"
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    extra = ["--output", out] if fmt == "gradescope" else []
-    result = cli(
-        "test", "--course", course, "--weights", tiny_path, "--stages-dir", stages_dir, "--stage", "quick-scaling",
-        "--format", fmt, *extra,
-    )  # fmt: skip
+    result, texts = recompute_graded.texts(fmt, stages=("quick-scaling",))
     assert result.exit_code == 1, result.output
-    text = stage_texts(fmt, result.stdout, out, summary, stages=("quick-scaling",))["quick-scaling"]
+    text = texts["quick-scaling"]
     assert "shape: no-cache" in text and "hint: " in text, (fmt, text)
     assert "counted by the grader (" in text and "(a) ratio" in text and "of the oracle's full recompute" in text
     assert "320 tokens > " in text and "(stopped)" in text, (fmt, text)
