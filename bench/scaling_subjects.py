@@ -1,7 +1,7 @@
 """Submissions with no KV cache that try to pass cache-scaling, and the honest ones to compare them with.
 
 Each is the source of a `tests/adapters.py` over the reference solution's `src/` (whose `gpt2.py`
-holds the recompute path). Used by bench/cache_scaling.py and tests/test_cache_proof.py. Every
+holds the recompute path). Used by bench/cache_scaling.py and tests/e2e/test_cache_proof.py. Every
 trick prints one line of evidence to stdout that its mechanism ran in the student's process
 (the clock it patched, the CPU its parent did not see, ...): the grader must fail them anyway.
 """

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import typer.testing
 from typer.testing import CliRunner
 
 from theinference.cli.app import app
@@ -18,6 +19,23 @@ from theinference.model.synth import write_synthetic
 from theinference.model.weights import load_model
 from theinference.model.weights_choice import synthetic_path
 from theinference.proc.sandbox import ALLOW_ROOT_ENV
+
+# typer builds the click command from the app again on every CliRunner.invoke (0.17 s on an idle machine, before the
+# command runs; a test run invokes the CLI in-process hundreds of times). Built once per app here, as the installed
+# `theinference` builds it once per process; each invocation still gets its own click context. The one setting typer
+# reads while building (whether the completion options detect the shell) is part of the key.
+_built_commands: dict[tuple[int, str | None], tuple[object, object]] = {}
+_build_command = typer.testing._get_command
+
+
+def _command_once(typer_app):
+    key = (id(typer_app), os.environ.get("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION"))
+    if key not in _built_commands:
+        _built_commands[key] = (typer_app, _build_command(typer_app))
+    return _built_commands[key][1]
+
+
+typer.testing._get_command = _command_once
 
 # Run as root with a Python that user nobody cannot read (pyenv under /root) and no bubblewrap,
 # untrusted grading refuses to run student code at all. The suite grades its own fixtures, so it
@@ -69,19 +87,17 @@ def tiny_model(tiny_path):
     return load_model(tiny_path)
 
 
-@pytest.fixture(autouse=True)
-def isolated_env(tmp_path, monkeypatch):
-    """No test reads or writes the real user's home, caches or config, nor depends on the directory pytest
-    was started in; output is plain at a fixed width. Subprocesses inherit all of it."""
-    home = tmp_path / "home"
-    home.mkdir()
+def _isolate(monkeypatch, root: Path) -> None:
+    """isolated_env's settings under root (also for a session fixture's gradings, solution_run)."""
+    home = root / "home"
+    home.mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
     for var, name in (("XDG_CACHE_HOME", "cache"), ("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state")):
         monkeypatch.setenv(var, str(home / name))
     monkeypatch.setenv("XDG_DATA_HOME", str(home / "data"))
-    monkeypatch.setenv("THEINFERENCE_CACHE", str(tmp_path / "user-cache"))
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(root / "user-cache"))
+    monkeypatch.setenv("HF_HOME", str(root / "hf-home"))
+    monkeypatch.chdir(root)
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.delenv("THEINFERENCE_WEIGHTS", raising=False)
     monkeypatch.delenv("CI", raising=False)  # CI=true makes `test` untrusted; tests that need it set it
@@ -89,6 +105,13 @@ def isolated_env(tmp_path, monkeypatch):
         "COLUMNS", "160"
     )  # the width reports take off a terminal without COLUMNS (tests of 80: their own)
     monkeypatch.setenv("NO_COLOR", "1")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path, monkeypatch):
+    """No test reads or writes the real user's home, caches or config, nor depends on the directory pytest
+    was started in; output is plain at a fixed width. Subprocesses inherit all of it."""
+    _isolate(monkeypatch, tmp_path)
 
 
 def _bundled_files() -> dict[str, tuple[int, int]]:
@@ -119,6 +142,33 @@ def solution_course(tmp_path) -> Path:
     dest = tmp_path / "solution"
     shutil.copytree(data_dir("course") / "solution", dest)
     return dest
+
+
+@pytest.fixture(scope="session")
+def solution_run(tmp_path_factory, tiny_path, _worker_lock_dir):
+    """`theinference test --course SOLUTION --weights TINY *args` through the real CLI (in-process), graded once per
+    test run for each args: tests that only read what one grading of the bundled solution shows share it instead
+    of grading it again. Each args grades its own copy of the solution (progress from one grading never changes
+    another's report), in isolated_env's settings, from its own directory (a relative --output lands in
+    `result.root`); the click Result is returned with `course` and `root` set.
+    A test that changes the course, the environment or the weights grades its own (solution_course)."""
+    runs: dict[tuple[str, ...], object] = {}
+
+    def run(*args):
+        key = tuple(str(a) for a in args)
+        if key not in runs:
+            root = tmp_path_factory.mktemp("solution-run")
+            course = shutil.copytree(data_dir("course") / "solution", root / "solution")
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                _isolate(monkeypatch, root)
+                monkeypatch.setattr("theinference.grading.drive.grader.lock_dir", lambda: _worker_lock_dir)
+                argv = ["test", "--course", str(course), "--weights", str(tiny_path), *key]
+                result = CliRunner().invoke(app, argv, catch_exceptions=False)
+            result.course, result.root = course, root
+            runs[key] = result
+        return runs[key]
+
+    return run
 
 
 @contextmanager
@@ -224,12 +274,23 @@ def reap_students_zombies():
                 continue
 
 
+def _child_pids() -> list[str]:
+    """The pids of this process's children: the kernel's own list per thread (/proc/self/task/*/children, read in
+    microseconds), else every pid on the machine (a kernel without that list; a scan of every /proc entry cost
+    each test 25 ms idle and far more beside a fork bomb's leftovers)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+        return [pid for tid in tasks for pid in Path(f"/proc/self/task/{tid}/children").read_text().split()]
+    except OSError:
+        return [entry for entry in os.listdir("/proc") if entry.isdigit()]
+
+
 def my_children():
     """(pid, is a zombie, uid) of each process whose parent is this test process, read from /proc (none without it)."""
     if not os.path.isdir("/proc/self"):
         return
     me = os.getpid()
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    for entry in _child_pids():
         try:
             with open(f"/proc/{entry}/status", "rb") as f:
                 fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
@@ -250,7 +311,13 @@ LINUX_ONLY = {
 }
 
 
+E2E = Path(__file__).parent / "e2e"
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:  # the folder is the mark: `-m "not slow and not e2e"` is the everyday run
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
     if sys.platform == "linux":
         return
     for item in items:

@@ -89,6 +89,7 @@ def violations(root: Path, package: str) -> list[str]:
 PACKAGE_ROOT = Path(theinference.__file__).parent
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_higher_layer():
     assert violations(PACKAGE_ROOT, "theinference") == []
 

@@ -222,6 +222,7 @@ if __name__ == "__main__":  # the table in the report: python tests/test_copies.
         print(f"{name:32} reference {ref:6.1%}   closest {other:28} {best:6.1%}")
 
 
+@pytest.mark.slow
 def test_a_submission_named_like_the_reference_is_compared_as_a_submission():
     solution = copies.bundled_code("solution")
     found = find_copies({"reference-solution": solution, "bob": solution})

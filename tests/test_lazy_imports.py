@@ -5,10 +5,13 @@ import ast
 import subprocess
 import sys
 
+import pytest
+
 # Imported by `theinference.cli.test` only where used: --watch, a bar while weights are made on a terminal.
 LAZY = ["watchdog", "rich.progress", "theinference.grading.drive.watch", "theinference.cli.watch"]
 
 
+@pytest.mark.slow
 def test_the_test_command_module_imports_watch_mode_and_progress_bars_only_when_used():
     probe = f"import sys; import theinference.cli.test; print([m for m in {LAZY!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout

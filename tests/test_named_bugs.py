@@ -117,6 +117,7 @@ def test_the_ts_starter_says_forward_cached_returns_the_last_row_only():
     assert "forwardCached(w, ids, cache, 0)[0]" in text and "forwardCached(w, [tokenId], cache, pos)[0]" in text
 
 
+@pytest.mark.slow
 def test_a_greedy_loop_choosing_its_first_token_from_prefills_first_row_is_named(tiny_model):
     from theinference.grading.judge import loops
     from theinference.model import gpt2

@@ -20,6 +20,7 @@ def test_every_built_in_oracle_has_a_shape_rule():
 
 
 @pytest.mark.parametrize("oracle, case", CASES, ids=[f"{o}-{c.name}" for o, c in CASES])
+@pytest.mark.slow
 def test_the_shape_rule_is_the_shape_the_oracle_computes(tiny_path, oracle, case):
     model = load_model(tiny_path)
     spec = BUILTIN_ORACLES[oracle]

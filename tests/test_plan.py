@@ -164,6 +164,7 @@ def _calls(tree: ast.AST) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_every_setting_is_resolved_in_one_place():
     found: dict[str, set[str]] = {name: set() for name in RESOLVERS}
     for path in PACKAGE.rglob("*.py"):

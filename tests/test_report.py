@@ -326,6 +326,7 @@ def test_a_stage_read_across_one_row_cases_prints_one_table_by_position():
     assert "hint: Append k and v before attention." in stage_text
 
 
+@pytest.mark.slow
 def test_a_real_failure_reads_whole_at_80_columns(tiny_path, tmp_path):
     mutant = next(m for m in load_mutants(data_dir("course") / "mutants") if m.name == "mask-off-by-one")
     course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / mutant.name)

@@ -1,6 +1,6 @@
 """cache-scaling's reading of a stopped call, from the calls' CPU alone (no student process, no oracle run).
 
-The end-to-end tests (tests/test_scaling.py) grade real submissions; these pin the rules a verdict rests on:
+The end-to-end tests (tests/e2e/test_scaling.py) grade real submissions; these pin the rules a verdict rests on:
 when the diagnostic calls run, what they measure, and what a stop is named with and without them.
 """
 

@@ -4,6 +4,7 @@ import json
 import shutil
 
 import numpy as np
+import pytest
 
 from conftest import write_quick_scaling_stage
 from theinference.bundled import data_dir
@@ -35,6 +36,7 @@ def test_stages_list_and_show_find_the_courses_own_stage_dirs(cli, tmp_path):
     assert "A stage of this course's own." in shown.stdout
 
 
+@pytest.mark.slow
 def test_oracle_export_of_cache_scaling_has_its_logits_and_tie_tolerance(
     cli, tmp_path, tiny_path, proof_cache, monkeypatch
 ):

@@ -21,6 +21,7 @@ def seeded_tiny(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", GREEDY_CASES, ids=lambda c: c.name)
+@pytest.mark.slow
 def test_greedy_continuations_vary(seeded_tiny, case):
     tokens = oracle.greedy(seeded_tiny.params, case.inputs["prompt"], case.inputs["n_new"], seeded_tiny.config.n_head)
     longest_run = max(len(list(run)) for _, run in itertools.groupby(tokens))

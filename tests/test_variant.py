@@ -89,6 +89,7 @@ def test_variants_screened_in_one_pass_equal_each_computed_alone(tiny_model):
         np.testing.assert_allclose(out, alone, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_variants_that_differ_only_in_the_decode_steps_share_their_block_and_equal_each_computed_alone(tiny_model):
     # Each of these shares the prefill block with GPT-2 (computed once in the stack) or with one of the others.
     inputs = {"prompt": SEQ[:4], "cont": SEQ[4:]}
@@ -154,6 +155,7 @@ def test_listed_bugs_screened_in_one_pass_equal_each_screened_alone(tiny_model, 
             np.testing.assert_allclose(together[bug.name], alone, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_one_run_of_the_stacked_defective_pass_is_hidden_states_to_the_bit(tiny_model):
     params, n_head = tiny_model.params, tiny_model.config.n_head
     for bug in bugs.BUILTIN_BUGS.values():

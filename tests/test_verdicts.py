@@ -131,6 +131,7 @@ def test_a_failing_output_gets_its_shape(ctx):
         assert case.first_bad_row == next(r.row for r in case.rows if not r.ok)
 
 
+@pytest.mark.slow
 def test_greedy_tokens_are_judged_on_the_students_path(ctx):
     greedy = dataclasses.replace(STAGES["greedy"], cases=STAGES["greedy"].cases[:1])
     model = ctx.model
@@ -175,6 +176,7 @@ def test_run_evidence_returns_a_new_stage_result(ctx):
     assert "from the run" not in (graded.diagnosis.evidence if graded.diagnosis else "")
 
 
+@pytest.mark.slow
 def test_the_grader_fingerprints_a_new_run_and_keeps_no_arrays_after(ctx):
     judged = _judged(FORWARD, ctx, _buggy(FORWARD, ctx))
     graded = _stage_result(FORWARD, [j.case for j in judged])

@@ -49,6 +49,7 @@ def test_teacher_forced_verdicts_equal_recompute(subject, tiny_model, tmp_path):
         assert [s.verdict for s in case.steps] == _recomputed_verdicts(tiny_model, prompt, case.got_tokens), case.name
 
 
+@pytest.mark.slow
 def test_an_exact_tie_is_accepted_and_noted(cli, tiny_dir, tiny_model, tmp_path):
     prompt, n_new = [464, 2068], 4
     first = oracle.greedy(tiny_model.params, prompt, n_new, tiny_model.config.n_head)

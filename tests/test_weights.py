@@ -33,6 +33,7 @@ def test_tiny_preset_shape(tiny_model):
     assert str(tiny_model.synthetic) == "tiny preset, seed 0" and tiny_model.synthetic.preset == "tiny"
 
 
+@pytest.mark.slow
 def test_synth_is_deterministic_per_seed(tmp_path, tiny_path):
     # Several writes: a hash-ordered header once made every other file differ.
     for i in range(4):
@@ -317,6 +318,7 @@ def test_weights_command_accepts_a_directory(cli, tiny_dir):
     assert "given with --weights" in result.stdout and "n_embd 128 · n_head 2" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_bf16_checkpoint_passes_the_reference_solution(cli, solution_course, tmp_path, tiny_dir):
     path = _write_bf16(tiny_dir, tmp_path / "bf16")
     result = cli("test", "--stage", "per-step-identity", "--course", solution_course, "--weights", path)

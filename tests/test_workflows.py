@@ -27,11 +27,13 @@ def test_the_matrix_covers_linux_macos_windows_and_the_supported_pythons():
     assert "pytest -q -n 2" in commands and "mypy" in commands and "ruff check" in commands
 
 
+@pytest.mark.slow
 def test_every_workflow_passesactionlint():
     done = actionlint(*WORKFLOWS)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_actionlint_finds_a_broken_workflow(tmp_path):
     broken = tmp_path / "broken.yml"
     broken.write_text(

@@ -1,5 +1,5 @@
 """On PYTHONPATH, makes this interpreter one without the POSIX-only modules, as on Windows: importing fcntl,
-resource, pwd, grp or termios raises ImportError (tests/test_portable_imports.py)."""
+resource, pwd, grp or termios raises ImportError (tests/e2e/test_portable_imports.py)."""
 
 import sys
 

@@ -5,7 +5,7 @@ machine. For a `test` whose report streams to stdout (and `test --watch`, whose 
 this module reads just enough of the command line to find the course and prints the report's first line
 ("theinference VERSION grading COURSE") before anything heavy is imported: it imports only the standard
 library's os and sys, and the package's light modules (courseroot, headline, consoles;
-tests/test_first_verdict.py checks). The streamed header then leaves that line out. Whenever the command
+tests/e2e/test_first_verdict.py checks). The streamed header then leaves that line out. Whenever the command
 line is anything else, or is not plain to read here (help, another format, --output, an option it does not
 know, --watch with untrusted grading), it prints nothing and the report prints its whole header as before.
 """
@@ -18,7 +18,7 @@ from theinference.terminals import untrusted_run, wants_color
 from theinference.courseroot import find_root
 from theinference.headline import headline_ansi
 
-# `test`'s options that take a value (tests/test_first_verdict.py checks this against the command itself).
+# `test`'s options that take a value (tests/e2e/test_first_verdict.py checks this against the command itself).
 VALUE_OPTIONS = frozenset(
     {
         "--stage",

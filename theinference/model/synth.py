@@ -31,7 +31,7 @@ PRESETS = {
 # preset_problem. The bytes rest on float arithmetic, and OpenBLAS picks its kernels by CPU, so each preset has
 # one digest per kernel family; these were made with OPENBLAS_CORETYPE forced to each (SkylakeX, also Cooperlake;
 # Haswell, also Zen; Sandybridge; Nehalem, also Atom and Barcelona; Prescott). A machine whose bytes are none of
-# these checks a file against the digest it makes itself (made_digest). tests/test_integrity_levels.py fails if
+# these checks a file against the digest it makes itself (made_digest). tests/e2e/test_integrity_levels.py fails if
 # this machine's tiny digest is not in the table.
 PRESET_DIGESTS: dict[tuple[str, int, int], tuple[str, ...]] = {
     ("tiny", 0, 2): (

@@ -48,12 +48,8 @@ def test_a_promoting_solution_passes_forward_with_the_float64_note_said_once(cli
 
 
 @pytest.mark.slow
-def test_the_reference_solution_gets_no_float64_note(cli, solution_course, tiny_path):
-    result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "forward")
+def test_the_reference_solution_gets_no_float64_note(solution_run):
+    result = solution_run("--stage", "forward")
     assert result.exit_code == 0 and "float64" not in result.stdout
-    doc = json.loads(
-        cli(
-            "test", "--course", solution_course, "--weights", tiny_path, "--stage", "forward", "--format", "json"
-        ).stdout
-    )
+    doc = json.loads(solution_run("--stage", "forward", "--format", "json").stdout)
     assert doc["stages"][0]["float64_cases"] == []

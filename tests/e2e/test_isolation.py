@@ -21,7 +21,7 @@ from test_integrity_levels import _kill, _left_behind, needs_linux, needs_nobody
 from test_integrity_levels import weak  # noqa: F401 (a fixture)
 from test_runner import SOLUTION_IMPORTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from scaling_subjects import _HEAD  # noqa: E402
 
 from theinference.proc.sandbox import ALLOW_WEAK_ENV, strongest_isolation  # noqa: E402

@@ -83,8 +83,8 @@ def test_a_known_bug_is_named_with_its_evidence(cli, tiny_path, tmp_path, name, 
     assert distances and max(distances) < off / 10
 
 
-def test_the_solution_gets_no_diagnosis(cli, tiny_path, solution_course):
-    result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "prove-one-layer")
+def test_the_solution_gets_no_diagnosis(solution_run):
+    result = solution_run("--stage", "prove-one-layer")
     assert result.exit_code == 0
     assert "finding" not in result.stdout and "shape:" not in result.stdout
 

@@ -19,7 +19,7 @@ from theinference.grading.spec.stages import load_stages
 STAGES = [s.id for s in load_stages([data_dir("stages")])]
 
 # The checkout these tests live in (CI installs the package as a wheel, so the package itself is not in it).
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Top-level directory in the checkout -> where the wheel carries it.
 PACKAGED = {
     "theinference": "theinference",

@@ -1,6 +1,6 @@
 """The TypeScript edition where a pipe is inherited as a handle, not an fd number (Windows): the harness reports over a
 loopback socket (channels.NodeSocket), the grader reading its pipes with threads. Proven on Linux by forcing both
-(THEINFERENCE_NODE_CHANNEL=socket, THEINFERENCE_PIPES=threads) through the real CLI; tests/test_typescript.py passes
+(THEINFERENCE_NODE_CHANNEL=socket, THEINFERENCE_PIPES=threads) through the real CLI; tests/e2e/test_typescript.py passes
 under the same switches too."""
 
 import json

@@ -167,20 +167,10 @@ def test_plain_test_marks_course_stages_in_every_format(cli, tmp_path, tiny_path
     assert re.search(r"^::warning title=theinference%3A not the instructor::" + re.escape(mark), github, re.M)
 
 
-def test_builtin_stages_are_marked_built_in(cli, solution_course, tiny_path):
-    document = json.loads(
-        cli(
-            "test",
-            "--course",
-            solution_course,
-            "--weights",
-            tiny_path,
-            "--stage",
-            "prove-one-layer",
-            "--format",
-            "json",
-        ).stdout
-    )
+def test_builtin_stages_are_marked_built_in(solution_run):
+    from test_cli import JSON_DOCUMENT  # the solution's one shared grading as a JSON document
+
+    document = json.loads((solution_run(*JSON_DOCUMENT).root / "results.json").read_text())
     assert document["stages"][0]["source"] == "built-in" and document["course_supplied"] == []
 
 

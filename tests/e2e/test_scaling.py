@@ -23,7 +23,7 @@ from theinference.grading.spec.stages import load_stages
 from theinference.model.weights import load_model
 from theinference.model.weights_choice import WeightsChoice
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from scaling_subjects import SLOW_CACHE  # noqa: E402 - a correct cache that burns 40 ms of CPU on every token
 
 MODEL = """\

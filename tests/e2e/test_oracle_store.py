@@ -44,7 +44,7 @@ def _entries() -> list:
 @pytest.mark.slow
 def test_a_second_run_computes_no_oracle_output(cli, solution_course, tiny_path, forwards):
     # Every stage whose outputs the store keeps: cache-scaling checks fresh random prompts and measures the
-    # oracle's cost on this machine in every run, by design (tests/test_scaling.py).
+    # oracle's cost on this machine in every run, by design (tests/e2e/test_scaling.py).
     stages = [
         arg
         for s in load_stages([data_dir("stages")])

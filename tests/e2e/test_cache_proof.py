@@ -23,7 +23,7 @@ import pytest
 import as_nobody
 from conftest import uid_leased, write_adapters, write_quick_scaling_stage
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from scaling_subjects import FORGERY, FORK_OFFLOAD, PADDING, SOLUTION_CACHE, TRICKS  # noqa: E402
 
 from theinference.proc.sandbox import ALLOW_WEAK_ENV, NOBODY, strongest_isolation  # noqa: E402

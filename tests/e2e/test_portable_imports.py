@@ -15,7 +15,7 @@ from theinference import __version__
 from theinference.grading.spec.stages import load_stages
 from theinference.bundled import data_dir
 
-PORTABLE = Path(__file__).parent / "portable"
+PORTABLE = Path(__file__).parents[1] / "portable"
 POSIX_ONLY = ("fcntl", "resource", "pwd", "grp", "termios")
 
 # Imports every module of the package (its entry point __main__ aside: importing it runs the CLI); prints one line

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import write_adapters, write_quick_scaling_stage
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from scaling_subjects import SOLUTION_CACHE  # noqa: E402
 
 # The reference cache, run in a child per call that nobody waits for: with SIGCHLD ignored the kernel reaps it, and

@@ -1,6 +1,7 @@
 """The CLI end to end: the reference solution passes, reports and exit codes are right."""
 
 import json
+import shutil
 
 import pytest
 from safetensors.numpy import load_file
@@ -11,23 +12,14 @@ from theinference.grading.spec.stages import load_stages
 from theinference.model.synth import SYNTH_VERSION
 
 
-def test_json_document(cli, solution_course, tiny_path, tmp_path):
-    out = tmp_path / "results.json"
-    result = cli(
-        "test",
-        "--stage",
-        "prove-one-layer",
-        "--course",
-        solution_course,
-        "--weights",
-        tiny_path,
-        "--format",
-        "json",
-        "--output",
-        out,
-    )
+# One grading of the solution's prove-one-layer as a JSON document written with --output, shared (solution_run).
+JSON_DOCUMENT = ("--stage", "prove-one-layer", "--format", "json", "--output", "results.json")
+
+
+def test_json_document(solution_run, tiny_path):
+    result = solution_run(*JSON_DOCUMENT)
     assert result.exit_code == 0
-    doc = json.loads(out.read_text())
+    doc = json.loads((result.root / "results.json").read_text())
     assert (doc["schema"], doc["schema_version"], doc["status"]) == ("theinference.results", 1, "pass")
     assert doc["weights"]["path"] == str(tiny_path) and doc["weights"]["synthetic"] == "tiny preset, seed 0"
     [stage] = doc["stages"]
@@ -210,14 +202,16 @@ def test_weights_tiny_names_the_tiny_preset_made_on_first_use(cli, solution_cour
 
 
 @pytest.mark.slow
-def test_after_a_pass_the_report_names_the_next_stage_and_its_lesson(cli, solution_course, tiny_path):
-    # (After every stage has passed there is no next stage: tests/test_course.py, the solution's whole run.)
+def test_after_a_pass_the_report_names_the_next_stage_and_its_lesson(cli, solution_run, tiny_path, tmp_path):
+    # (After every stage has passed there is no next stage: tests/e2e/test_course.py, the solution's whole run.)
     stages = [s.id for s in load_stages([data_dir("stages")])]
-    first = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
+    first = solution_run("--stage", stages[0])
     assert first.exit_code == 0
     assert f"next stage: {stages[1]} (" in first.stdout and f"`theinference stages show {stages[1]}`" in first.stdout
-    (solution_course / "src" / "gpt2.py").write_text("raise SyntaxError('broken')\n")
-    failed = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", stages[0])
+    course = shutil.copytree(first.course, tmp_path / "passed-once")  # its progress records the pass
+    assert (course / ".theinference" / "progress.json").is_file()
+    (course / "src" / "gpt2.py").write_text("raise SyntaxError('broken')\n")
+    failed = cli("test", "--course", course, "--weights", tiny_path, "--stage", stages[0])
     assert failed.exit_code == 1 and "next stage" not in failed.stdout and "complete" not in failed.stdout
 
 

@@ -236,7 +236,7 @@ def test_bad_settings_are_usage_errors_before_anything_is_written(cli, tmp_path,
 
 
 def test_without_a_source_checkout_or_an_installed_record_it_asks_for_a_wheel(cli, tmp_path, monkeypatch):
-    # With either, it builds the wheel itself (tests/test_autograder_wheel.py): CI's plain install has the record.
+    # With either, it builds the wheel itself (tests/e2e/test_autograder_wheel.py): CI's plain install has the record.
     monkeypatch.setattr(autograder, "source_tree", lambda: None)
     monkeypatch.setattr(importlib.metadata, "distributions", lambda **_: [])
     result = cli("autograder", "gradescope", "--out", tmp_path / "a.zip")
@@ -244,7 +244,7 @@ def test_without_a_source_checkout_or_an_installed_record_it_asks_for_a_wheel(cl
 
 
 # The checkout these tests live in (CI installs the package as a wheel, so the package itself is not in it).
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
