@@ -154,11 +154,13 @@ def check_course(
     jobs: int = 2,
     progress: Callable[[int, int, str], None] | None = None,
     only_mutants: list[str] | None = None,
+    reuse: bool = True,
 ) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations;
     progress(done, total, what) is called as each subject × stage cell is finished.
 
-    With only_mutants, just those mutants are graded. A manifest that does not load, or names a
+    With only_mutants, just those mutants are graded. With reuse, a mutant's stage whose calls reach the same code
+    as in the solution takes the solution's passing cell (marked same_as) instead of being graded again. A manifest that does not load, or names a
     stage or bug that does not exist, is reported in `broken` (the others still run).
     """
     options = grader.plan.options  # the instructor's --timeout; every tie named (first_exact off)
@@ -195,7 +197,7 @@ def check_course(
         first = subjects[0]
         result.cells.extend(_grade_subject(first, stages, grader, options, on_cell))
         # Only the solution's cells stand in for a mutant's: every mutant is the solution with one edit.
-        passed = _passed_with_code(first, stages, result.cells) if first.name == "solution" else {}
+        passed = _passed_with_code(first, stages, result.cells) if reuse and first.name == "solution" else {}
 
         def grade(subject: _Subject) -> list[CheckCell]:
             same = _same_code(subject, stages, passed) if subject.name != "starter" else {}
