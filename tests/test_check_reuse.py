@@ -95,6 +95,27 @@ def test_dynamic_code_makes_the_whole_tree_the_digest(solution):
     assert all(after[s] != before[s] for s in STAGES)  # no stage's calls can be told apart: none is reused
 
 
+@pytest.mark.parametrize(
+    "find, replace",
+    [
+        ("from src.gpt2 import forward, load_weights\n", "from src.gpt2 import *\n"),
+        ("from src.gpt2 import forward, load_weights\n", "from src.gpt2 import load_weights\n"),  # imported below
+    ],
+)
+def test_imports_no_rule_follows_make_the_whole_tree_the_digest(solution, find, replace):
+    _edit(solution, "tests/adapters.py", find, replace)
+    if "*" not in replace:
+        _edit(
+            solution,
+            "tests/adapters.py",
+            "    params, n_head = _model()\n    return forward(",
+            "    from src.gpt2 import forward\n\n    params, n_head = _model()\n    return forward(",
+        )
+    before = _digests(solution)
+    _edit(solution, "src/gpt2.py", "    x = embed(params, ids)\n", "    x = embed(params, ids) * 1.0\n")
+    assert _digests(solution)["greedy"] != before["greedy"]  # greedy never reaches forward, but nothing can say so
+
+
 def test_no_mutant_of_the_gallery_has_the_solutions_code_where_its_manifest_expects_a_failure():
     """The reuse never hides a failure the gallery's manifests expect (what grading each cell would show), and it
     saves grading in every stage (an edit most stages never reach)."""

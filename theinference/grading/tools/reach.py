@@ -10,7 +10,8 @@ digest equal to another's means the code the stage runs is the same:
   src.x as m` (then `m.f`), with the defaults and decorators written with them;
 - every module reached counts with all its top-level statements other than definitions (constants,
   imports, code run on import), and every `__init__.py` and every file that is not Python counts whole;
-- a course whose Python does anything dynamic (getattr, globals, importlib, exec, ...), a module that
+- a course whose Python does anything dynamic (getattr, globals, importlib, exec, ...) or imports other than
+  at the top of a module by absolute name (a relative import, `import *`, an import inside a function), a module that
   does not parse, an adapters file that is not Python (the TypeScript edition), or a stage whose
   adapter is not found: the whole tree is the digest, so only byte-identical subjects are alike.
 """
@@ -71,6 +72,13 @@ def _parse(name: str, text: str) -> _Module:
             raise _Dynamic(name)
         if isinstance(node, (ast.Import, ast.ImportFrom)) and any(a.name in _DYNAMIC for a in node.names):
             raise _Dynamic(name)
+    # Only top-level, absolute, named imports are followed: a relative one, `import *` or one inside a function
+    # binds names no rule here resolves.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or any(a.name == "*" for a in node.names)):
+            raise _Dynamic(f"{name}: from {'.' * node.level}{node.module or ''} import ...")
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in tree.body:
+            raise _Dynamic(f"{name}: an import below the top level")
     module = _Module(name, text=text)
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
