@@ -105,3 +105,18 @@ def test_shards_written_without_fingerprints_still_merge_and_say_what_was_not_co
     assert refused.exit_code == 2 and f"{parts[0]}: the row of 'alice': fingerprints: damaged fingerprints" in " ".join(
         refused.stderr.split()
     )
+
+
+def test_a_large_submissions_fingerprints_are_read_back_from_a_csv_shard(tmp_path):
+    """Past the csv module's default limit of 128 KiB a field: a course of a megabyte of code."""
+    from theinference.grading.drive.copies import CodeSnapshot
+    from theinference.grading.tools.shards import read_csv_shard
+
+    text = "\n".join(f"def f{i}(a, b):\n    return a * {i} + b.mean(axis={i % 3})" for i in range(20000))
+    cell = encode_prints(code_prints(CodeSnapshot((("src/big.py", text),))))
+    assert len(cell) > 131072
+    shard = tmp_path / "shard.csv"
+    with shard.open("w", newline="") as f:
+        csv.writer(f).writerows([["id", "status", "fingerprints"], ["big", "pass", cell]])
+    [(sub_id, _, row)] = read_csv_shard(shard).entries
+    assert sub_id == "big" and decode_prints(row[2]) == decode_prints(cell)

@@ -26,6 +26,7 @@ from theinference.grading.drive.batch import (
     write_csv,
 )
 
+_FIELD_LIMIT = 64 * 1024 * 1024
 _WORDS = {"theinference": "theinference version", "weights": "weights", "stage_files": "stage files", "seed": "--seed"}
 _HOW = "merge only shards graded alike: the same theinference, --weights, --stages-dir, --stage and --seed"
 
@@ -51,6 +52,9 @@ def _cell(value) -> str:
 
 def read_csv_shard(path: Path) -> Shard:
     """A CSV that `grade` wrote; an interrupted one is refused."""
+    # A row's fingerprints cell grows with the submission's code (a few KB each; the cap on what is read, 4 MiB of
+    # source, makes a few MB): past the csv module's default field limit of 128 KiB.
+    csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
     try:
         with path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
