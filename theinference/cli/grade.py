@@ -146,6 +146,8 @@ def merge_command(
 
     `grade merge --replace GRADES REGRADED... --out FILE` regrades students: their rows in GRADES are replaced by those in REGRADED (graded alike), each keeping its own record of the run that graded it.
 
+    Copies are looked for again over every merged row, from the fingerprints each row carries (not its source): a pair of students graded in different shards is flagged as in one batch.
+
     Exit 0 when merged, 2 when refused.
     """
     missing = [p for p in parts if not p.is_file()]
@@ -153,13 +155,21 @@ def merge_command(
         raise BatchError(f"grade merge needs shard files; not found: {', '.join(map(str, missing))}")
     if replace and len(parts) < 2:
         raise BatchError("grade merge --replace needs the class's grades and at least one file of regraded students")
-    out, count, replaced = merge_shards(parts, out, replace)
+    merged = merge_shards(parts, out, replace)
     what = (
-        f"replaced {len(replaced)} submission(s) ({', '.join(replaced)})"
+        f"replaced {len(merged.replaced)} submission(s) ({', '.join(merged.replaced)})"
         if replace
         else f"merged {len(parts)} shard(s)"
     )
-    err_console().print(f"{what}, {count} submissions, into {out}", markup=False, soft_wrap=True)
+    err_console().print(f"{what}, {merged.count} submissions, into {merged.out}", markup=False, soft_wrap=True)
+    if merged.unprinted:
+        err_console().print(
+            f"{len(merged.unprinted)} row(s) carry no fingerprints (written by a theinference before shards carried "
+            f"them), so their copies are as their own shard found them, not looked for across shards: "
+            f"{', '.join(for_terminal(i) for i in merged.unprinted[:10])}{' ...' if len(merged.unprinted) > 10 else ''}",
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 _merge_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)

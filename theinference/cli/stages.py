@@ -131,6 +131,14 @@ def check(
             "expectations), marked for review.",
         ),
     ] = False,
+    no_reuse: Annotated[
+        bool,
+        typer.Option(
+            "--no-reuse",
+            help="Grade every subject × stage, even a mutant's stage whose calls reach only the solution's code "
+            "(by default that cell takes the solution's verdict, marked =).",
+        ),
+    ] = False,
 ) -> None:
     """Prove the stages: the solution passes all, the starter is 'not started', every mutant fails
     exactly the stages its manifest names, with the named diagnosis.
@@ -150,7 +158,14 @@ def check(
     with Grader(weights=choice, model=model, launcher=plan.launcher(), cache=plan.oracle_cache(), plan=plan) as grader:
         try:
             result = check_course(
-                source, all_stages, selected, grader, jobs=jobs, progress=progress, only_mutants=mutant
+                source,
+                all_stages,
+                selected,
+                grader,
+                jobs=jobs,
+                progress=progress,
+                only_mutants=mutant,
+                reuse=not no_reuse,
             )
         finally:
             progress.close()

@@ -15,6 +15,8 @@ def _bugs(bugs) -> str:
 
 def _cell(cell: CheckCell) -> str:
     named = f" [dim]· {_bugs(cell.got_bugs)}[/dim]" if cell.got_bugs or cell.expected_bugs else ""
+    if cell.same_as:
+        named += f" [dim]= {escape(cell.same_as)}[/dim]"
     if cell.ok:
         return f"[green]✔ {cell.got}[/green]{named}"
     if cell.got in cell.expected:
@@ -55,3 +57,10 @@ def render_check(console: Console, result: CheckResult) -> None:
     bad = sum(not c.ok for c in result.cells)
     broken = f", {len(result.broken)} broken manifest field(s)" if result.broken else ""
     console.print(f"{verdict} · {len(result.cells)} checks, {bad} mismatches, {len(result.problems)} problems{broken}")
+    same = sum(bool(c.same_as) for c in result.cells)
+    if same:
+        console.print(
+            f"[dim]{same} of the checks (marked =) took the solution's verdict: the stage's calls reach the same code "
+            "there (the mutant's edit lies where that stage never goes)[/dim]",
+            soft_wrap=True,
+        )

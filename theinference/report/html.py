@@ -227,10 +227,15 @@ def _lines(value) -> str:
 def _region(region: dict, of: str) -> str:
     mine = f"{escape(str(region.get('file', '')))}:{_lines(region.get('lines'))}"
     theirs = f"{escape(of)} {escape(str(region.get('other_file', '')))}:{_lines(region.get('other_lines'))}"
+    text, other = str(region.get("text", "")), str(region.get("other_text", ""))
+    if not text and not other:  # a pair `grade merge` found across shards: their files carry fingerprints, not code
+        return (
+            f'<div class="region"><div class=meta>{mine} ↔ {theirs}</div><p class=meta>the passages\' text is not in '
+            "the shard files (they carry fingerprints, not code): open the two files at these lines</p></div>"
+        )
     return (
         f'<div class="region"><div class=meta>{mine} ↔ {theirs}</div><div class="sidebyside">'
-        f"<pre>{escape(str(region.get('text', '')))}</pre><pre>{escape(str(region.get('other_text', '')))}</pre>"
-        "</div></div>"
+        f"<pre>{escape(text)}</pre><pre>{escape(other)}</pre></div></div>"
     )
 
 

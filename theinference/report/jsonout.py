@@ -214,6 +214,7 @@ def batch_document(
                 "seconds": r.seconds,
                 **record,
                 "copy_of": [json.loads(json.dumps(dataclasses.asdict(c))) for c in r.copies],  # JSON's lists
+                "fingerprints": r.prints,  # what `grade merge` compares across shards (copies.py): no source
                 # cases the machine gave too little CPU to finish, even after their retries: regrade this row
                 "machine_busy": [{"stage": stage, "case": case} for stage, case in machine_busy(r)],
                 "regrade": regrade(r),  # stages whose points are the wall clock's (busy machine, time budget)

@@ -36,7 +36,7 @@ from theinference.model.weights import Model, weights_digest
 from theinference.untrusted import for_terminal
 from theinference.errors import ConfigError
 from theinference.files import atomic_file
-from theinference.grading.drive.copies import CodeSnapshot, Copy, find_copies, read_code
+from theinference.grading.drive.copies import CodeSnapshot, Copy, code_prints, encode_prints, pairs, read_code
 from theinference.grading.drive.copies import describe as describe_copies
 
 
@@ -70,6 +70,7 @@ class SubmissionResult:
     seconds: float = 0.0
     copies: list[Copy] = field(default_factory=list)  # its code is the reference solution's or another's (copies.py)
     code: CodeSnapshot | None = None  # its source files as they were when it was graded (copies.read_code)
+    prints: str = ""  # its code's fingerprints (copies.encode_prints): what `grade merge` compares across shards
 
     @property
     def status(self) -> str:
@@ -365,7 +366,11 @@ def csv_header(stages: list[StageSpec]) -> list[str]:
         "finding",
         "reason",
         "error",
+        FINGERPRINTS,
     ]
+
+
+FINGERPRINTS = "fingerprints"  # the last column: copies.encode_prints of the code, for `grade merge` (no source)
 
 
 def csv_row(
@@ -390,14 +395,17 @@ def csv_row(
         spreadsheet_text(", ".join(too_slow(result))),
         *reasons,
         spreadsheet_text(first_errors(result)),
+        result.prints,
     ]
 
 
 def mark_copies(results: list[SubmissionResult]) -> None:
     """Flag each submission whose code is the bundled reference solution's or another submission's (copies.py)."""
-    found = find_copies({r.id: r.code if r.code is not None else read_code(Path(r.path)) for r in results})
+    code = {r.id: r.code if r.code is not None else read_code(Path(r.path)) for r in results}
+    prints = {sub_id: code_prints(c) for sub_id, c in code.items()}
+    found = pairs(prints, {sub_id: dict(c.files) for sub_id, c in code.items()})
     for result in results:
-        result.copies = found.get(result.id, [])
+        result.copies, result.prints = found.get(result.id, []), encode_prints(prints[result.id])
 
 
 class CsvWriter:

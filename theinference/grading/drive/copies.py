@@ -28,16 +28,24 @@ reaches THRESHOLD (measured on
 disguised copies and independent solutions: tests/test_copies.py). The text compared is read
 when the submission is graded (`read_code`), not at the end of the batch.
 
+A batch graded in shards (`grade --shard I/N`) is compared across them when merged: each row of a shard file
+carries the submission's fingerprints (`encode_prints`: hashes and the lines they cover, never the source), and
+`grade merge` finds the pairs from them as one batch would (`pairs`); a pair across shards has the lines of its
+passages, not their text.
+
 A maintained library (copydetect) does the same winnowing, but renames attributes and keywords
 like any other name, works on files on disk rather than on the text as graded, and would bring
 pygments, jinja2 and tqdm into the grader: this module is the part of it the grader needs.
 """
 
+import base64
 import bisect
 import functools
 import hashlib
+import json
 import os
 import re
+import zlib
 import builtins
 import keyword
 from dataclasses import dataclass
@@ -263,29 +271,67 @@ def find_copies(
     code: dict[str, CodeSnapshot], solution: CodeSnapshot | None = None, starter: CodeSnapshot | None = None
 ) -> dict[str, list[Copy]]:
     """For each submission id, the copies found: of the reference solution, then of other submissions (by id)."""
+    prints = {sub_id: code_prints(c) for sub_id, c in code.items()}
+    return pairs(prints, {sub_id: dict(c.files) for sub_id, c in code.items()}, solution, starter)
+
+
+def pairs(
+    prints: dict[str, dict[int, Print]],
+    texts: dict[str, dict[str, str]] | None = None,
+    solution: CodeSnapshot | None = None,
+    starter: CodeSnapshot | None = None,
+) -> dict[str, list[Copy]]:
+    """find_copies() from each submission's fingerprints (code_prints); texts (id -> path -> text), where known, give
+    the regions' excerpts."""
+    texts = texts or {}
     given = set(code_prints(starter if starter is not None else bundled_code("starter")))
     solution = solution if solution is not None else bundled_code("solution")
     reference = _own(code_prints(solution), given)
-    prints = {sub_id: _own(code_prints(c), given) for sub_id, c in code.items()}
+    own = {sub_id: _own(found, given) for sub_id, found in prints.items()}
     # Between submissions only what is not the reference's counts: two copies of it are each flagged as that.
-    beyond = {sub_id: _own(found, set(reference)) for sub_id, found in prints.items()}
+    beyond = {sub_id: _own(found, set(reference)) for sub_id, found in own.items()}
     holders: dict[int, set[str]] = {}
     for owner, found in beyond.items():
         for value in found:
             holders.setdefault(value, set()).add(owner)
-    texts = {sub_id: dict(c.files) for sub_id, c in code.items()}
     solution_texts = dict(solution.files)
     copies: dict[str, list[Copy]] = {}
-    for sub_id in sorted(code):
+    for sub_id in sorted(prints):
         flagged = []
-        if _flagged(prints[sub_id], reference):
-            flagged.append(_copy(SOLUTION, prints[sub_id], reference, texts[sub_id], solution_texts))
+        mine = texts.get(sub_id, {})
+        if _flagged(own[sub_id], reference):
+            flagged.append(_copy(SOLUTION, own[sub_id], reference, mine, solution_texts))
         for other in sorted(set().union(*(holders[v] for v in beyond[sub_id])) - {sub_id}):
             if _flagged(beyond[sub_id], beyond[other]):
-                flagged.append(_copy(other, beyond[sub_id], beyond[other], texts[sub_id], texts[other]))
+                flagged.append(_copy(other, beyond[sub_id], beyond[other], mine, texts.get(other, {})))
         if flagged:
             copies[sub_id] = flagged
     return copies
+
+
+PRINTS_FORMAT = "tp1"  # the first field of an encoded set of fingerprints: what decode_prints reads
+
+
+def encode_prints(found: dict[int, Print]) -> str:
+    """A submission's fingerprints as one line of text for a shard file (no source in it): 'tp1:' + base64."""
+    files = sorted({p.file for p in found.values()})
+    index = {f: i for i, f in enumerate(files)}
+    rows = [[f"{v:016x}", index[p.file], p.lines[0], p.lines[1]] for v, p in sorted(found.items())]
+    packed = zlib.compress(json.dumps({"files": files, "prints": rows}, separators=(",", ":")).encode(), 9)
+    return f"{PRINTS_FORMAT}:" + base64.b64encode(packed).decode("ascii")
+
+
+def decode_prints(text: str) -> dict[int, Print]:
+    """encode_prints() read back; ValueError says what is wrong with text."""
+    kind, _, body = text.partition(":")
+    if kind != PRINTS_FORMAT:
+        raise ValueError(f"not fingerprints of format {PRINTS_FORMAT} (it starts {text[:8]!r})")
+    try:
+        data = json.loads(zlib.decompress(base64.b64decode(body, validate=True)))
+        files = [str(f) for f in data["files"]]
+        return {int(v, 16): Print(files[i], (int(a), int(b))) for v, i, a, b in data["prints"]}
+    except (ValueError, TypeError, KeyError, IndexError, zlib.error, RecursionError) as e:
+        raise ValueError(f"damaged fingerprints: {e}") from None
 
 
 def _own(found: dict[int, Print], given: set[int]) -> dict[int, Print]:

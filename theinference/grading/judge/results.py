@@ -265,6 +265,7 @@ class CheckCell:
     message: str = ""
     expected_bugs: frozenset | None = None  # the bugs the fingerprint must name (None: not checked)
     got_bugs: frozenset = frozenset()  # the bugs it named
+    same_as: str = ""  # not graded again: the stage's calls reach the same code as this subject's, graded once
 
     @property
     def ok(self) -> bool:

@@ -1,13 +1,24 @@
 """`stages check`: prove every stage passes the solution, reports the starter not started,
-and catches every mutant with the diagnosis its manifest names."""
+and catches every mutant with the diagnosis its manifest names.
 
+The solution is graded first, alone: it fills the oracle cache every other subject reads. A mutant's stage
+whose calls reach the same code as the solution's (`reach.stage_digest`: the edit lies where that stage never
+goes) is not graded again: its cell is the solution's, marked so, and checked against the manifest like any
+other (a manifest that expects such a stage to fail is a mismatch, as grading it would show).
+"""
+
+import dataclasses
 import tempfile
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from theinference.course import default_adapters, load_course
+from theinference.grading.judge.scaling import _DTYPE_PROBE as DTYPE_PROBE
+from theinference.grading.spec.checks import ScalingCheck
+from theinference.grading.tools.reach import stage_digest
 from theinference.grading.tools.mutants import (
     MutantError,
     Proposal,
@@ -41,32 +52,78 @@ def _first_message(result: StageResult) -> str:
     return f"{case.name}: {case.message}" if case else ""
 
 
+def called_adapters(stage: StageSpec) -> tuple[str, ...]:
+    """The adapter functions grading the stage calls: its own (and its aliases); the cost stage also asks the
+    decode step which precision it computes in."""
+    return (stage.adapter, *stage.aliases, *(DTYPE_PROBE if isinstance(stage.check, ScalingCheck) else ()))
+
+
+@dataclass(frozen=True)
+class _Subject:
+    name: str
+    path: Path
+    expect: dict  # stage id -> acceptable outcomes (absent: "pass")
+    fingerprint: dict  # stage id -> the bugs its fingerprint must name
+
+
+def _cell(subject: _Subject, stage: StageSpec, result: StageResult) -> CheckCell:
+    return CheckCell(
+        subject=subject.name,
+        stage=stage.id,
+        expected=subject.expect.get(stage.id, ("pass",)),
+        got=observed(result),
+        message=_first_message(result),
+        expected_bugs=subject.fingerprint.get(stage.id),
+        got_bugs=named_bugs(result),
+    )
+
+
 def _grade_subject(
-    name: str,
-    course_dir: Path,
-    expectations: dict,
+    subject: _Subject,
     stages: list[StageSpec],
     grader: Grader,
     options: RunOptions,
-    fingerprints: dict,
     on_cell: Callable[[CheckCell], None],
+    same: dict[str, CheckCell] | None = None,
 ) -> list[CheckCell]:
-    run = grader.grade(load_course(course_dir), stages, options)
-    cells = []
-    for stage, result in zip(stages, run.stages):
-        cells.append(
-            CheckCell(
-                subject=name,
-                stage=stage.id,
-                expected=expectations.get(stage.id, ("pass",)),
-                got=observed(result),
-                message=_first_message(result),
-                expected_bugs=fingerprints.get(stage.id),
-                got_bugs=named_bugs(result),
-            )
+    """The subject's cells, in stage order: each stage in same (stage id -> the solution's passing cell, the same
+    code reached) taken from it, the others graded in one run."""
+    same = same or {}
+    taken = {
+        stage_id: dataclasses.replace(
+            cell,
+            subject=subject.name,
+            expected=subject.expect.get(stage_id, ("pass",)),
+            expected_bugs=subject.fingerprint.get(stage_id),
+            same_as=cell.subject,
         )
-        on_cell(cells[-1])
-    return cells
+        for stage_id, cell in same.items()
+    }
+    for cell in taken.values():
+        on_cell(cell)
+    graded = [s for s in stages if s.id not in same]
+    if graded:
+        run = grader.grade(load_course(subject.path), graded, options)
+        for stage, result in zip(graded, run.stages):
+            taken[stage.id] = _cell(subject, stage, result)
+            on_cell(taken[stage.id])
+    return [taken[s.id] for s in stages]
+
+
+def _passed_with_code(reference: _Subject, stages: list[StageSpec], cells: list[CheckCell]) -> dict:
+    """stage id -> (the digest of the code its calls reach in reference, reference's cell), for each stage it passed."""
+    passed = {c.stage: c for c in cells if c.got == "pass"}
+    return {s.id: (stage_digest(reference.path, called_adapters(s)), passed[s.id]) for s in stages if s.id in passed}
+
+
+def _same_code(subject: _Subject, stages: list[StageSpec], passed: dict) -> dict[str, CheckCell]:
+    """The reference's passing cells (see _passed_with_code) for the stages whose calls reach the same code in
+    subject."""
+    return {
+        s.id: passed[s.id][1]
+        for s in stages
+        if s.id in passed and stage_digest(subject.path, called_adapters(s)) == passed[s.id][0]
+    }
 
 
 def _counter(total: int, progress: Callable[[int, int, str], None] | None) -> Callable[[CheckCell], None]:
@@ -77,7 +134,10 @@ def _counter(total: int, progress: Callable[[int, int, str], None] | None) -> Ca
         with lock:
             done[0] += 1
             if progress:
-                progress(done[0], total, f"{cell.subject} × {cell.stage}: {cell.got}{'' if cell.ok else ' (mismatch)'}")
+                same = f" (the same code as the {cell.same_as}'s)" if cell.same_as else ""
+                progress(
+                    done[0], total, f"{cell.subject} × {cell.stage}: {cell.got}{same}{'' if cell.ok else ' (mismatch)'}"
+                )
 
     return on_cell
 
@@ -94,11 +154,13 @@ def check_course(
     jobs: int = 2,
     progress: Callable[[int, int, str], None] | None = None,
     only_mutants: list[str] | None = None,
+    reuse: bool = True,
 ) -> CheckResult:
     """Grade solution, starter and mutants under source/ on the given stages and compare with expectations;
     progress(done, total, what) is called as each subject × stage cell is finished.
 
-    With only_mutants, just those mutants are graded. A manifest that does not load, or names a
+    With only_mutants, just those mutants are graded. With reuse, a mutant's stage whose calls reach the same code
+    as in the solution takes the solution's passing cell (marked same_as) instead of being graded again. A manifest that does not load, or names a
     stage or bug that does not exist, is reported in `broken` (the others still run).
     """
     options = grader.plan.options  # the instructor's --timeout; every tie named (first_exact off)
@@ -107,11 +169,11 @@ def check_course(
     if not (solution / default_adapters(solution)).is_file():
         result.problems.append(f"{solution}: no reference solution (tests/adapters.py or .ts) to check against")
         return result
-    subjects: list[tuple[str, Path, dict, dict]] = []
+    subjects: list[_Subject] = []
     if not only_mutants:
-        subjects.append(("solution", solution, {}, {}))
+        subjects.append(_Subject("solution", solution, {}, {}))
         if (source / "starter").is_dir():
-            subjects.append(("starter", source / "starter", {s.id: ("not-started",) for s in stages}, {}))
+            subjects.append(_Subject("starter", source / "starter", {s.id: ("not-started",) for s in stages}, {}))
     mutants, result.broken = gather_mutants(source / "mutants", only_mutants)
     known, selected = {s.id: s for s in all_stages}, {s.id for s in stages}
     with tempfile.TemporaryDirectory(prefix="theinference-check-") as tmp:
@@ -126,18 +188,24 @@ def check_course(
                 result.problems.append(str(e))
                 continue
             expect = {s: shape for s, shape in mutant.expect.items() if s in selected}
-            subjects.append((mutant.name, built, expect, mutant.fingerprint))
-        result.subjects = [name for name, *_ in subjects]
+            subjects.append(_Subject(mutant.name, built, expect, mutant.fingerprint))
+        result.subjects = [s.name for s in subjects]
         if not subjects:
             return result
         on_cell = _counter(len(subjects) * len(stages), progress)
         # The first subject (the solution) alone: it fills the oracle cache every other subject reuses.
-        result.cells.extend(_grade_subject(*subjects[0][:3], stages, grader, options, subjects[0][3], on_cell))
+        first = subjects[0]
+        result.cells.extend(_grade_subject(first, stages, grader, options, on_cell))
+        # Only the solution's cells stand in for a mutant's: every mutant is the solution with one edit.
+        passed = _passed_with_code(first, stages, result.cells) if reuse and first.name == "solution" else {}
+
+        def grade(subject: _Subject) -> list[CheckCell]:
+            same = _same_code(subject, stages, passed) if subject.name != "starter" else {}
+            return _grade_subject(subject, stages, grader, options, on_cell, same)
+
         pool = ThreadPoolExecutor(max_workers=max(1, jobs))
         try:
-            for cells in pool.map(
-                lambda s: _grade_subject(s[0], s[1], s[2], stages, grader, options, s[3], on_cell), subjects[1:]
-            ):
+            for cells in pool.map(grade, subjects[1:]):
                 result.cells.extend(cells)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (as in `test`): kill every student process, grade no more
             interrupt.cancel()

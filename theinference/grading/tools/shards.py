@@ -1,23 +1,32 @@
-"""Merging what `grade --shard I/N` runs wrote: CSV with CSV, JSON with JSON, and only shards graded alike."""
+"""Merging what `grade --shard I/N` runs wrote: CSV with CSV, JSON with JSON, and only shards graded alike.
+
+Copies are looked for again over the merged rows, from the fingerprints each row carries (copies.py), so a pair
+of submissions graded in different shards is flagged as if one batch had graded them both.
+"""
 
 import csv
+import dataclasses
 import json
 from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
 from theinference.files import write_atomic
+from theinference.grading.drive.copies import Copy, decode_prints, describe, pairs
 from theinference.grading.drive.batch import (
     BATCH_SCHEMA,
     GRADED_WITH_COLUMNS,
     INTERRUPTED_MARK,
     SHARD_COLUMNS,
+    FINGERPRINTS,
     BatchError,
     check_output,
     parse_shard,
+    spreadsheet_text,
     write_csv,
 )
 
+_FIELD_LIMIT = 64 * 1024 * 1024
 _WORDS = {"theinference": "theinference version", "weights": "weights", "stage_files": "stage files", "seed": "--seed"}
 _HOW = "merge only shards graded alike: the same theinference, --weights, --stages-dir, --stage and --seed"
 
@@ -43,6 +52,9 @@ def _cell(value) -> str:
 
 def read_csv_shard(path: Path) -> Shard:
     """A CSV that `grade` wrote; an interrupted one is refused."""
+    # A row's fingerprints cell grows with the submission's code (a few KB each; the cap on what is read, 4 MiB of
+    # source, makes a few MB): past the csv module's default field limit of 128 KiB.
+    csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
     try:
         with path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
@@ -164,9 +176,16 @@ def _output(fmt: str, out: Path | None) -> Path:
     return out
 
 
-def merge_shards(parts: list[Path], out: Path | None, replace: bool = False) -> tuple[Path, int, list[str]]:
-    """Combine shard files (all CSV or all JSON) into out, sorted by id; return out, the submission count and
-    the ids replaced.
+@dataclass(frozen=True)
+class Merged:
+    out: Path
+    count: int  # submissions in it
+    replaced: list[str]  # the ids whose rows a regrade replaced
+    unprinted: list[str]  # ids whose rows carry no fingerprints: their copies are as their own shard found them
+
+
+def merge_shards(parts: list[Path], out: Path | None, replace: bool = False) -> Merged:
+    """Combine shard files (all CSV or all JSON) into out, sorted by id, the copies found again over all of them.
 
     Every shard of the batch must be there, once. With replace, the first file is a whole batch's grades
     and the others' rows replace those of the same students (each row keeps its own record of what
@@ -183,11 +202,12 @@ def merge_shards(parts: list[Path], out: Path | None, replace: bool = False) -> 
     _check_alike(shards)
     _check_complete(shards[:1] if replace else shards)
     merged: dict[str, Any] = {}
+    origin: dict[str, Path] = {}  # the file each merged row comes from
     for shard in shards[:1] if replace else shards:
         for sub_id, _, payload in shard.entries:
             if sub_id in merged:
                 raise BatchError(f"{shard.path}: submission '{sub_id}' already appears in another shard; {_REPLACE}")
-            merged[sub_id] = payload
+            merged[sub_id], origin[sub_id] = payload, shard.path
     replaced: dict[str, Path] = {}
     for shard in shards[1:] if replace else []:
         for sub_id, _, payload in shard.entries:
@@ -195,10 +215,57 @@ def merge_shards(parts: list[Path], out: Path | None, replace: bool = False) -> 
                 raise BatchError(f"{shard.path}: '{sub_id}' is not in {first.path}: --replace only replaces rows")
             if sub_id in replaced:
                 raise BatchError(f"{shard.path}: '{sub_id}' is regraded in {replaced[sub_id]} too: give one regrade")
-            merged[sub_id], replaced[sub_id] = payload, shard.path
+            merged[sub_id], replaced[sub_id], origin[sub_id] = payload, shard.path, shard.path
+    unprinted = _copies_again(first, merged, origin)
     ordered = [merged[k] for k in sorted(merged)]
     if first.format == "csv":
         write_csv(out, [first.head, *ordered])
     else:
         write_atomic(out, json.dumps({**first.head, "submissions": ordered}, indent=2) + "\n")
-    return out, len(merged), sorted(replaced)
+    return Merged(out, len(merged), sorted(replaced), unprinted)
+
+
+def _copies_again(first: Shard, merged: dict[str, Any], origin: dict[str, Path]) -> list[str]:
+    """Each merged row's copies found again over every row (amended in place); the ids of rows without fingerprints
+    (written before shards carried them), whose copies stay as their shard found them."""
+    column = first.head.index(FINGERPRINTS) if first.format == "csv" and FINGERPRINTS in first.head else None
+    prints, unprinted = {}, []
+    for sub_id, payload in merged.items():
+        if first.format == "csv":
+            text = payload[column] if column is not None and column < len(payload) else ""
+        else:
+            text = payload.get(FINGERPRINTS) if isinstance(payload.get(FINGERPRINTS), str) else ""
+        if not text:
+            unprinted.append(sub_id)
+            continue
+        try:
+            prints[sub_id] = decode_prints(text)
+        except ValueError as e:
+            raise BatchError(f"{origin[sub_id]}: the row of '{sub_id}': {FINGERPRINTS}: {e}") from None
+    found = pairs(prints)
+    for sub_id in prints:
+        copies = found.get(sub_id, [])
+        if first.format == "csv":
+            merged[sub_id][first.head.index("copy_of")] = spreadsheet_text(describe(copies))
+        else:
+            merged[sub_id] = {**merged[sub_id], "copy_of": _copy_documents(merged[sub_id].get("copy_of"), copies)}
+    return sorted(unprinted)
+
+
+def _copy_documents(listed, copies: list[Copy]) -> list[dict]:
+    """copies as the batch JSON writes them, each kept as its shard wrote it where that is the same pair with the
+    same passages (its excerpts are there); a pair found across shards has its passages' lines but not their text."""
+    kept = {_copy_key(d): d for d in listed if isinstance(d, dict)} if isinstance(listed, list) else {}
+    documents = []
+    for copy in copies:
+        document = json.loads(json.dumps(dataclasses.asdict(copy)))
+        documents.append(kept.get(_copy_key(document), document))
+    return documents
+
+
+def _copy_key(document: dict) -> str:
+    """A copy's document without its excerpts: which pair, how similar, which passages."""
+    listed = document.get("regions")
+    regions = listed if isinstance(listed, list) else []
+    bare = [{k: v for k, v in r.items() if k not in ("text", "other_text")} for r in regions if isinstance(r, dict)]
+    return json.dumps([document.get(k) for k in ("of", "files", "similarity")] + [bare], sort_keys=True)
