@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from theinference.bundled import data_dir
-from theinference.grading.spec import checks
+from theinference.grading.spec import checks, keys
 from theinference.grading.spec.checks import RowsCheck, ScalingCheck, ScalingSpec, TokensCheck
 from theinference.grading.spec.stages import load_stages
 
@@ -43,7 +43,7 @@ def test_each_kind_gives_its_own_tolerance(check, tolerance, tokens):
 
 _MATCH = """
 from typing import assert_never
-from checks import Check, RowsCheck, ScalingCheck, TokensCheck
+from theinference.grading.spec.checks import Check, RowsCheck, ScalingCheck, TokensCheck
 
 def name(check: Check) -> str:
     match check:
@@ -58,7 +58,12 @@ def name(check: Check) -> str:
 
 @pytest.mark.slow  # two mypy runs: 7 s
 def test_mypy_names_the_kind_a_match_leaves_out(tmp_path):
-    shutil.copy(Path(checks.__file__), tmp_path / "checks.py")  # the standard library only: mypy reads it alone
+    # checks.py and the one module it imports (keys.py) use the standard library only: mypy reads the two alone,
+    # from their package path under tmp_path, not from the installed package (which has no py.typed)
+    spec = tmp_path / "theinference" / "grading" / "spec"
+    spec.mkdir(parents=True)
+    for module in (checks, keys):
+        shutil.copy(Path(module.__file__), spec / Path(module.__file__).name)
 
     def mypy(scaling: str) -> subprocess.CompletedProcess:
         (tmp_path / "use.py").write_text(_MATCH.format(scaling=scaling))

@@ -5,6 +5,7 @@ docs/authoring.md says of them, so the loader's keys and the guide's table of fi
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,12 @@ class Key:
         return self.name.strip("[]")
 
 
-def keys(*described: Key) -> dict:
+def keys(*described: Key) -> dict[str, tuple[Key, ...]]:
     """A dataclass field's metadata: the stage file's keys it is read from."""
     return {"keys": described}
 
 
-def stage_keys(*owners) -> tuple[Key, ...]:
+def stage_keys(*owners: Any) -> tuple[Key, ...]:
     """Every key the dataclasses' fields are read from, in field order (a field of no key is not the file's)."""
     return tuple(key for owner in owners for f in dataclasses.fields(owner) for key in f.metadata.get("keys", ()))
 
