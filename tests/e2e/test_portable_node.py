@@ -126,3 +126,25 @@ def test_a_harness_that_cannot_import_dies_before_it_reports_and_the_stream_ends
         proc.kill()
         proc.wait()
         node.close()
+
+
+@pytest.mark.linux  # /proc/self/fd
+def test_a_loopback_socket_that_cannot_be_opened_is_a_clear_error_and_leaves_no_fd_open(
+    cli, tmp_path, tiny_path, portable, monkeypatch
+):
+    course = tmp_path / "js"
+    (course / "tests").mkdir(parents=True)
+    (course / "tests" / "adapters.mjs").write_text("export function runSingleStep(ids) { return []; }\n")
+
+    def refused() -> channels.NodeSocket:
+        raise OSError(97, "Address family not supported by protocol")
+
+    cli("test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path)  # what a run keeps open
+    monkeypatch.setattr(channels, "NodeSocket", refused)
+    before = set(os.listdir("/proc/self/fd"))
+    result = cli("test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path)
+    assert result.exit_code == 2, result.output
+    assert "could not open a loopback socket (127.0.0.1) for the TypeScript worker" in result.output
+    assert "Traceback" not in result.output
+    left = set(os.listdir("/proc/self/fd")) - before
+    assert not left, [os.readlink(f"/proc/self/fd/{fd}") for fd in left]

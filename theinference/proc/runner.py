@@ -28,6 +28,7 @@ from theinference.proc.node import is_node_adapters
 from theinference.proc.reaper import plan
 from theinference.proc.limits import DEFAULT_MEMORY_MB, Limits  # noqa: F401 - DEFAULT_MEMORY_MB: its old home
 from theinference.proc.rundir import QUOTA_POLL, QuotaExceeded, RunDir
+from theinference.errors import ConfigError
 from theinference.sizes import size_text
 from theinference.trust import allowed_env
 
@@ -199,6 +200,15 @@ def _node_socket(job: AdapterJob) -> bool:
     return plan().node_channel == "socket" and is_node_adapters(job.adapters) and not own_network
 
 
+def _open_socket() -> channels.NodeSocket:
+    try:
+        return channels.NodeSocket()
+    except OSError as e:
+        raise ConfigError(
+            f"could not open a loopback socket (127.0.0.1) for the TypeScript worker to report over: {e}"
+        ) from None
+
+
 class _Child:
     """One child process and the pipe it reports on."""
 
@@ -221,6 +231,9 @@ class _Child:
             )
         # Which meters count this run (MeterUnavailable for a forced one that cannot work, before anything starts).
         self.tree_kind = accounting.tree_kind(accounting.forced_meter())
+        # A Node worker that cannot take the pipe by its fd number reports over a loopback socket (channels.NodeSocket):
+        # opened before anything else, so that a socket that cannot be opened leaves nothing open behind it.
+        self.socket = _open_socket() if _node_socket(job) else None
         self.cgroup = accounting.run_cgroup(job.limits.tree())
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.untrusted else dict(os.environ)
@@ -230,8 +243,6 @@ class _Child:
             env.update({name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")})
         self.stdout_path, self.stderr_path = work / f"stdout-{start}.txt", work / f"stderr-{start}.txt"
         (out_fd, self.stdout_id), (err_fd, self.stderr_id) = _create(self.stdout_path), _create(self.stderr_path)
-        # A Node worker that cannot take the pipe by its fd number reports over a loopback socket (channels.NodeSocket).
-        self.socket = channels.NodeSocket() if _node_socket(job) else None
         if self.socket is not None:
             env.update(self.socket.env)
         calls_read: int | None = None
