@@ -11,28 +11,9 @@ import pytest
 from theinference.grading.spec.checks import CHECK_KEYS, RowsCheck, ScalingCheck, TokensCheck
 from theinference.grading.spec.schema import REQUIRED_KEYS, STAGE_KEYS, StageSpec, schema_text
 from theinference.grading.spec.stages import StageError, load_stage
+from test_stages import VALID  # the one valid stage file the stage tests edit
 
 GUIDE = Path(__file__).parents[2] / "docs" / "authoring.md"
-VALID = """\
-format_version = 1
-id = "mlp-check"
-title = "A valid stage"
-order = 90
-lesson = "lesson.md"
-adapter = "run_layer_equiv"
-oracle = "layer0-attn-sublayer"
-compare = "rows"
-timeout = 10
-points = 5
-
-[tolerance]
-atol = 1e-4
-rtol = 1e-3
-
-[[case]]
-name = "a"
-seq = [1, 2, 3]
-"""
 
 
 def test_the_guides_table_of_fields_is_the_schema():
