@@ -4,27 +4,25 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, assert_never
+from typing import assert_never
 
 import numpy as np
 
-from theinference.grading.judge import scaling
+from theinference.grading.judge import events, scaling
+from theinference.grading.judge.context import GradeContext
 from theinference.grading.judge.compare import compare_rows, promoted, shape_problem
 from theinference.course import Course
 from theinference.grading.judge.diagnose import diagnose_rows
 from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage
 from theinference.grading.judge.frames import course_file, deepest_course_frame
-from theinference.grading.oracle.cache import OracleCache
-from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.grading.spec.inputs import ID_INPUTS, consumed_sequence, positions_needed
 from theinference.grading.oracle.registry import OracleSpec, resolve_oracle
 from theinference.grading.judge.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
 from theinference.proc import protocol
-from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, CaseDone, CaseStarted, RunEnded, run_adapter
 from theinference.grading.spec.checks import RowsCheck, ScalingCheck, TokensCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
-from theinference.grading.spec.timeouts import CPU_FLOOR, CpuBudget, Timeouts, cpu_budget
+from theinference.grading.spec.timeouts import CPU_FLOOR, CpuBudget, cpu_budget
 from theinference.proc.node import is_node_adapters
 from theinference.grading.judge.verification import verify_tokens
 from theinference.model.weights import Model
@@ -33,34 +31,6 @@ from theinference.errors import ConfigError
 
 class GradeError(ConfigError):
     """The stage cannot be graded against these weights (a configuration error, exit 2)."""
-
-
-class CaseEvent(Protocol):
-    """Told as each case starts and ends in the student's process ("start" | "done"), and for a stage the
-    grader drives call by call (cache-scaling), as each call starts ("call", with what the call is)."""
-
-    def __call__(self, event: str, stage: StageSpec, index: int, detail: str = "") -> None: ...
-
-
-@dataclass
-class GradeContext:
-    course: Course
-    model: Model
-    cache: OracleCache = field(default_factory=OracleCache)
-    limits: Limits = field(default_factory=Limits)  # the student's process: memory, run directory, environment
-    timeouts: Timeouts = field(default_factory=Timeouts)  # the run's rule for seconds per call (spec.timeouts)
-    launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
-    fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
-    diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
-    first_exact: bool = False  # fingerprints stop at the first exact match (see fingerprint.EXACT)
-    # Told ("start" | "done", stage, case index) as the student's process starts and finishes each case.
-    on_case: CaseEvent | None = None
-    all_cases: bool = False  # keep running a stage's cases after one timed out
-    deadline: float | None = None  # time.monotonic() by which the whole submission must be done
-    budget: float | None = None  # the seconds that deadline allowed, for messages
-    # The submission chooses nothing: a made preset (the proof's too) that was altered is an error, not remade, and
-    # the student's process gets only the allow-listed environment. Decided by the run's plan (drive/plan.py).
-    untrusted: bool = False
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -265,12 +235,12 @@ def _judged_as_they_arrive(
             case CaseStarted(index=index):
                 started.add(index)
                 if ctx.on_case is not None:
-                    ctx.on_case(protocol.START, stage, index)
+                    ctx.on_case(events.CaseStarted(stage, index))
             case CaseDone(index=index, outcome=outcome):
                 first = index not in graded  # a later one replaces it (nothing of that run counts)
                 graded[index] = judge_case(stage, stage.cases[index], outcome, ctx, spec)
                 if first and index in started and ctx.on_case is not None:  # ended in the student's process
-                    ctx.on_case(protocol.DONE, stage, index)
+                    ctx.on_case(events.CaseEnded(stage, index))
             case RunEnded(outcomes=outcomes):
                 return outcomes, graded
             case _:
