@@ -19,12 +19,11 @@ from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage, n
 from theinference.grading.drive.progress import load_progress, weights_name
 from theinference.grading.judge.events import CaseEvent
 from theinference.grading.judge.context import GradeContext
-from theinference.grading.judge.grade import Graded, check_case_fits, grade_stage
+from theinference.grading.judge.grade import Graded, judge_for, check_case_fits, grade_stage
 from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.oracle.registry import resolve_oracle
 from theinference.grading.spec.randomcases import with_random_cases
 from theinference.grading.judge.results import CaseResult, RunResult, StageResult, Status
-from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.drive.threads import blas_threads_for_load
 from theinference.grading.drive.costlock import LOCK_NAME, CostLock
@@ -171,7 +170,7 @@ class Grader:
 
     def _stage_lock(self, stage: StageSpec):
         """The lock a stage is graded under: exclusive for the one judged on cost, shared for every other."""
-        return self.cost_lock.exclusive() if isinstance(stage.check, ScalingCheck) else self.cost_lock.shared()
+        return self.cost_lock.exclusive() if judge_for(stage.check).exclusive else self.cost_lock.shared()
 
     def run_result(
         self,
@@ -286,8 +285,7 @@ class Grader:
         costs for the cache proof before grading threads run beside their measurement (scaling.measure_costs)."""
         for stage in stages:
             spec = resolve_oracle(stage.oracle, stage.source)
-            if isinstance(stage.check, ScalingCheck):
-                scaling.measure_costs(stage, self.model, self.cache, self.untrusted)
+            judge_for(stage.check).warm(stage, self.model, self.cache, self.untrusted)
             stage = scaling.fit_to_context(stage, self.model.config.n_ctx)  # as grade() does, before checking the fit
             for done, case in enumerate(stage.cases, 1):
                 check_case_fits(stage, case, self.model)
