@@ -1,6 +1,7 @@
 """The layers of the package: no module imports a layer above its own (see ARCHITECTURE.md)."""
 
 import ast
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -154,3 +155,37 @@ def test_the_sandbox_stub_holds_everything_the_student_side_imports():
         top |= {n.module.split(".")[0] for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and not n.level}
         assert top - {"theinference"} <= sys.stdlib_module_names, (name, top)
         assert imported(found[name], name, set(found), top_level_only=True) <= stub, name
+
+
+def private_imports(root: Path, package: str) -> list[str]:
+    """Each `from module import _name` of the package that takes a private name of another of its modules."""
+    found = modules(root, package)
+    problems = []
+    for name, path in found.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith(package)):
+                continue
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            problems += [f"{name} imports {p} from {node.module or '.'}" for p in private]
+    return problems
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert private_imports(PACKAGE_ROOT, "theinference") == []
+
+
+def test_a_private_name_imported_from_another_module_is_named(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "runner.py").write_text("def _child(): ...\ndef run(): ...\n")
+    (tmp_path / "pkg" / "calls.py").write_text("from pkg.runner import _child, run\n")
+    assert private_imports(tmp_path / "pkg", "pkg") == ["pkg.calls imports _child from pkg.runner"]
+
+
+def test_what_a_run_of_student_code_returns_is_frozen():
+    """A job, the runner's events and each call's outcome are built whole, never amended (proc/jobs.py)."""
+    from theinference.proc import jobs
+
+    built = [v for v in vars(jobs).values() if isinstance(v, type) and dataclasses.is_dataclass(v)]
+    assert {c.__name__ for c in built} >= {"AdapterJob", "CallOutcome", "CaseDone", "StepTime"}
+    assert [c.__name__ for c in built if not c.__dataclass_params__.frozen] == []  # type: ignore[attr-defined]

@@ -20,7 +20,7 @@ from theinference.report.terminal import render_run, sparkline
 from theinference.bundled import data_dir
 from theinference.grading.judge.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
 from theinference.grading.drive.plan import plan_run
-from theinference.grading.drive.session import RunOptions, open_session
+from theinference.grading.drive.session import open_session
 from theinference.grading.spec.checks import RowsCheck, TokensCheck
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -333,7 +333,7 @@ def test_a_real_failure_reads_whole_at_80_columns(tiny_path, tmp_path):
     session = open_session(plan_run(course, weights=str(tiny_path)))
     try:
         wanted = [s for s in session.stages if s.id in ("single-step-attention", "per-step-identity")]
-        run = session.run(wanted, RunOptions())
+        run = session.run(wanted, verdicts_first=False, follow_up=False)
     finally:
         session.close()
     text = render_at(80, run)

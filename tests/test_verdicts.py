@@ -13,6 +13,13 @@ from theinference.course import load_course
 from theinference.grading.drive.grader import Grader, RunOptions, Unmatched
 from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import open_session
+from theinference.grading.judge.events import (
+    RunDone,
+    RunStarted,
+    StageGraded,
+    StageMatched,
+    VerdictsDone,
+)
 from theinference.grading.judge.evidence import stage_evidence
 from theinference.grading.judge.fingerprint import fingerprint_stage, needs_fingerprint
 from theinference.grading.judge.grade import GradeContext, Judged, cross_case_diagnosis, judge_case
@@ -193,21 +200,30 @@ def test_the_grader_fingerprints_a_new_run_and_keeps_no_arrays_after(ctx):
     assert again.stages[0].diagnosis.bugs == ()
 
 
+PHASES = (RunStarted, StageGraded, VerdictsDone, StageMatched, RunDone)
+
+
 @pytest.mark.slow
-def test_a_deferred_run_keeps_its_arrays_on_the_grader_until_fingerprinted(tiny_path, tmp_path):
+def test_a_run_tells_each_verdict_before_its_finding_and_keeps_no_arrays_after(tiny_path, tmp_path):
     mutant = load_mutant(data_dir("course") / "mutants" / BUG / "manifest.toml")
     course = build_mutant(mutant, data_dir("course") / "solution", tmp_path / BUG)
     session = open_session(plan_run(course, weights=str(tiny_path)))
     try:
         wanted = [s for s in session.stages if s.id == "forward"]
-        run = session.run(wanted, RunOptions(fingerprint=False))
+        told: list = []
+        run = session.run(wanted, told.append)
+        phases = [type(e) for e in told if isinstance(e, PHASES)]  # the cases and oracle outputs between
+        assert phases == [RunStarted, StageGraded, VerdictsDone, StageMatched, RunDone]
+        graded, matched = (e.result for e in told if isinstance(e, (StageGraded, StageMatched)))
+        assert graded.status == Status.FAIL and graded.diagnosis.bugs == () and BUG in matched.diagnosis.bugs
+        assert run.stages == [matched] and session.grader.unmatched is None and not _arrays_in(run)
+        # The grader keeps a verdict-only run's arrays beside it until they are matched, then drops them.
+        verdicts = session.grader.grade(session.course, wanted, RunOptions(fingerprint=False))
         unmatched = session.grader.unmatched
-        assert unmatched is not None and unmatched.run is run and _arrays_in(unmatched) and not _arrays_in(run)
-        assert run.stages[0].status == Status.FAIL and run.stages[0].diagnosis.bugs == ()
-        done = session.grader.fingerprint(wanted, run, RunOptions())
-        assert session.grader.unmatched is None and not _arrays_in(done)
-        assert BUG in done.stages[0].diagnosis.bugs and run.stages[0].diagnosis.bugs == ()
-        full = session.run(wanted, RunOptions())  # fingerprinted as graded: nothing kept beside it
+        assert unmatched is not None and unmatched.run is verdicts and _arrays_in(unmatched)
+        done = session.grader.fingerprint(wanted, verdicts, RunOptions())
+        assert session.grader.unmatched is None and not _arrays_in(done) and BUG in done.stages[0].diagnosis.bugs
+        full = session.run(wanted, verdicts_first=False)  # fingerprinted as graded: nothing kept beside it
         assert session.grader.unmatched is None and BUG in full.stages[0].diagnosis.bugs
     finally:
         session.close()

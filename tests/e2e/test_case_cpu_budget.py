@@ -81,19 +81,19 @@ def test_a_starved_case_is_retried_in_fresh_children_then_marked_and_listed_for_
 ):
     # The kernel's count as on a starved machine (every moment waited for a CPU): only the wall-clock backstop ends
     # the case, with next to no CPU used. The machine's, not the code's: run again, then recorded as machine-busy.
-    from theinference.proc import accounting, runner
+    from theinference.proc import accounting, clock, runner, worker
     from test_robustness import _starve
 
     write_adapters(tmp_path / "subs" / "slow", HANG)
-    monkeypatch.setattr(runner, "BACKSTOP_SLACK", 1.0)
+    monkeypatch.setattr(clock, "BACKSTOP_SLACK", 1.0)
     _starve(monkeypatch, accounting)
-    children, real = [], runner._Child.__init__
+    children, real = [], worker.Worker.__init__
 
     def counted(self, job, start, *rest, **kw):
         children.append(start)
         real(self, job, start, *rest, **kw)
 
-    monkeypatch.setattr(runner._Child, "__init__", counted)
+    monkeypatch.setattr(worker.Worker, "__init__", counted)
     out_json, out_csv = tmp_path / "grades.json", tmp_path / "grades.csv"
     args = (tmp_path / "subs" / "slow", "--weights", tiny_path, "--stage", "prove-one-layer", "--timeout", 0.5)
     assert cli("grade", *args, "--format", "json", "--out", out_json).exit_code == 0

@@ -21,6 +21,7 @@ from theinference.cli import early
 from theinference.cli.app import app
 from theinference.cli.live import RunProgress
 from theinference.grading.judge import fingerprint
+from theinference.grading.judge.events import CaseEnded, CaseStarted
 from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.grading.drive.plan import plan_run
 from theinference.grading.drive.session import open_session
@@ -222,7 +223,7 @@ def test_off_a_terminal_the_live_line_names_the_running_case(capsys, monkeypatch
     monkeypatch.setattr(RunProgress, "TICK", 0.01)
     progress = RunProgress()
     stage = SimpleNamespace(adapter="run_forward", cases=[SimpleNamespace(name="one"), SimpleNamespace(name="two")])
-    progress.case_event("start", stage, 1)
+    progress(CaseStarted(stage, 1))
     said = ""
     for _ in range(2000):  # until the ticker has printed (20 s at most on a loaded machine)
         said += capsys.readouterr().err
@@ -230,7 +231,7 @@ def test_off_a_terminal_the_live_line_names_the_running_case(capsys, monkeypatch
             break
         time.sleep(0.01)
     time.sleep(0.1)  # ten more ticks
-    progress.case_event("done", stage, 1)
+    progress(CaseEnded(stage, 1))
     progress.close()
     said += capsys.readouterr().err
     assert "running run_forward: case 2 of 2 (two) · " in said
@@ -246,9 +247,11 @@ def test_watch_mode_tells_the_live_line_each_case_before_the_screen_is_redrawn(s
             session,
             ["forward"],
             lambda regrade: events.append(("screen", regrade.result.stages[0].status)),
-            on_case=lambda event, stage, index, detail="": events.append((event, index)),
+            listen=lambda event: (
+                isinstance(event, (CaseStarted, CaseEnded)) and events.append((type(event), event.index))
+            ),
         ).regrade([])
     finally:
         session.close()
-    cases = [(event, i) for i in range(3) for event in ("start", "done")]
+    cases = [(kind, i) for i in range(3) for kind in (CaseStarted, CaseEnded)]
     assert events == [*cases, ("screen", "pass")]

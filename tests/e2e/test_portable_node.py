@@ -96,7 +96,7 @@ def test_a_crash_a_hang_and_an_exit_are_each_cases_outcome_over_the_socket(cli, 
     assert (cases[0]["status"], cases[0]["message"]) == ("crash", "the adapter's process was killed by SIGKILL")
     assert (cases[1]["status"], cases[1]["message"]) == ("error", "the adapter called process.exit(3)")
     # Timed out while running; or, on a machine too busy to give it its timeout in CPU, ended at the wall-clock
-    # backstop and said to be the machine's (runner._backstop_outcome): either way the hang ends, as the student's.
+    # backstop and said to be the machine's (clock.backstop_outcome): either way the hang ends, as the student's.
     assert cases[2]["status"] == "timeout", cases[2]
     assert cases[2]["message"].startswith((f"timed out after {timeout:g} s while running", "the machine was too busy"))
 

@@ -111,7 +111,7 @@ def test_huge_output_is_refused_unread_and_grader_memory_stays_bounded(tmp_path,
 def test_output_over_the_file_cap_is_the_students_without_grader_frames(
     cli, tmp_path, tiny_path, quick_stages, monkeypatch
 ):
-    monkeypatch.setattr("theinference.proc.runner.FILE_CAP", 16 * 2**20)  # the 1 GB cap, scaled down to save the disk
+    monkeypatch.setattr("theinference.proc.worker.FILE_CAP", 16 * 2**20)  # the 1 GB cap, scaled down to save the disk
     course = tmp_path / "course"
     write_adapters(course, "import numpy as np\ndef run_layer_equiv(seq_ids):\n    return np.ones(5 * 2**20)\n")
     result = cli(
@@ -282,7 +282,7 @@ def test_at_the_backstop_the_report_says_the_machine_was_too_busy_and_the_cpu_us
     # A machine starved by load, as the kernel reports it: the student's processes waited for a CPU all the
     # time, so none of it is charged and only the wall-clock backstop (4x the timeout, plus its slack) ends the
     # case. The same sleeper on this machine's own count is charged its sleep: "timed out", the code waited.
-    from theinference.proc import accounting, runner
+    from theinference.proc import accounting, clock
 
     course = tmp_path / "course"
     write_adapters(course, HANG)
@@ -291,7 +291,7 @@ def test_at_the_backstop_the_report_says_the_machine_was_too_busy_and_the_cpu_us
     assert waited["status"] == "timeout" and waited["message"] == f"timed out after {timeout:g} s while running"
     assert waited["clock"]["charged_seconds"] >= timeout and waited["clock"]["cpu_seconds"] < timeout
 
-    monkeypatch.setattr(runner, "BACKSTOP_SLACK", 5.0)
+    monkeypatch.setattr(clock, "BACKSTOP_SLACK", 5.0)
     _starve(monkeypatch, accounting)
     starved = _first_case(cli, course, tiny_path, 0.5)  # nothing is charged: the process's start needs no cover
     assert starved["status"] == "timeout"
@@ -320,14 +320,14 @@ def test_at_the_backstop_code_that_used_its_timeout_in_cpu_is_too_slow_not_too_b
 ):
     # Run-queue wait is summed over threads: several runnable ones can hide a step's time from its charged
     # clock on a loaded machine (as the fake count does here), but the CPU they used shows the code is slow.
-    from theinference.proc import accounting, runner
+    from theinference.proc import accounting, clock
 
     # Nothing is charged, so the timeout need not cover the process's start; a backstop of 20x lets the spinner
     # use its 0.5 s of CPU first on a machine that gives it a twentieth of a CPU.
-    monkeypatch.setattr(runner, "BACKSTOP", 20.0)
-    monkeypatch.setattr(runner, "BACKSTOP_SLACK", 1.0)
+    monkeypatch.setattr(clock, "BACKSTOP", 20.0)
+    monkeypatch.setattr(clock, "BACKSTOP_SLACK", 1.0)
     _starve(monkeypatch, accounting)
-    monkeypatch.setattr(runner, "_CORES", 10**6)  # the charged clock's CPU floor off (see the next test)
+    monkeypatch.setattr(clock, "_CORES", 10**6)  # the charged clock's CPU floor off (see the next test)
     course = tmp_path / "course"
     write_adapters(course, SPIN)
     timeout = 0.5

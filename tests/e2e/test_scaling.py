@@ -17,6 +17,7 @@ import pytest
 from conftest import write_adapters, write_quick_scaling_stage
 from theinference.bundled import data_dir
 from theinference.cli.live import RunProgress
+from theinference.grading.judge.events import CallStarted
 from theinference.grading.drive.grader import Grader
 from theinference.grading.judge import scaling
 from theinference.grading.spec.stages import load_stages
@@ -104,11 +105,11 @@ def test_the_solution_passes_the_built_in_stage_and_shows_both_tests(
 ):
     monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
     calls = []
-    real = RunProgress.case_event
+    real = RunProgress.__call__
     monkeypatch.setattr(
         RunProgress,
-        "case_event",
-        lambda self, event, stage, i, detail="": calls.append(detail) or real(self, event, stage, i, detail),
+        "__call__",
+        lambda self, event: (isinstance(event, CallStarted) and calls.append(event.call)) or real(self, event),
     )
     result = cli("test", "--course", solution_course, "--weights", tiny_path, "--stage", "cache-scaling")
     assert result.exit_code == 0, result.stdout

@@ -22,6 +22,7 @@ from theinference.cli import consoles
 from theinference.cli import stages as stages_cli
 from theinference.cli import test as test_cli
 from theinference.cli.live import RunProgress
+from theinference.grading.judge.events import CallStarted, CaseEnded, CaseStarted
 from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.grading.judge.results import CaseResult, StageResult, TokenStep
 from theinference.report.terminal import render_stage
@@ -121,13 +122,11 @@ def test_an_error_in_every_stage_shows_one_traceback(cli, narrow, short_dir, tin
 def test_wrong_tokens_in_cache_scaling_are_a_few_lines(cli, narrow, short_dir, tiny_path, proof_cache, monkeypatch):
     monkeypatch.setenv("THEINFERENCE_CACHE", str(proof_cache))
     events = []
-    real = RunProgress.case_event
+    real = RunProgress.__call__
     monkeypatch.setattr(
         RunProgress,
-        "case_event",
-        lambda self, event, stage, i, detail="": (
-            events.append((event, i, detail)) or real(self, event, stage, i, detail)
-        ),
+        "__call__",
+        lambda self, event: (isinstance(event, CASE_EVENTS) and events.append(_told(event))) or real(self, event),
     )
     course = _mutant("causal-mask-on-decode", short_dir / "bug")
     result = cli("test", "--course", course, "--weights", tiny_path, "--stage", "cache-scaling")
@@ -139,6 +138,15 @@ def test_wrong_tokens_in_cache_scaling_are_a_few_lines(cli, narrow, short_dir, t
     assert all(len(line) <= 80 for line in body.splitlines())
     # The live line named the case, then the call the grader drove (the warm-up's tokens were already wrong).
     assert events == [("start", 0, ""), ("call", 0, "untimed warm-up: 8 new tokens"), ("done", 0, "")]
+
+
+CASE_EVENTS = (CaseStarted, CallStarted, CaseEnded)
+
+
+def _told(event) -> tuple[str, int, str]:
+    """A case event as the live line reads it: start, call (with what the call is) or done."""
+    kind = {CaseStarted: "start", CallStarted: "call", CaseEnded: "done"}[type(event)]
+    return kind, event.index, getattr(event, "call", "")
 
 
 def _greedy_case(steps: int, mismatch: int | None) -> CaseResult:

@@ -272,12 +272,12 @@ def test_changed_weights_are_reloaded_at_the_next_regrade(solution_course, tiny_
     shutil.copytree(tiny_dir, weights_dir)
     h = Harness(solution_course, weights_dir / "model.safetensors")
     try:
-        before = h.session.grader.model.stamp
+        before = h.session.model.stamp
         write_synthetic(weights_dir, preset="tiny", seed=1)  # not a course file: no re-grade by itself
         assert h.settle(0.3) == 0
         touch(solution_course / "src" / "kvcache.py")
         h.wait_for(2)
-        assert h.session.grader.model.stamp != before and not h.session.grader.model.is_stale()
+        assert h.session.model.stamp != before and not h.session.model.is_stale()
         assert h.regrades[1].result.stages[0].status == "pass"
     finally:
         h.close()

@@ -8,15 +8,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from theinference import __version__
 from theinference.cli.common import EXIT_FAIL, synth_progress
 from theinference.cli.consoles import console_for
-from theinference.cli.live import grade_streamed
+from theinference.cli.live import RunProgress, StreamedReport
 from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.bundled import data_dir
-from theinference.grading.drive.plan import CourseNeed, plan_run
-from theinference.grading.drive.session import open_session, select_stages
+from theinference.grading.drive.plan import CourseNeed, RunPlan, plan_run
+from theinference.grading.drive.session import Session, open_session, select_stages
+from theinference.grading.judge.events import tee
+from theinference.grading.judge.results import RunResult
+from theinference.grading.spec.stages import StageSpec
 from theinference.errors import ConfigError
 from theinference.cli.options import WeightsOpt
 from theinference.course import load_course
@@ -65,6 +69,17 @@ def init_command(
     )
 
 
+def _streamed(session: Session, stages: list[StageSpec], console: Console, plan: RunPlan | None = None) -> RunResult:
+    """Grade stages of the session's course (or plan's) with the report streamed to console as `test` streams it
+    and the live case line on stderr meanwhile; the demo's courses are copies: no progress, no advice."""
+    live = RunProgress()
+    report = StreamedReport(console, __version__, live, session.model.config.n_vocab)
+    try:
+        return session.run(stages, tee(live, report), plan=plan, follow_up=False)
+    finally:
+        live.close()
+
+
 def demo_command(
     weights: WeightsOpt = None,
 ) -> None:
@@ -79,11 +94,9 @@ def demo_command(
         with open_session(
             plan_run(solution, weights=weights or "tiny", first_exact=False), synth_progress()
         ) as session:
-            grader, version = session.grader, __version__
             shown = [s for s in session.stages if s.id != PROOF_STAGE]
             console.rule("1. the reference solution")
-            good, report = grade_streamed(grader, session.course, shown, session.plan.options, (), console, version)
-            report.footer(good)
+            good = _streamed(session, shown, console)
             console.print(
                 f"({PROOF_STAGE}, the proof of the cache by its CPU cost, is left out here: it takes a minute or two. "
                 f"`theinference test --stage {PROOF_STAGE} --course {data_dir('course') / 'solution'}` runs it.)",
@@ -93,8 +106,7 @@ def demo_command(
             copy = session.plan.for_course(load_course(buggy))
             assert copy.course is not None
             stages = select_stages(session.stages, list(mutant.expect))
-            bad, report = grade_streamed(grader, copy.course, stages, copy.options, (), console, version)
-            report.footer(bad)
+            bad = _streamed(session, stages, console, copy)
     diagnosed = all(s.diagnosis and s.diagnosis.shape in mutant.expect[s.id] for s in bad.stages)
     console.print("\nnext: `theinference init my-course` starts the course." if good.passed and diagnosed else "")
     raise typer.Exit(0 if good.passed and diagnosed else EXIT_FAIL)

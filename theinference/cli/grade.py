@@ -115,9 +115,8 @@ class BatchProgress:
 
 def _grader(plan: RunPlan, stage: list[str]) -> tuple[Grader, list[StageSpec]]:
     stages = select_stages(plan.stages(), stage)
-    choice, model, _ = plan.load_weights(synth_progress())
     # One grader for every submission: weights, oracle cache, launcher.
-    return Grader(weights=choice, model=model, launcher=plan.launcher(), cache=plan.oracle_cache(), plan=plan), stages
+    return Grader.open(plan, synth_progress()), stages
 
 
 def merge_command(
@@ -295,7 +294,7 @@ def grade_command(
     record = shard_record(subs, index, count)
     subs = shard(subs, index, count)
     grader, stages = _grader(plan, stage or [])
-    isolation = grader.launcher.isolation
+    isolation = grader.isolation
     if jobs > 1 and len(subs) > 1 and not isolation.separates_submissions:
         jobs = 1
         err_console().print(
@@ -312,7 +311,7 @@ def grade_command(
     with grader:
         for written in (out, json_out):
             if written is not None:
-                grader.launcher.hide(written)
+                grader.hide(written)
         results, stopped = _run(subs, grader, stages, options, jobs, out, fmt, record, json_out)
     if stopped:
         err_console().print(f"{stopped}; the {len(results)} graded are in {out}", soft_wrap=True, markup=False)

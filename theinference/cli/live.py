@@ -6,16 +6,26 @@ never delays one). On a terminal the case line is a status line updated every se
 (CI logs, pipes) a plain line once a case has run a while, so a log keeps moving.
 """
 
-import dataclasses
 import threading
 import time
-from collections.abc import Iterable
 
 from rich.console import Console
 from rich.markup import escape
 
 from theinference.cli import early
 from theinference.cli.common import OracleProgress
+from theinference.grading.judge.events import (
+    CallStarted,
+    CaseEnded,
+    CaseStarted,
+    Event,
+    OracleComputed,
+    OracleComputing,
+    RunDone,
+    RunStarted,
+    StageGraded,
+    StageMatched,
+)
 from theinference.grading.judge.results import RunResult, StageResult
 from theinference.grading.spec.stages import StageSpec
 from theinference.report.terminal import render_finding, render_footer, render_header, render_stage
@@ -42,16 +52,29 @@ class RunProgress(OracleProgress):
         self.stopped = threading.Event()
         self.ticker: threading.Thread | None = None
 
-    def case_event(self, event: str, stage: StageSpec, index: int, detail: str = "") -> None:
-        """The runner's start/done of case index of stage, or (cache-scaling) the start of one of its calls."""
+    def __call__(self, event: Event) -> None:
+        """A listener of the run (judge/events.py): the case or call the student's code runs, the oracle output
+        being computed; the other events are the report's."""
+        match event:
+            case CaseStarted(stage=stage, index=index) | CallStarted(stage=stage, index=index):
+                call = event.call if isinstance(event, CallStarted) else ""
+                self._case(stage, index, call)  # the seconds shown count from the case's start, or the call's
+            case CaseEnded():
+                self._case(None, 0, "")
+            case OracleComputing(label=label):
+                self.start(label)
+            case OracleComputed(label=label):
+                self.finish(label)
+
+    def _case(self, stage: StageSpec | None, index: int, call: str) -> None:
         with self.lock:
-            if event in ("start", "call"):  # the seconds shown count from the case's start, or the call's
+            if stage is None:
+                self.case = None
+            else:
                 self.case = (stage.adapter, index + 1, len(stage.cases), stage.cases[index].name)
-                self.detail = detail
+                self.detail = call
                 self.case_began = time.monotonic()
                 self.case_said = 0.0
-            else:
-                self.case = None
         self._ensure_ticker()
 
     def start(self, label: str) -> None:
@@ -135,6 +158,18 @@ class StreamedReport:
         self.seen: dict = {}  # errors already shown in this run
         self.shown: dict[str, StageResult] = {}  # each stage as its verdict printed it: its hints are on screen
 
+    def __call__(self, event: Event) -> None:
+        """A listener of the run (judge/events.py): the header, each verdict, each finding, then the footer."""
+        match event:
+            case RunStarted(run=run):
+                self.header(run)
+            case StageGraded(result=result):
+                self.stage(result)
+            case StageMatched(result=result):
+                self.finding(result)
+            case RunDone(run=run):
+                self.footer(run)
+
     def header(self, run: RunResult) -> None:
         self.progress.pause()
         render_header(self.console, run, self.version, headline_shown=early.shown == run.course)
@@ -155,22 +190,3 @@ class StreamedReport:
         self.progress.close()
         render_footer(self.console, run)
         self.console.file.flush()
-
-
-def grade_streamed(
-    grader, course, stages: list[StageSpec], options, notices: Iterable[str], console: Console, version: str
-):
-    """Grade stages of course with the report streamed to console as `test` streams it (the header first, each
-    verdict as it comes, the findings once every verdict is out) and the live case line on stderr meanwhile.
-    -> (the run, the report, to print its footer when the caller has advised the run)."""
-    live = RunProgress()
-    grader.cache.progress = live
-    report = StreamedReport(console, version, live, grader.model.config.n_vocab)
-    try:
-        report.header(grader.run_result(course, [], options, notices, stages))
-        unmatched = dataclasses.replace(options, fingerprint=False)
-        run = grader.grade(course, stages, unmatched, notices, live.case_event, report.stage)
-        run = grader.fingerprint(stages, run, options, on_stage=report.finding)
-    finally:
-        live.close()
-    return run, report

@@ -150,12 +150,11 @@ def check(
     plan = plan_run(need=CourseNeed.NONE, weights=weights, stages_dirs=extra, timeout=timeout, first_exact=False)
     all_stages = plan.stages()
     selected = select_stages(all_stages, stage or [])
-    choice, model, _ = plan.load_weights(synth_progress())
-    console = console_for(sys.stdout)
-    console.print(f"checking {source} against {choice.path} ({choice.why})", soft_wrap=True)
-    progress = ItemProgress("checking", "cells")
     # The instructor's own subjects: the persistent oracle store may serve them (see grading.oracle.store).
-    with Grader(weights=choice, model=model, launcher=plan.launcher(), cache=plan.oracle_cache(), plan=plan) as grader:
+    with Grader.open(plan, synth_progress()) as grader:
+        console = console_for(sys.stdout)
+        console.print(f"checking {source} against {grader.weights.path} ({grader.weights.why})", soft_wrap=True)
+        progress = ItemProgress("checking", "cells")
         try:
             result = check_course(
                 source,

@@ -1,6 +1,5 @@
 """`theinference test`: grade a course's stages (or watch it), render the report, exit 0/1."""
 
-import dataclasses
 import io
 import os
 import sys
@@ -30,9 +29,8 @@ from theinference.cli.options import (
 )
 from theinference.cli.live import RunProgress, StreamedReport
 from theinference.errors import UsageError
-from theinference.grading.drive.advice import advise
-from theinference.grading.drive.progress import record_progress
 from theinference.grading.drive.plan import plan_run
+from theinference.grading.judge.events import Event, Listener, RunDone, tee
 from theinference.grading.drive.session import choose_stages, open_session
 from theinference.proc.runner import DEFAULT_MEMORY_MB
 from theinference.files import check_target
@@ -58,8 +56,8 @@ def _made_weights(model) -> str:
 
 
 def _weights_notice(session) -> None:
-    if session.grader.made_weights:
-        model = session.grader.model
+    if session.made_weights:
+        model = session.model
         err_console().print(
             f"[yellow]note:[/yellow] made {_made_weights(model)} at {model.path} "
             "(every identity holds for them; generated text is gibberish). For real GPT-2: "
@@ -91,21 +89,20 @@ def _emit(run, fmt: Format, output: Optional[Path]) -> None:
         render_run(console_for(sys.stdout), run, __version__)
 
 
-def _watch(session, wanted: list[str] | None, options, poll: bool) -> int:
+def _watch(session, wanted: list[str] | None, poll: bool) -> int:
     """Watch mode: a live line per case on stderr while a grade runs, the screen redrawn after each."""
     # Imported for watch mode only (watchdog's observers are a tenth of a plain `test`'s imports).
     from theinference.cli.watch import render_regrade, run_watch
     from theinference.grading.drive.watch import Watch
 
     live = RunProgress()
-    session.grader.cache.progress = live
 
     def show(regrade) -> None:
         live.pause()
         render_regrade(regrade, session.course.root)
 
-    finding = show if options.diagnosis else None
-    watch = Watch(session, wanted, show, options=options, poll=poll, on_fingerprint=finding, on_case=live.case_event)
+    finding = show if session.plan.options.diagnosis else None
+    watch = Watch(session, wanted, show, poll=poll, on_fingerprint=finding, listen=live)
     try:
         return run_watch(watch)
     finally:
@@ -184,15 +181,14 @@ def test_command(
             "--watch trusts the course directory; it cannot be combined with untrusted grading "
             "(--untrusted, CI=true or --format gradescope)"
         )
-    options, untrusted = plan.options, plan.untrusted
     with open_session(plan, progress=synth_progress()) as session:
         # None: the next stage not yet passed, read from .theinference/ (which untrusted grading does not read)
-        wanted = [] if all_stages else (stage or ([] if untrusted else None))
+        wanted = [] if all_stages else (stage or ([] if plan.untrusted else None))
         if output:
-            session.grader.launcher.hide(output)
+            session.hide(output)
         _weights_notice(session)
         if watch:
-            raise typer.Exit(_watch(session, wanted, options, poll))
+            raise typer.Exit(_watch(session, wanted, poll))
         selected = choose_stages(session, wanted)
         if wanted is None and len(selected) == 1:
             err_console().print(
@@ -200,29 +196,25 @@ def test_command(
                 "(--all grades every stage, --stage ID a given one)",
                 soft_wrap=True,
             )
+        # Rich on stdout streams: the header now, each verdict as it comes, findings once every verdict is out.
         streamed = fmt is Format.rich and output is None
         live = RunProgress()
-        session.grader.cache.progress = live
+        listeners: list[Listener] = [
+            live,
+            _notice,
+        ]  # the notice of recording progress after the findings, before the footer
+        if streamed:
+            listeners.append(StreamedReport(console_for(sys.stdout), __version__, live, session.model.config.n_vocab))
         try:
-            if streamed:  # the header now, each verdict as it comes, findings once every verdict is out
-                report = StreamedReport(console_for(sys.stdout), __version__, live, session.grader.model.config.n_vocab)
-                report.header(session.grader.run_result(session.course, [], options, session.notices, selected))
-                run = session.run(
-                    selected, dataclasses.replace(options, fingerprint=False), live.case_event, report.stage
-                )
-                run = session.grader.fingerprint(selected, run, options, on_stage=report.finding)
-            else:
-                run = session.run(selected, options, live.case_event)
+            run = session.run(selected, tee(*listeners), verdicts_first=streamed)
         finally:
             live.close()
-        progress = None  # untrusted grading neither reads nor writes the course's progress
-        if not untrusted:
-            progress, notice = record_progress(session.course.root, run, options.timeout)
-            if notice:
-                err_console().print(notice, markup=False, soft_wrap=True)
-        run = dataclasses.replace(run, advice=advise(run, session.stages, progress))
-    if streamed:
-        report.footer(run)
-    else:
+    if not streamed:
         _emit(run, fmt, output)
     raise typer.Exit(0 if run.passed else EXIT_FAIL)
+
+
+def _notice(event: Event) -> None:
+    """What recording the course's progress said (a corrupt file replaced, progress not kept), on stderr."""
+    if isinstance(event, RunDone) and event.notice:
+        err_console().print(event.notice, markup=False, soft_wrap=True)

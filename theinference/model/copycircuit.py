@@ -22,7 +22,7 @@ back LAG + 1 tokens after it appears.
 import numpy as np
 
 from theinference.model import gpt2 as oracle
-from theinference.model.weights import GPT2Config, _nest
+from theinference.model.weights import GPT2Config, nest
 
 EOT = 50256
 LAG = 2
@@ -61,7 +61,7 @@ def _rotation(lag: int) -> np.ndarray:  # [2P, 2P]: a row of pairs times it is t
 
 def _residual_spread(tensors: dict, config: GPT2Config) -> float:
     """The spread of the last layer's input over fixed random tokens, rounded so that bytes stay stable."""
-    params = _nest(dict(tensors), config.n_layer)
+    params = nest(dict(tensors), config.n_layer)
     x = oracle.embed(params, np.random.default_rng(0).integers(0, config.n_vocab, 64))
     for block in params["h"][:-1]:
         x = oracle.transformer_block(x, **block, n_head=config.n_head)

@@ -283,7 +283,7 @@ def _read_tensor(f, path: Path, name: str, entry: dict, data_start: int) -> np.n
     return raw if raw.dtype == np.float32 else raw.astype(np.float32)
 
 
-def _nest(flat: dict[str, np.ndarray], n_layer: int) -> dict:
+def nest(flat: dict[str, np.ndarray], n_layer: int) -> dict:
     """Turn `h.0.attn.c_attn.weight` keys into params["h"][0]["attn"]["c_attn"]["weight"]."""
     params: dict = {"h": [{} for _ in range(n_layer)]}
     for key, value in flat.items():
@@ -368,7 +368,7 @@ def load_model(path: str | Path) -> Model:
                 flat[name] = _read_tensor(f, path, name, entries[name], data_start)
         if file_stamp(path) != stamp:  # written while read
             raise WeightsError(f"{path}: the weights file changed while it was in use; run again")
-        return _nest(flat, config.n_layer)
+        return nest(flat, config.n_layer)
 
     return Model(
         path=path,

@@ -5,10 +5,11 @@ One worker serves every call (weights loaded once). A call's cost is the differe
 the kernel's count for the whole tree (theinference.proc.accounting), taken by the grader just before it
 sends the arguments and just after the result arrives; the worker measures and reports nothing. A call
 that passes its CPU budget is stopped there (its cost is then known to be over it); a call that waits
-past its timeout (time not spent waiting for a CPU: runner.StepClock) times out; the wall-clock backstop
+past its timeout (time not spent waiting for a CPU: clock.StepClock) times out; the wall-clock backstop
 ends a call that a starved machine cannot finish, and says so.
 """
 
+import dataclasses
 import math
 import os
 import time
@@ -17,24 +18,13 @@ from pathlib import Path
 
 from theinference.proc import accounting, protocol, seal, strays, tempdirs
 from theinference.proc.rundir import QuotaExceeded
-from theinference.proc.runner import (
-    OVER_LIMIT,
-    AdapterJob,
-    CallOutcome,
-    ProtocolError,
-    StepClock,
-    _Child,
-    _defined_at,
-    _exit_message,
-    _offsets,
-    _outcome_from_done,
-    _text,
-    remove_run_dir,
-    starved_message,
-)
+from theinference.proc.clock import StepClock, starved_message
+from theinference.proc.jobs import OVER_LIMIT, AdapterJob, CallOutcome, ProtocolError
+from theinference.proc.runner import remove_run_dir
+from theinference.proc.worker import Worker, defined_at, exit_message, message_text, outcome_from_done, output_offsets
 
 _POLL = 0.05  # the least seconds between readings of the tree's CPU while a call runs
-# The most: a reading walks /proc for the run-queue wait (runner.StepClock), CPU the grader takes from the student's
+# The most: a reading walks /proc for the run-queue wait (clock.StepClock), CPU the grader takes from the student's
 # cores, so a call far from its budget is read less often (_poll); its result wakes the grader at once whatever this is.
 _SLOW_POLL = 0.5
 DEADLINE = "deadline"  # CallOutcome.limit of a call stopped at the run's deadline (AdapterJob.deadline)
@@ -42,8 +32,8 @@ DEADLINE = "deadline"  # CallOutcome.limit of a call stopped at the run's deadli
 
 @dataclass(frozen=True)
 class Budget:
-    """What one call may use: CPU seconds of the whole tree, and time as runner.StepClock charges it
-    (wall-clock time less waiting for a CPU); its wall-clock backstop is runner.BACKSTOP times that."""
+    """What one call may use: CPU seconds of the whole tree, and time as clock.StepClock charges it
+    (wall-clock time less waiting for a CPU); its wall-clock backstop is clock.BACKSTOP times that."""
 
     cpu: float
     timeout: float
@@ -57,7 +47,7 @@ class CallSession:
         self.launcher, self.course_root = job.launcher, str(job.course_root)
         self.deadline, self.deadline_budget = job.deadline, job.deadline_budget  # the run's end (monotonic), if any
         self.monitor_lost = False  # the worker killed its monitor: none of the session's calls count
-        self.child: _Child | None = _Child(job, 0, self.work, interactive=True)
+        self.child: Worker | None = Worker(job, 0, self.work, interactive=True)
         self.meter: accounting.Meter | None = None
         self.failure: CallOutcome | None = None  # once set, the worker is gone and every later call gets it
         self.defined_at: tuple[str, int] | None = None
@@ -84,9 +74,7 @@ class CallSession:
     def output(self) -> CallOutcome:
         """Everything the worker wrote to stdout and stderr so far (capped), on an outcome-shaped record."""
         whole = CallOutcome(status=protocol.OK)
-        if self.child is not None:
-            self.child.attach_output(whole, [0, 0], None)
-        return whole
+        return self.child.with_output(whole, [0, 0], None) if self.child is not None else whole
 
     def _load(self, budget: Budget) -> None:
         """Wait for the worker to import the adapters (or fail to); find what counts its CPU."""
@@ -118,7 +106,7 @@ class CallSession:
                 self._fail(CallOutcome(status=protocol.ERROR, message=str(e)))
                 continue
             if message is not None and message["event"] == protocol.LOADED:
-                self.defined_at = _defined_at(message)
+                self.defined_at = defined_at(message)
                 self._read_seal()
                 return
             self._fail(self._load_failure(message))
@@ -141,14 +129,16 @@ class CallSession:
             self.child.check_quota(now=True)
         except QuotaExceeded as e:
             return CallOutcome(status=protocol.ERROR, message=str(e))
-        return CallOutcome(status=protocol.CRASH, message=_exit_message(self._returncode()))
+        return CallOutcome(status=protocol.CRASH, message=exit_message(self._returncode()))
 
     def _load_failure(self, message: dict | None) -> CallOutcome:
         if message is None:
             return self._crashed()
         if message["event"] == protocol.LOAD_ERROR:
             return CallOutcome(
-                status=protocol.ERROR, message=_text(message, "message"), traceback=_text(message, "traceback")
+                status=protocol.ERROR,
+                message=message_text(message, "message"),
+                traceback=message_text(message, "traceback"),
             )
         return _broken(ProtocolError(f"an unexpected {message['event']!r} message before 'loaded'"))
 
@@ -171,10 +161,10 @@ class CallSession:
         message = f"stopped {when}: the submission's time budget of {self.deadline_budget or 0:g} s ran out"
         return CallOutcome(status=protocol.TIMEOUT, message=message, cpu_seconds=used, limit=DEADLINE)
 
-    def _fail(self, outcome: CallOutcome) -> None:
-        self.failure = outcome
-        if self.child is not None:
-            self.child.attach_output(outcome, [0, 0], None)
+    def _fail(self, outcome: CallOutcome) -> CallOutcome:
+        """The session's failure from now on, the worker's whole output on it."""
+        self.failure = self.child.with_output(outcome, [0, 0], None) if self.child is not None else outcome
+        return self.failure
 
     def call(self, index: int, args: list, output_cap: int, budget: Budget) -> CallOutcome:
         """Run one call; its outcome carries the CPU the whole tree used for it (cpu_seconds)."""
@@ -187,9 +177,7 @@ class CallSession:
             before = self.meter.cpu_seconds()
             self.child.send_call(index, args)
         except (accounting.MonitorGone, OSError) as e:
-            failure = _gone(e)
-            self._fail(failure)
-            return failure
+            return self._fail(_gone(e))
         self._stopped = False
         outcome = self._await(index, output_cap, budget, before)
         if self._stopped:  # killed, crashed or out of protocol: no later call can run
@@ -209,8 +197,7 @@ class CallSession:
                 if over is None and self.past_deadline():
                     over = self.deadline_outcome("while running", used)
                 if over is not None:
-                    over.clock = clock.reading()
-                    return self._ended(over, output)
+                    return self._ended(dataclasses.replace(over, clock=clock.reading()), output)
                 try:
                     wake = min(clock.backstop, self._end(), time.monotonic() + _poll(budget, used))
                     message = self.child.next_message(wake)
@@ -219,7 +206,7 @@ class CallSession:
                 if message is None:
                     return self._ended(self._crashed(), output)
                 if message["event"] == protocol.START and _is_call(message, index) and not begun:
-                    begun, output = True, _offsets(message)
+                    begun, output = True, output_offsets(message)
                     continue
                 if message["event"] == protocol.DONE and _is_call(message, index) and begun:
                     self.child.check_limits(now=True)
@@ -239,19 +226,19 @@ class CallSession:
         assert self.meter is not None and self.child is not None and self.child.run_dir is not None
         used = self.meter.cpu_seconds() - before
         checked = cap if message.get("status") == protocol.OK else None
-        outcome = _outcome_from_done(message, index, self.child.run_dir, checked)
-        outcome.cpu_seconds, outcome.clock = used, clock.reading()
-        outcome.seconds = time.monotonic() - clock.wall
-        outcome.defined_at = self.defined_at
-        self.child.attach_output(outcome, output, _offsets(message))
-        return outcome
+        outcome = dataclasses.replace(
+            outcome_from_done(message, index, self.child.run_dir, checked),
+            cpu_seconds=used,
+            clock=clock.reading(),
+            seconds=time.monotonic() - clock.wall,
+            defined_at=self.defined_at,
+        )
+        return self.child.with_output(outcome, output, output_offsets(message))
 
     def _ended(self, outcome: CallOutcome, output: list[int]) -> CallOutcome:
         """A call that ended without a result: the worker is stopped (by the caller) and its output attached."""
         self._stopped = True
-        if self.child is not None:
-            self.child.attach_output(outcome, output, None)
-        return outcome
+        return self.child.with_output(outcome, output, None) if self.child is not None else outcome
 
 
 def _poll(budget: Budget, used: float) -> float:

@@ -228,7 +228,7 @@ def _table() -> dict[int, tuple[int, bytes]]:
     return table
 
 
-def _children(parent: int) -> list[int]:
+def children_of(parent: int) -> list[int]:
     """The pids whose parent is `parent` (/proc scan: /proc/PID/task/*/children is optional in kernels)."""
     return [pid for pid, (ppid, _) in _table().items() if ppid == parent]
 
@@ -334,7 +334,7 @@ def _kill_descendants() -> None:
     me = os.getpid()
     kill_trees(lambda table: [pid for pid, (ppid, _) in table.items() if ppid == me])
     while _any_children():  # reap them as they re-parent to us, killing any that slipped through
-        kids = _children(me)
+        kids = children_of(me)
         if not kids:
             return  # the only one was a zombie, reaped just now
         _signal(kids, signal.SIGKILL)

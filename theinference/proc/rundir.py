@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from theinference.proc.reaper import _children
+from theinference.proc.reaper import children_of
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _ENTRY = 4096  # bytes every directory entry costs at least: one block of a disk
@@ -85,7 +85,7 @@ class RunDir:
             return self._tmpfs
         bwrap, size = self.sandbox
         host = os.stat(self.path)
-        for pid in _children(bwrap):  # bwrap's one child: the first process of the sandbox's namespaces
+        for pid in children_of(bwrap):  # bwrap's one child: the first process of the sandbox's namespaces
             try:
                 fd = os.open(f"/proc/{pid}/root{self.path}", os.O_RDONLY | os.O_DIRECTORY)
             except OSError:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from theinference.proc.reaper import _children, become_subreaper, kill_trees, plan
+from theinference.proc.reaper import children_of, become_subreaper, kill_trees, plan
 
 _lock = threading.RLock()
 _ours: set[int] = set()  # the grader's own children: zygotes and monitors
@@ -61,7 +61,7 @@ def kill_strays() -> int:
         # Stopped and killed whole first (a fork bomb outruns killing it a generation at a time), then reaped.
         killed = kill_trees(lambda table: [pid for pid, (ppid, _) in table.items() if ppid == me and pid not in _ours])
         for _ in range(10_000):  # a process that keeps forking loses the race: each round takes its parents
-            strays = [pid for pid in _children(os.getpid()) if pid not in _ours]
+            strays = [pid for pid in children_of(os.getpid()) if pid not in _ours]
             if not strays:
                 break
             for pid in strays:

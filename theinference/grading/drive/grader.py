@@ -17,12 +17,13 @@ from theinference.grading.judge import scaling
 from theinference.grading.judge.evidence import stage_evidence
 from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage, needs_fingerprint
 from theinference.grading.drive.progress import load_progress, weights_name
-from theinference.grading.judge.grade import CaseEvent, GradeContext, Graded, check_case_fits, grade_stage
+from theinference.grading.judge.events import CaseEvent
+from theinference.grading.judge.context import GradeContext
+from theinference.grading.judge.grade import Graded, judge_for, check_case_fits, grade_stage
 from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.oracle.registry import resolve_oracle
 from theinference.grading.spec.randomcases import with_random_cases
 from theinference.grading.judge.results import CaseResult, RunResult, StageResult, Status
-from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.drive.threads import blas_threads_for_load
 from theinference.grading.drive.costlock import LOCK_NAME, CostLock
@@ -30,7 +31,7 @@ from theinference.model.weights import Model
 from theinference.model.weights_choice import WeightsChoice
 from theinference.proc.accounting import meter_name
 from theinference.proc.launch import Launcher, default_launcher, mechanisms
-from theinference.proc.sandbox import lock_dir
+from theinference.proc.sandbox import Isolation, lock_dir
 from theinference.grading.drive.plan import RunOptions, RunPlan, timeouts
 
 __all__ = ["Grader", "OracleProgress", "RunOptions"]
@@ -66,6 +67,20 @@ class Grader:
     def __post_init__(self) -> None:
         self.cost_lock = CostLock(Path(lock_dir()) / LOCK_NAME if self.plan.untrusted else None)
 
+    @classmethod
+    def open(cls, plan: RunPlan, progress: Callable[..., None] | None = None) -> "Grader":
+        """The grader of a plan: its launcher started ahead (a zygote imports numpy while the weights load: under
+        the strongest isolation available when the plan is untrusted), its weights loaded (made if they are a
+        missing preset; progress is told as they are), its oracle cache (the persistent store when trusted)."""
+        launcher = plan.launcher()
+        launcher.warm()
+        try:
+            choice, model, made = plan.load_weights(progress)
+        except BaseException:
+            launcher.close()
+            raise
+        return cls(choice, model, made, cache=plan.oracle_cache(), launcher=launcher, plan=plan)
+
     @property
     def untrusted(self) -> bool:
         return self.plan.untrusted
@@ -80,13 +95,22 @@ class Grader:
         """Stop the pre-warmed student-process launcher, if any."""
         self.launcher.close()
 
+    @property
+    def isolation(self) -> Isolation:
+        """How far the student processes are confined here (the launcher's)."""
+        return self.launcher.isolation
+
+    def hide(self, path: Path) -> None:
+        """Keep path (a results file) unreadable by student processes."""
+        self.launcher.hide(path)
+
     def grade(
         self,
         course: Course,
         stages: list[StageSpec],
         options: RunOptions | None = None,
         notices: Iterable[str] = (),
-        on_case: CaseEvent | None = None,
+        on_case: Callable[[CaseEvent], None] | None = None,
         on_stage: Callable[[StageResult], None] | None = None,
     ) -> RunResult:
         """Grade the stages in order on the course (with the seed's random cases added, if any).
@@ -146,7 +170,7 @@ class Grader:
 
     def _stage_lock(self, stage: StageSpec):
         """The lock a stage is graded under: exclusive for the one judged on cost, shared for every other."""
-        return self.cost_lock.exclusive() if isinstance(stage.check, ScalingCheck) else self.cost_lock.shared()
+        return self.cost_lock.exclusive() if judge_for(stage.check).exclusive else self.cost_lock.shared()
 
     def run_result(
         self,
@@ -261,8 +285,7 @@ class Grader:
         costs for the cache proof before grading threads run beside their measurement (scaling.measure_costs)."""
         for stage in stages:
             spec = resolve_oracle(stage.oracle, stage.source)
-            if isinstance(stage.check, ScalingCheck):
-                scaling.measure_costs(stage, self.model, self.cache, self.untrusted)
+            judge_for(stage.check).warm(stage, self.model, self.cache, self.untrusted)
             stage = scaling.fit_to_context(stage, self.model.config.n_ctx)  # as grade() does, before checking the fit
             for done, case in enumerate(stage.cases, 1):
                 check_case_fits(stage, case, self.model)

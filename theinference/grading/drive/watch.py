@@ -8,7 +8,6 @@ renamed away or deleted, watch mode says it is waiting, grades nothing, and when
 is back at the path it watches that one afresh and re-grades.
 """
 
-import dataclasses
 import fnmatch
 import os
 import queue
@@ -25,13 +24,10 @@ from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
+from theinference.grading.judge.events import Event, Listener, VerdictsDone, ignore
 from theinference.grading.judge.results import RunResult
-from theinference.grading.drive.advice import advise
-from theinference.grading.drive.progress import record_progress
 from theinference.errors import ConfigError
-from theinference.grading.drive.grader import CaseEvent
-from theinference.grading.drive.session import RunOptions, Session, choose_stages
-from theinference.model.weights import load_model
+from theinference.grading.drive.session import Session, choose_stages
 
 DEBOUNCE = 0.05  # seconds of quiet that end a burst of file events
 WATCHED_SUFFIXES = (".py", ".toml", ".ts", ".mts", ".cts", ".js", ".mjs", ".cjs")  # both editions' sources
@@ -111,7 +107,6 @@ class Watch:
     session: Session
     stage_ids: list[str] | None  # None: the first stage not yet passed, re-chosen at every re-grade
     on_regrade: Callable[[Regrade], None]
-    options: RunOptions = field(default_factory=RunOptions)
     poll: bool = False
     debounce: float = DEBOUNCE
     events: queue.Queue = field(default_factory=queue.Queue)
@@ -120,7 +115,7 @@ class Watch:
     # Called again once a failing re-grade is fingerprinted (the verdict was shown before: the call shows what the
     # fingerprint adds, Regrade.unmatched being what was shown); None: not fingerprinted.
     on_fingerprint: Callable[[Regrade], None] | None = None
-    on_case: CaseEvent | None = None  # told as each case starts and ends in the student's process (a live line)
+    listen: Listener = ignore  # told every event of each re-grade's run (the live line)
 
     def start_observer(self) -> None:
         """Start watchdog on the course directory (PollingObserver with poll=True)."""
@@ -196,48 +191,39 @@ class Watch:
                 self.events.put((kind, value))  # keep the quit for the main loop
                 return sorted(set(changed))
 
-    def _reload(self, changed: list[str]) -> None:
-        """Refresh the warm state a change invalidates: course config, stage files, weights."""
-        session = self.session
-        if BACK in changed or any(p.endswith(".toml") for p in changed):  # theinference.toml or a stage file
-            session.reload()
-        grader = session.grader
-        if grader.model.is_stale():
-            grader.model = load_model(grader.model.path)
-            grader.cache.entries.clear()  # entries of the old file can never hit again
-
     def regrade(self, changed: list[str]) -> Regrade:
-        """Grade the watched stages once; a configuration error is shown, not raised."""
+        """Grade the watched stages once (Session.run), the verdicts shown as soon as they are out and a failure's
+        findings after them; a configuration error is shown, not raised."""
         report = Regrade(changed=changed, at=time.time())
         started = time.perf_counter()
+
+        def told(event: Event) -> None:
+            self.listen(event)
+            if isinstance(event, VerdictsDone):
+                report.result, report.notice = event.run, event.notice
+                report.seconds = time.perf_counter() - started
+                report.fingerprinting = not event.run.passed and self.on_fingerprint is not None
+                self.on_regrade(report)  # the verdict is on screen; the finding follows
+
         try:
-            self._reload(changed)
-            stages = choose_stages(self.session, self.stage_ids)
-            report.result = self.session.run(
-                stages, dataclasses.replace(self.options, fingerprint=False), on_case=self.on_case
-            )
-            progress, report.notice = record_progress(self.session.course.root, report.result, self.options.timeout)
-            report.result = dataclasses.replace(
-                report.result, advice=advise(report.result, self.session.stages, progress)
-            )
+            # theinference.toml or a stage file changed, or the course directory is back: its settings again
+            self.session.reload(settings=BACK in changed or any(p.endswith(".toml") for p in changed))
+            done = self.session.run(choose_stages(self.session, self.stage_ids), told)
         except (ConfigError, OSError) as e:
             report.error = str(e)
-        report.seconds = time.perf_counter() - started
-        report.fingerprinting = bool(report.result and not report.result.passed and self.on_fingerprint)
-        self.on_regrade(report)
-        if report.fingerprinting:  # the verdict is on screen; the finding follows
-            self._fingerprint(stages, report)
+            if report.result is None:  # nothing shown yet: the error is the screen
+                report.seconds = time.perf_counter() - started
+                self.on_regrade(report)
+                return report
+        else:
+            if report.fingerprinting:
+                report.unmatched, report.result = report.result, done
+        if report.fingerprinting:
+            assert self.on_fingerprint is not None
+            report.unmatched = report.unmatched or report.result
+            report.fingerprinting = False
+            self.on_fingerprint(report)
         return report
-
-    def _fingerprint(self, stages, report: Regrade) -> None:
-        assert report.result is not None and self.on_fingerprint is not None, "only a failing run is fingerprinted"
-        report.unmatched = report.result
-        try:
-            report.result = self.session.grader.fingerprint(stages, report.result, self.options)
-        except ConfigError as e:
-            report.error = str(e)
-        report.fingerprinting = False
-        self.on_fingerprint(report)
 
     def loop(self, stop: threading.Event) -> None:
         """Grade once, then re-grade on every burst of changes until `q` or stop is set."""

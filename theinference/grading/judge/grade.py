@@ -8,23 +8,22 @@ from typing import Protocol, assert_never
 
 import numpy as np
 
-from theinference.grading.judge import scaling
+from theinference.grading.judge import events, scaling
+from theinference.grading.judge.context import GradeContext
+from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.judge.compare import compare_rows, promoted, shape_problem
 from theinference.course import Course
 from theinference.grading.judge.diagnose import diagnose_rows
 from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage
 from theinference.grading.judge.frames import course_file, deepest_course_frame
-from theinference.grading.oracle.cache import OracleCache
-from theinference.proc.launch import Launcher, SubprocessLauncher
 from theinference.grading.spec.inputs import ID_INPUTS, consumed_sequence, positions_needed
 from theinference.grading.oracle.registry import OracleSpec, resolve_oracle
 from theinference.grading.judge.results import NO_ANSWER, CaseResult, Diagnosis, StageResult, Status
 from theinference.proc import protocol
-from theinference.proc.limits import Limits
 from theinference.proc.runner import AdapterJob, CallOutcome, CaseDone, CaseStarted, RunEnded, run_adapter
-from theinference.grading.spec.checks import RowsCheck, ScalingCheck, TokensCheck
+from theinference.grading.spec.checks import Check, RowsCheck, ScalingCheck, TokensCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
-from theinference.grading.spec.timeouts import CPU_FLOOR, CpuBudget, Timeouts, cpu_budget
+from theinference.grading.spec.timeouts import CPU_FLOOR, CpuBudget, cpu_budget
 from theinference.proc.node import is_node_adapters
 from theinference.grading.judge.verification import verify_tokens
 from theinference.model.weights import Model
@@ -33,34 +32,6 @@ from theinference.errors import ConfigError
 
 class GradeError(ConfigError):
     """The stage cannot be graded against these weights (a configuration error, exit 2)."""
-
-
-class CaseEvent(Protocol):
-    """Told as each case starts and ends in the student's process ("start" | "done"), and for a stage the
-    grader drives call by call (cache-scaling), as each call starts ("call", with what the call is)."""
-
-    def __call__(self, event: str, stage: StageSpec, index: int, detail: str = "") -> None: ...
-
-
-@dataclass
-class GradeContext:
-    course: Course
-    model: Model
-    cache: OracleCache = field(default_factory=OracleCache)
-    limits: Limits = field(default_factory=Limits)  # the student's process: memory, run directory, environment
-    timeouts: Timeouts = field(default_factory=Timeouts)  # the run's rule for seconds per call (spec.timeouts)
-    launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
-    fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
-    diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
-    first_exact: bool = False  # fingerprints stop at the first exact match (see fingerprint.EXACT)
-    # Told ("start" | "done", stage, case index) as the student's process starts and finishes each case.
-    on_case: CaseEvent | None = None
-    all_cases: bool = False  # keep running a stage's cases after one timed out
-    deadline: float | None = None  # time.monotonic() by which the whole submission must be done
-    budget: float | None = None  # the seconds that deadline allowed, for messages
-    # The submission chooses nothing: a made preset (the proof's too) that was altered is an error, not remade, and
-    # the student's process gets only the allow-listed environment. Decided by the run's plan (drive/plan.py).
-    untrusted: bool = False
 
 
 def check_case_fits(stage: StageSpec, case: CaseSpec, model: Model) -> None:
@@ -265,12 +236,12 @@ def _judged_as_they_arrive(
             case CaseStarted(index=index):
                 started.add(index)
                 if ctx.on_case is not None:
-                    ctx.on_case(protocol.START, stage, index)
+                    ctx.on_case(events.CaseStarted(stage, index))
             case CaseDone(index=index, outcome=outcome):
                 first = index not in graded  # a later one replaces it (nothing of that run counts)
                 graded[index] = judge_case(stage, stage.cases[index], outcome, ctx, spec)
                 if first and index in started and ctx.on_case is not None:  # ended in the student's process
-                    ctx.on_case(protocol.DONE, stage, index)
+                    ctx.on_case(events.CaseEnded(stage, index))
             case RunEnded(outcomes=outcomes):
                 return outcomes, graded
             case _:
@@ -281,7 +252,7 @@ def _judged_as_they_arrive(
 def _case_cpu(stage: StageSpec, ctx: GradeContext, spec: OracleSpec):
     """Each case's CPU budget from its work (spec.timeouts.cpu_budget: the oracle's CPU for it, timed by the cache),
     or None where the timeout alone bounds a case: the instructor's --timeout, and cache-scaling (its own budgets)."""
-    if not ctx.timeouts.cpu_budgeted or isinstance(stage.check, ScalingCheck):
+    if not ctx.timeouts.cpu_budgeted or not judge_for(stage.check).cpu_budgeted:
         return None
     node = is_node_adapters(ctx.course.adapters)
 
@@ -335,24 +306,13 @@ def grade_stage(stage: StageSpec, ctx: GradeContext) -> Graded:
     (ctx.fingerprint False, ctx.diagnosis True)."""
     started = time.perf_counter()
     spec = resolve_oracle(stage.oracle, stage.source)
-    weights_note = ""
-    if isinstance(stage.check, ScalingCheck):  # the cache proof runs where cost can tell a cache from a recompute
-        proof, weights_note = scaling.proof_model(stage, ctx.model, ctx.cache, ctx.untrusted)
-        ctx = dataclasses.replace(ctx, model=proof)
+    judge = judge_for(stage.check)
+    stage, ctx, weights_note = judge.prepared(stage, ctx)
     stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
     job = student_job(stage, ctx, spec)
-    if isinstance(stage.check, ScalingCheck):  # the grader drives each timed call itself
-        cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
-        ran = [scaling.grade_case(stage, ctx, i, job, cap, weights_note) for i in range(len(stage.cases))]
-        judged, outcomes = [Judged(r) for r, _ in ran], [o for _, o in ran]
-    else:
-        outcomes, graded = _judged_as_they_arrive(stage, job, ctx, spec)
-        judged = [
-            graded.get(i) or judge_case(stage, case, outcome, ctx, spec)
-            for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))
-        ]
+    judged, outcomes = judge.run(stage, ctx, spec, job, weights_note)
     cases = [j.case for j in judged]
     source, line = adapter_definition(ctx.course, outcomes, stage.adapter_names)
     result = StageResult(
@@ -381,3 +341,85 @@ def grade_stage(stage: StageSpec, ctx: GradeContext) -> Graded:
         return Graded(result, outputs)
     found = fingerprint_stage(stage, result, outputs, ctx.model, ctx.cache, ctx.first_exact)
     return Graded(dataclasses.replace(found, seconds=time.perf_counter() - started))
+
+
+class StageJudge(Protocol):
+    """How a kind of check runs a stage's cases and judges them (judge_for chooses it): each case as its array
+    arrives, or the cost proof's calls driven one by one."""
+
+    exclusive: bool  # graded while no other stage is: what it measures is CPU (drive/costlock.py)
+    cpu_budgeted: bool  # each case gets a CPU budget from its work (spec.timeouts); else its own budgets
+
+    def warm(self, stage: StageSpec, model: Model, cache: OracleCache, untrusted: bool) -> None:
+        """Measure ahead what judging will need, before grading threads run beside the measurement."""
+        ...
+
+    def prepared(self, stage: StageSpec, ctx: GradeContext) -> tuple[StageSpec, GradeContext, str]:
+        """The stage and context it runs on, and what the report says of the weights ("" for the graded ones)."""
+        ...
+
+    def run(
+        self, stage: StageSpec, ctx: GradeContext, spec: OracleSpec, job: AdapterJob, weights_note: str
+    ) -> tuple[list[Judged], list[CallOutcome]]:
+        """Every case run and judged: its verdict, and each case's outcome."""
+        ...
+
+
+class EachCase:
+    """Rows and tokens: the stage's cases run in the student's process, each judged as its array arrives."""
+
+    exclusive = False
+    cpu_budgeted = True
+
+    def warm(self, stage: StageSpec, model: Model, cache: OracleCache, untrusted: bool) -> None:
+        """Nothing to measure ahead (the oracle outputs are the grader's to warm)."""
+
+    def prepared(self, stage: StageSpec, ctx: GradeContext) -> tuple[StageSpec, GradeContext, str]:
+        return stage, ctx, ""
+
+    def run(
+        self, stage: StageSpec, ctx: GradeContext, spec: OracleSpec, job: AdapterJob, weights_note: str
+    ) -> tuple[list[Judged], list[CallOutcome]]:
+        outcomes, graded = _judged_as_they_arrive(stage, job, ctx, spec)
+        judged = [
+            graded.get(i) or judge_case(stage, case, outcome, ctx, spec)
+            for i, (case, outcome) in enumerate(zip(stage.cases, outcomes))
+        ]
+        return judged, outcomes
+
+
+class CostProof:
+    """cache-scaling: run where cost can tell a cache from a recompute (its proof weights), the grader driving each
+    timed call itself, judged by its CPU cost (judge/scaling.py)."""
+
+    exclusive = True
+    cpu_budgeted = False  # its calls have budgets of their own
+
+    def warm(self, stage: StageSpec, model: Model, cache: OracleCache, untrusted: bool) -> None:
+        """The oracle's costs the proof compares with (scaling.measure_costs)."""
+        scaling.measure_costs(stage, model, cache, untrusted)
+
+    def prepared(self, stage: StageSpec, ctx: GradeContext) -> tuple[StageSpec, GradeContext, str]:
+        proof, weights_note = scaling.proof_model(stage, ctx.model, ctx.cache, ctx.untrusted)
+        return stage, dataclasses.replace(ctx, model=proof), weights_note
+
+    def run(
+        self, stage: StageSpec, ctx: GradeContext, spec: OracleSpec, job: AdapterJob, weights_note: str
+    ) -> tuple[list[Judged], list[CallOutcome]]:
+        cap = lambda n: _output_cap((n,))  # noqa: E731 - token ids: n_new of them
+        ran = [scaling.grade_case(stage, ctx, i, job, cap, weights_note) for i in range(len(stage.cases))]
+        return [Judged(r) for r, _ in ran], [o for _, o in ran]
+
+
+_EACH_CASE, _COST_PROOF = EachCase(), CostProof()
+
+
+def judge_for(check: Check) -> StageJudge:
+    """The one choice of a stage's judge, by the kind of check it makes."""
+    match check:
+        case RowsCheck() | TokensCheck():
+            return _EACH_CASE
+        case ScalingCheck():
+            return _COST_PROOF
+        case _:
+            assert_never(check)

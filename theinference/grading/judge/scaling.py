@@ -32,6 +32,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from theinference.grading.judge import events
+from theinference.grading.judge.context import GradeContext
 from theinference.grading.judge.results import CaseResult, Diagnosis, Guarantee, ScalingResult, Status, TimedCall
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.spec.stages import CaseSpec, StageSpec
@@ -130,7 +132,7 @@ _CLEAR = 1.5
 # run, and a token after their long prompt must cost at most _CLAIM times the oracle's float64 single-token step (a
 # float64 cache converts every weight at every step, the LM head's above all, and costs about that step at any
 # position: 1.1-1.3x; a float32 recompute there costs a forward over the prompt, 2.5x and more: see the table).
-_DTYPE_PROBE = ("run_decode_step", "runDecodeStep")
+DTYPE_PROBE = ("run_decode_step", "runDecodeStep")
 _CLAIM = 2.0
 _REFUSED = "float64-refused"  # Verdict.detail of a float64 run whose diagnostic calls deny the claim
 FLOAT32, FLOAT64 = "float32", "float64"
@@ -259,7 +261,7 @@ class _Costs:
 
     recompute: dict[int, float]  # n_new -> CPU seconds of a full recompute
     step: float
-    dtype: str = FLOAT32  # the precision the oracle computed in: the weights' (float32), or float64 (see _DTYPE_PROBE)
+    dtype: str = FLOAT32  # the precision the oracle computed in: the weights' (float32), or float64 (see DTYPE_PROBE)
 
 
 def _costs(stage: StageSpec, model: Model, cache, dtype: str = FLOAT32) -> _Costs:
@@ -331,7 +333,7 @@ class _Watched:
 class _Run:
     """One case of the stage: the session and the calls so far, which the verdict is read from."""
 
-    def __init__(self, stage: StageSpec, ctx, timeout: float, weights_note: str, dtype: str = FLOAT32):
+    def __init__(self, stage: StageSpec, ctx: GradeContext, timeout: float, weights_note: str, dtype: str = FLOAT32):
         self.check = _check(stage)
         self.stage, self.spec, self.ctx = stage, self.check.params, ctx
         self.factor = NODE_FACTOR if is_node_adapters(ctx.course.adapters) else 1.0
@@ -622,13 +624,10 @@ def _ended(outcome: CallOutcome, what: str) -> Verdict:
     )
 
 
-CALL = "call"  # the live line's event for each call the grader starts (theinference.grading.judge.grade.CaseEvent)
-
-
 def _tell(run: _Run, case: int, detail: str) -> None:
     """The live line: which call of the case is running."""
     if run.ctx.on_case is not None:
-        run.ctx.on_case(CALL, run.stage, case, detail)
+        run.ctx.on_case(events.CallStarted(run.stage, case, detail))
 
 
 def _timed_rounds(session: CallSession, run: _Run, rng: random.Random, output_cap, case: int) -> Verdict:
@@ -697,7 +696,7 @@ def _call(
 
 
 def grade_case(
-    stage: StageSpec, ctx, index: int, job: AdapterJob, output_cap, weights_note: str = ""
+    stage: StageSpec, ctx: GradeContext, index: int, job: AdapterJob, output_cap, weights_note: str = ""
 ) -> tuple[CaseResult, CallOutcome]:
     """Run one case of a cache-scaling stage: warm-up, timed rounds, verdict. Never raises for student faults.
 
@@ -705,7 +704,7 @@ def grade_case(
     """
     run = _Run(stage, ctx, job.timeout, weights_note)
     if ctx.on_case is not None:  # the live line: the case runs from the worker's start to its last call
-        ctx.on_case(protocol.START, stage, index)
+        ctx.on_case(events.CaseStarted(stage, index))
     try:
         result, outcome = _run_case(run, index, job, output_cap)
         if run.flat_stop and run.factor == 1.0 and not _past(job):
@@ -719,7 +718,7 @@ def grade_case(
         return result, outcome
     finally:
         if ctx.on_case is not None:
-            ctx.on_case(protocol.DONE, stage, index)
+            ctx.on_case(events.CaseEnded(stage, index))
 
 
 def _past(job: AdapterJob) -> bool:
@@ -727,9 +726,9 @@ def _past(job: AdapterJob) -> bool:
 
 
 def _probe_dtype(run: _Run, index: int, job: AdapterJob, output_cap) -> str:
-    """The precision the student's decode step computes in, from the logits it returns (see _DTYPE_PROBE): FLOAT64,
+    """The precision the student's decode step computes in, from the logits it returns (see DTYPE_PROBE): FLOAT64,
     FLOAT32, or "" when it gave none (not written, failed, or not an array of floats)."""
-    probe = dataclasses.replace(job, names=_DTYPE_PROBE)
+    probe = dataclasses.replace(job, names=DTYPE_PROBE)
     prompt, n_vocab = run.stage.cases[index].inputs["prompt"], run.ctx.model.config.n_vocab
     _tell(run, index, "one decode step: which precision your arrays are in")
     with CallSession(probe, _budget(job.timeout, job.timeout)) as session:

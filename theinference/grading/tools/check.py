@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from theinference.course import default_adapters, load_course
-from theinference.grading.judge.scaling import _DTYPE_PROBE as DTYPE_PROBE
+from theinference.grading.judge.scaling import DTYPE_PROBE
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.tools.reach import stage_digest
 from theinference.grading.tools.mutants import (
