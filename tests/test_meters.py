@@ -90,6 +90,43 @@ def _lines(stream, into: list[str]) -> None:
         into.append(line.strip())
 
 
+# A monitor as the real one is (a child subreaper) with a tree below it: a child, and that child's child, which burns
+# CPU, says how much, and lives on after its parent has ended (an orphan, reparented to the monitor).
+_BURNER = "import time\nwhile time.process_time() < 0.3: pass\nprint(time.process_time(), flush=True)\ntime.sleep(60)"
+_ORPHANING = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {_BURNER!r}])"
+_SUBREAPER = textwrap.dedent(
+    f"""
+    import ctypes, subprocess, sys, time
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    subprocess.run([sys.executable, "-c", {_ORPHANING!r}])
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_look_at_a_process_tree_reads_its_own_processes_only_and_counts_an_orphans_cpu(monkeypatch):
+    monitor = subprocess.Popen([sys.executable, "-c", _SUBREAPER], stdout=subprocess.PIPE, text=True)
+    orphans: list[int] = []
+    try:
+        assert monitor.stdout is not None
+        burned = float(monitor.stdout.readline())  # the orphan's CPU, once its parent has long ended
+        read: list[int] = []
+        real = accounting._stat_fields
+        monkeypatch.setattr(accounting, "_stat_fields", lambda pid: read.append(pid) or real(pid))
+        tree = accounting.ProcTree(monitor.pid)
+        cpu = tree.cpu_seconds()
+        orphans = tree.descendants()
+        assert len(orphans) == 1 and cpu >= burned, (orphans, cpu, burned)
+        # The stat of the monitor and the orphan, not of every process on the machine.
+        assert set(read) == {monitor.pid, *orphans}, read
+    finally:
+        monitor.kill()
+        monitor.wait()
+        for pid in orphans:
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.mark.slow
 def test_psutil_keeps_an_exited_childs_cpu_without_children_fields_and_does_not_count_it_twice_with_them():
     monitor = subprocess.Popen([sys.executable, "-c", _MONITOR], stdout=subprocess.PIPE, text=True)

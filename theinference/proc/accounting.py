@@ -247,29 +247,61 @@ def _stat_fields(pid: int) -> list[bytes] | None:
     return stat[stat.rfind(b")") + 2 :].split()
 
 
-def _live_threads_ns(pid: int, field: int = 0) -> int:
-    """A schedstat field summed over a process's live threads: 0 time on a CPU, 1 time waiting for one (ns)."""
-    total = 0
+def _threads(pid: int) -> list[str]:
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        return os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return 0
-    for tid in tids:
+        return []
+
+
+def _live_threads_ns(pid: int, tids: list[str] | None = None) -> tuple[int, int]:
+    """schedstat summed over a process's live threads: (time on a CPU, time waiting for one), in ns."""
+    run = wait = 0
+    for tid in _threads(pid) if tids is None else tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[field])
+                fields = f.read().split()
+            run, wait = run + int(fields[0]), wait + int(fields[1])
         except (OSError, ValueError, IndexError):
             pass
-    return total
+    return run, wait
 
 
-def _process_seconds(fields: list[bytes], pid: int, own: bool) -> float:
+def _children(pid: int, tids: list[str]) -> list[int]:
+    """The children of every thread of a process (each thread's /proc/PID/task/TID/children)."""
+    found: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                found.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError):
+            pass  # the thread has ended: its children are another thread's now (or the subreaper's)
+    return found
+
+
+@functools.cache
+def _children_files() -> bool:
+    """Whether the kernel lists a thread's children (CONFIG_PROC_CHILDREN): a tree is then walked from its root,
+    reading its own processes only, instead of the stat of every process on the machine."""
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+@dataclass(frozen=True)
+class _Look:
+    """One process as one look at a tree saw it."""
+
+    fields: list[bytes]  # /proc/PID/stat after the command name
+    run_ns: int  # its live threads' time on a CPU
+    wait_ns: int  # their time waiting for one
+
+
+def _process_seconds(look: _Look, own: bool) -> float:
     """One process's CPU: its own (precise for live threads, ticks for dead ones) plus its reaped children's."""
-    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    utime, stime, cutime, cstime = (int(v) for v in look.fields[11:15])
     children = (cutime + cstime) * _TICK
     if not own:  # the monitor: only what it reaped counts (its own work is the grader's)
         return children
-    return max((utime + stime) * _TICK, _live_threads_ns(pid) / 1e9) + children
+    return max((utime + stime) * _TICK, look.run_ns / 1e9) + children
 
 
 class ProcTree:
@@ -287,26 +319,54 @@ class ProcTree:
             raise MonitorGone(f"process {monitor_pid} is gone")
         self.started = fields[19]  # start time: a reused pid is not our monitor
 
-    def _tree(self) -> dict[int, list[bytes]]:
+    def _tree(self) -> dict[int, _Look]:
+        tree = self._walk() if _children_files() else self._scan()
+        mine = tree.get(self.monitor)
+        if mine is None or mine.fields[19] != self.started or mine.fields[0] == b"Z":
+            raise MonitorGone(f"the monitor (process {self.monitor}) is gone")
+        return tree
+
+    def _walk(self) -> dict[int, _Look]:
+        """The tree from its root down, each process's children listed before its stat is read, and its stat read
+        after its children's: a child reaped meanwhile is in its parent's reaped-children time, read last, so no
+        process's CPU falls between two reads (it may be counted twice in that one look, never missed)."""
+        tree: dict[int, _Look] = {}
+        seen = {self.monitor}
+        stack: list[tuple[int, list[str] | None]] = [(self.monitor, None)]  # (pid, its threads once listed)
+        while stack:  # a stack, not recursion: a chain of thousands of forks is walked like a short one
+            pid, tids = stack.pop()
+            if tids is None:
+                tids = _threads(pid)
+                stack.append((pid, tids))  # its stat is read once every child above it on the stack is done
+                children = [child for child in _children(pid, tids) if child not in seen]
+                seen.update(children)
+                stack.extend((child, None) for child in children)
+                continue
+            fields = _stat_fields(pid)
+            if fields is not None and len(fields) > 19:
+                tree[pid] = _Look(fields, *_live_threads_ns(pid, tids))
+        return tree
+
+    def _scan(self) -> dict[int, _Look]:
+        """The tree from the stat of every process on the machine (a kernel without children files)."""
         table: dict[int, list[bytes]] = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 fields = _stat_fields(int(entry))
                 if fields is not None and len(fields) > 19:
                     table[int(entry)] = fields
-        mine = table.get(self.monitor)
-        if mine is None or mine[19] != self.started or mine[0] == b"Z":
-            raise MonitorGone(f"the monitor (process {self.monitor}) is gone")
+        if self.monitor not in table:
+            return {}
         children: dict[int, list[int]] = {}
         for pid, fields in table.items():
             children.setdefault(int(fields[1]), []).append(pid)
-        tree, frontier = {self.monitor: mine}, [self.monitor]
+        tree, frontier = {self.monitor: table[self.monitor]}, [self.monitor]
         while frontier:  # one pass over the table: a fork bomb's hundreds of processes cost no more per look
             for pid in children.get(frontier.pop(), ()):
                 if pid not in tree:
                     tree[pid] = table[pid]
                     frontier.append(pid)
-        return tree
+        return {pid: _Look(fields, *_live_threads_ns(pid)) for pid, fields in tree.items()}
 
     def descendants(self) -> list[int]:
         """The monitor's descendants now (not the monitor: its memory and work are the grader's)."""
@@ -322,8 +382,8 @@ class ProcTree:
     def sample(self) -> tuple[float, float]:
         """(cpu_seconds, waiting_seconds) from one look at the tree."""
         tree = self._tree()
-        cpu = sum(_process_seconds(fields, pid, pid != self.monitor) for pid, fields in tree.items())
-        return cpu, sum(_live_threads_ns(pid, 1) for pid in tree if pid != self.monitor) / 1e9
+        cpu = sum(_process_seconds(look, pid != self.monitor) for pid, look in tree.items())
+        return cpu, sum(look.wait_ns for pid, look in tree.items() if pid != self.monitor) / 1e9
 
     def seal(self) -> None:
         """The tree is sealed (theinference.proc.seal.tree_sealed, read by the grader): every process of it that exits
