@@ -167,6 +167,13 @@ def runs_processes(uid: int) -> bool:
     return False
 
 
+def lease_path(uid: int, directory: str | None = None) -> str:
+    """The lock file whose exclusive flock is uid's lease: whoever holds it (a grader, or anything root runs as uid
+    under `flock`) keeps every root grader on this machine from leasing uid, and so from killing uid's processes
+    after its run (kill_processes_of)."""
+    return os.path.join(directory or _lease_dir(), f"{uid}.lock")
+
+
 def lease_uid(taken: set[int]) -> tuple[int, int]:
     """A uid no other grading on this machine is using, and the open lock file that holds it (close it to release).
 
@@ -179,7 +186,7 @@ def lease_uid(taken: set[int]) -> tuple[int, int]:
     for uid in submission_uids():
         if uid in taken:
             continue
-        fd = os.open(os.path.join(directory, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        fd = os.open(lease_path(uid, directory), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             import fcntl  # Unix only; only root leases uids
 
