@@ -181,9 +181,9 @@ def uid_leased(uid: int):
     no root grader leases the uid; one that holds it now is waited for."""
     import fcntl
 
-    from theinference.proc.sandbox import _lease_dir
+    from theinference.proc.sandbox import lease_path
 
-    fd = os.open(os.path.join(_lease_dir(), f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = os.open(lease_path(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import theinference
-from theinference.proc.sandbox import NOBODY, lease_path
+from theinference.proc.sandbox import NOBODY
 
 _NEEDED = (Path(sys.executable), Path(sys.executable).resolve(), Path(sys.prefix), Path(sys.base_prefix))
 
@@ -43,7 +43,7 @@ def available() -> str:
     """Why nothing can run as nobody here ('' when it can)."""
     if os.geteuid() != 0:
         return "needs root (to become user nobody)"
-    missing = [tool for tool in ("setpriv", "unshare", "mount", "flock") if shutil.which(tool) is None]
+    missing = [tool for tool in ("setpriv", "unshare", "mount") if shutil.which(tool) is None]
     if missing:
         return f"needs {', '.join(missing)}"
     if any(len(_closed(path)) > 1 or path in _closed(path) for path in _needed()):
@@ -55,15 +55,13 @@ def command(argv: list[str], env: dict[str, str], as_nobody_too: bool = True) ->
     """argv with exactly env, as user nobody (as_nobody_too, else as root: student code then runs as nobody), this
     Python made reachable for nobody.
 
-    A grader run as nobody holds nobody's uid lease while it runs (flock, sandbox.lease_path): a root grader in a
-    test running beside it would otherwise lease nobody for its students and, after their run, kill every process
-    of nobody, this grader among them (kill_processes_of: right on a machine, where nobody runs only students)."""
+    Run it while holding nobody's uid lease (conftest.uid_leased): a root grader in a test beside it would otherwise
+    lease nobody for its students and, after their run, kill every process of nobody, this grader among them."""
     who = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if as_nobody_too else []
-    lease = ["flock", lease_path(NOBODY)] if as_nobody_too else []
     as_nobody = [*who, "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
     openings = _openings()
     if not openings:
-        return [*lease, *as_nobody]
+        return as_nobody
     script = ["set -e"]
     for closed, entries in openings.items():
         hidden = shlex.quote(str(closed))
@@ -77,4 +75,4 @@ def command(argv: list[str], env: dict[str, str], as_nobody_too: bool = True) ->
             script += [f"mkdir -p {inside}", f'mount --bind "$saved"/{shlex.quote(entry)} {inside}']
         script += ['umount "$saved"', 'rmdir "$saved"']  # the entries stay bound; nothing is left in /tmp
     script.append("exec " + shlex.join(as_nobody))
-    return [*lease, "unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)]

@@ -23,7 +23,7 @@ import pytest
 
 import as_nobody
 
-from conftest import my_children, scaled, write_adapters, write_quick_scaling_stage
+from conftest import my_children, scaled, uid_leased, write_adapters, write_quick_scaling_stage
 from test_runner import SOLUTION_IMPORTS
 from theinference.proc.sandbox import ALLOW_ROOT_ENV, ALLOW_WEAK_ENV, NOBODY, reachable_by_others, submission_uids
 
@@ -856,7 +856,8 @@ def weak(tmp_path_factory, tiny_dir):
             as_nobody_too=level in ("subreaper", "nobody-namespaces", "nobody-sandbox"),
         )
 
-    yield work, command
+    with uid_leased(NOBODY):  # held the whole test: no root grader beside it leases nobody and kills its graders
+        yield work, command
     shutil.rmtree(work, ignore_errors=True)
 
 
