@@ -66,6 +66,18 @@ def proof_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gallery_cache(tmp_path_factory) -> Path:
+    """A user cache the gradings of the bundled galleries share (point THEINFERENCE_CACHE at it): its oracle store
+    keeps the oracle's and the bug oracles' outputs for the tiny weights, which every `stages check` of a gallery
+    (either edition, any mechanism) otherwise computes again. Shared by the xdist workers of one run (the store is
+    safe for concurrent runs: oracle/store.py), never across runs."""
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "gallery-cache"
+    cache.mkdir(exist_ok=True)
+    return cache
+
+
+@pytest.fixture(scope="session")
 def _worker_lock_dir(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("grader-locks")
     path.chmod(0o700)

@@ -32,7 +32,8 @@ def _table_rows(out: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path, tmp_path):
+def test_gallery_is_caught_exactly_as_the_manifests_say(cli, tiny_path, tmp_path, gallery_cache, monkeypatch):
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(gallery_cache))  # the bug oracles' outputs, shared
     source = shutil.copytree(data_dir("course"), tmp_path / "course", ignore=shutil.ignore_patterns("BUNDLED"))
     result = cli(
         "stages",

@@ -40,7 +40,7 @@ def _check_hidden(source: Path, weights: Path, env: dict, real_proc: Path) -> su
 @pytest.mark.slow
 @pytest.mark.parametrize("edition", ["python", "typescript"])
 def test_every_mutant_is_caught_as_its_manifest_says_with_windows_mechanisms_and_proc_hidden(
-    edition, tiny_path, tmp_path, request
+    edition, tiny_path, tmp_path, request, gallery_cache, monkeypatch
 ):
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
@@ -52,6 +52,7 @@ def test_every_mutant_is_caught_as_its_manifest_says_with_windows_mechanisms_and
         modules = request.getfixturevalue("node_modules")  # skips where there is no tsx
         if modules is not None:  # each subject finds it above its own directory
             (source / "node_modules").symlink_to(modules, target_is_directory=True)
+    monkeypatch.setenv("THEINFERENCE_CACHE", str(gallery_cache))  # the oracle store test_check's gallery fills
     env, marker = _env(WINDOWS_LIKE)
     try:
         done = _check_hidden(source, tiny_path, env, tmp_path / "real-proc")

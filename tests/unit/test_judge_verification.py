@@ -96,3 +96,20 @@ def test_the_walk_through_the_oracle_cache_gives_the_same_verdicts(tiny_model, g
     assert _verdicts(cached) == _verdicts(plain) and plain[-1].verdict == "mismatch"
     assert [s.gap for s in cached] == pytest.approx([s.gap for s in plain], rel=1e-5, abs=1e-5)
     assert check_steps(tiny_model, PROMPT, wrong, 1e-4, cache) == cached  # the memo, read back
+
+
+def test_submissions_wrong_at_the_same_step_share_the_oracles_continuation(tiny_model, greedy_tokens, monkeypatch):
+    """The expected column's tail after a mismatch is a full recompute per token: through the cache it is computed
+    once per path, as every submission going wrong at the same step of the same path needs the same one."""
+    calls = []
+    greedy = oracle.greedy
+    monkeypatch.setattr(oracle, "greedy", lambda *a: calls.append(a) or greedy(*a))
+    cache = OracleCache(store=None)
+    verdicts = []
+    for shift in (1, 2):  # two different wrong tokens at step 3
+        wrong = greedy_tokens[:2] + [(greedy_tokens[2] + shift) % 50257] + greedy_tokens[3:]
+        verdicts.append(verify_tokens(ran(), np.array(wrong), tiny_model, 1e-4, HINTS, cache))
+    plain = verify_tokens(ran(), np.array(wrong), tiny_model, 1e-4, HINTS)  # no cache: computed again
+    assert len(calls) == 2
+    assert verdicts[0].expected_tokens == verdicts[1].expected_tokens == plain.expected_tokens
+    assert all(isinstance(t, int) for t in verdicts[1].expected_tokens)

@@ -52,6 +52,23 @@ def check_steps(
     return walk_summary(tokens, found, tie_rtol, len(prompt) - 1)
 
 
+def continuation(model: Model, ids: list[int], n_new: int, cache=None, label: str = "") -> list[int]:
+    """The oracle's greedy continuation of ids (the side-by-side table's tail after a mismatch). With an
+    OracleCache it is computed once per path like an oracle output: every submission that goes wrong at the same
+    step of the same path (most of a class, most of a gallery: at token 1) shares it."""
+
+    def compute() -> np.ndarray:
+        return np.asarray(oracle.greedy(model.params, ids, n_new, model.config.n_head), dtype=np.int64)
+
+    if cache is None:
+        return [int(t) for t in compute()]
+    key = ("greedy-continuation", str(model.path), model.stamp, tuple(ids), n_new)
+    found = cache.memo(
+        key, compute, model=model, durable=("greedy-continuation", oracle_version(()), ids, n_new), label=label
+    )
+    return [int(t) for t in found]
+
+
 def verify_tokens(
     ran: CaseResult, got: np.ndarray, model: Model, tie_rtol: float, hints: dict, cache=None, label: str = ""
 ) -> CaseResult:
@@ -69,7 +86,7 @@ def verify_tokens(
         )
     k = len(steps)
     expected = tokens[: k - 1] + [steps[-1].expected]
-    expected += oracle.greedy(model.params, prompt + expected, n_new - k, model.config.n_head)
+    expected += continuation(model, prompt + expected, n_new - k, cache, label)
     return dataclasses.replace(
         ran,
         status=Status.FAIL,
