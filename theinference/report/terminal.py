@@ -115,6 +115,21 @@ def _folded(console: Console, label: str, parts: list[str], style: str = "") -> 
             console.print(Text((head if k == 0 else indent) + piece, style=style), overflow="ignore", crop=False)
 
 
+def _hanging(console: Console, label: str, text: str, label_style: str, style: str = "") -> None:
+    """label and text wrapped between words at the console's width, the lines after the first indented two spaces;
+    a word longer than a line, a path, stays whole on a line of its own (a path cut in two cannot be copied)."""
+    lines = textwrap.wrap(
+        label + text,
+        max(console.width, 40),
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    for k, line in enumerate(lines):
+        piece = Text.assemble((label, label_style), (line[len(label) :], style)) if k == 0 else Text(line, style=style)
+        console.print(piece, overflow="ignore", crop=False)
+
+
 # The mechanisms the header names, of those in RunResult.processes (the JSON document has them all).
 HEADER_MECHANISMS = ("launcher", "orphans", "kill", "cpu")
 
@@ -146,7 +161,7 @@ def render_header(console: Console, run: RunResult, version: str, headline_shown
             "         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim"
         )
     for line in run.course_supplied:
-        console.print(f"[bold yellow]not the instructor's:[/bold yellow] {escape(for_terminal(line))}", soft_wrap=True)
+        _hanging(console, "not the instructor's: ", for_terminal(line), label_style="bold yellow")
     for notice in run.notices:
         console.print(f"[yellow]note:[/yellow] {escape(for_terminal(notice))}", soft_wrap=True)
     console.print()
@@ -681,9 +696,5 @@ def render_footer(console: Console, run: RunResult) -> None:
         for k, piece in enumerate(_unbroken_commands(for_terminal(line), console.width - 2)):
             console.print(Text.assemble(("→ " if k == 0 else "  ", "bold cyan"), piece), overflow="ignore", crop=False)
     if run.course_supplied:
-        console.print(
-            f"not the instructor's grading: {for_terminal('; '.join(run.course_supplied))}",
-            style="bold yellow",
-            soft_wrap=True,
-            markup=False,
-        )
+        text = for_terminal("; ".join(run.course_supplied))
+        _hanging(console, "not the instructor's grading: ", text, label_style="bold yellow", style="bold yellow")
