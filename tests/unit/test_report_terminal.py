@@ -1,4 +1,5 @@
-"""report/terminal.py: the lines that say what in a run is not the instructor's, at 80 columns."""
+"""report/terminal.py: the lines that say what in a run is not the instructor's, at 80 columns; a case's status and
+message."""
 
 import io
 
@@ -7,16 +8,18 @@ from rich.console import Console
 
 from theinference.report.terminal import render_run
 
-from .builders import run
+from theinference.grading.judge.results import RunResult, Status
+
+from .builders import case, run, stage
 
 WEIGHTS = "/home/student/.cache/theinference/synthetic-tiny-seed0-v2/model.safetensors"
 SUPPLIED = f"weights from the course's theinference.toml: {WEIGHTS}"
 
 
-def _rendered(width: int) -> list[str]:
+def _rendered(width: int, result: RunResult | None = None) -> list[str]:
     out = io.StringIO()
     console = Console(file=out, width=width, no_color=True, highlight=False, force_terminal=False)
-    render_run(console, run(course_supplied=[SUPPLIED], weights_path=WEIGHTS), "0.1.0")
+    render_run(console, result or run(course_supplied=[SUPPLIED], weights_path=WEIGHTS), "0.1.0")
     return out.getvalue().splitlines()
 
 
@@ -37,3 +40,16 @@ def test_on_a_wide_screen_each_is_one_line():
     lines = _rendered(200)
     assert f"not the instructor's: {SUPPLIED}" in lines
     assert lines[-1] == f"not the instructor's grading: {SUPPLIED}"
+
+
+def test_a_timeout_message_says_timed_out_once():
+    # Every timeout's message begins "timed out" (the process layer's words): the case line said it twice.
+    message = "timed out: used 5.93 s of CPU without answering, on a case the reference computes in 0.018 s"
+    timed_out = stage("forward", Status.TIMEOUT, cases=[case("one-token", Status.TIMEOUT, message=message)])
+    text = "\n".join(_rendered(200, run(stages=[timed_out])))
+    assert f"case one-token: {message}" in text and "timed out — timed out" not in text
+
+
+def test_another_message_follows_its_status_after_a_dash():
+    failed = stage("forward", Status.ERROR, cases=[case("one-token", Status.ERROR, message="ValueError: bad shape")])
+    assert "case one-token: error — ValueError: bad shape" in "\n".join(_rendered(200, run(stages=[failed])))

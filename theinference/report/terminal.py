@@ -398,15 +398,21 @@ def _part(shared: Diagnosis | None, one_hint: bool) -> str:
     return "" if shared is None else ("shape" if one_hint else "shape+hint")
 
 
+def _status_and_message(case: CaseResult) -> Text:
+    """`timed out — message`; a message that begins with the status's word (every timeout's does: "timed out after
+    60 s while running") goes on from the word, which is said once."""
+    word, message = _WORDS[case.status], for_terminal(case.message)
+    if message.startswith(word):
+        return Text.assemble((word, _STYLE[case.status]), message[len(word) :])
+    return Text.assemble((word, _STYLE[case.status]), (f" — {message}" if message else "", ""))
+
+
 def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int, shared: str = "") -> list:
     parts: list[Text | Table] = [
         _labelled(
             f"case {for_terminal(case.name)}",
             "bold",
-            Text.assemble(
-                (_WORDS[case.status], _STYLE[case.status]),
-                (f" — {for_terminal(case.message)}" if case.message else "", ""),
-            ),
+            _status_and_message(case),
         )
     ]
     if case.rows and case.status == Status.FAIL:
