@@ -149,7 +149,7 @@ def test_corrupt_progress_file_is_ignored_with_a_notice_and_rewritten(cli, solut
 def test_demo_shows_a_pass_and_a_named_diagnosis(cli, tiny_path):
     result = cli("demo", "--weights", tiny_path)
     assert result.exit_code == 0, result.stdout
-    shown = [s for s in ALL_STAGES if s != "cache-scaling"]  # a minute or two: left out, and said so
+    shown = [s for s in ALL_STAGES if s != "cache-scaling"]  # the slowest on tiny weights: left out, and said so
     assert f"{len(shown)} of {len(shown)} stage(s) passed" in result.stdout
     assert all(f"✔ {stage}" in result.stdout for stage in shown) and "✔ cache-scaling" not in result.stdout
     assert "(cache-scaling, the proof of the cache by its CPU cost, is left out here" in result.stdout

@@ -28,7 +28,7 @@ from theinference.course import load_course
 # A bug with one crisp shape on every synthetic weights (decode-position-stuck's per-step shape is
 # a jump under the copy heads of synthetic weights v2; see the README).
 DEMO_MUTANT = "position-stuck"
-PROOF_STAGE = "cache-scaling"  # a minute or two on its own weights: the demo leaves it out and says so
+PROOF_STAGE = "cache-scaling"  # the slowest stage on tiny weights: the demo leaves it out and says so
 
 
 class Edition(str, Enum):
@@ -98,7 +98,8 @@ def demo_command(
             console.rule("1. the reference solution")
             good = _streamed(session, shown, console)
             console.print(
-                f"({PROOF_STAGE}, the proof of the cache by its CPU cost, is left out here: it takes a minute or two. "
+                f"({PROOF_STAGE}, the proof of the cache by its CPU cost, is left out here: it times generations up to "
+                "hundreds of tokens long on its own weights. "
                 f"`theinference test --stage {PROOF_STAGE} --course {data_dir('course') / 'solution'}` runs it.)",
                 soft_wrap=True,
             )
