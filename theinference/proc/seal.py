@@ -47,7 +47,7 @@ def _op(code: int, k: int, true: int = 0, false: int = 0) -> bytes:
 def program(machine: str | None = None) -> bytes | None:
     """The filter's BPF instructions for this machine's ABI; None where it has none here."""
     abi = _ABIS.get(machine or platform.machine())
-    if abi is None:
+    if abi is None or not hasattr(signal, "SIGCHLD"):  # Windows: no SIGCHLD
         return None
     arch, sigaction, ptrace = abi
     return b"".join(
