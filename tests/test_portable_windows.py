@@ -95,5 +95,7 @@ print("ok")
 
 def test_every_file_the_grader_opens_is_opened_binary_as_windows_needs(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PORTABLE), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", O_BINARY_USERS, str(tmp_path)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", O_BINARY_USERS, str(tmp_path)], env=env, capture_output=True, text=True
+    )
     assert (done.returncode, done.stdout) == (0, "ok\n"), done.stderr
