@@ -2,7 +2,6 @@
 killed, and is refused plainly (NoKernelLock) where the machine has none."""
 
 import errno
-import fcntl
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ HOLDER += "print('held', flush=True); time.sleep(600)"
 
 
 def test_a_lock_is_held_while_its_process_lives_and_goes_when_it_is_killed(tmp_path):
+    fcntl = pytest.importorskip("fcntl", reason="it checks the lock is flock's (POSIX); Windows' is LockFileEx")
     path = tmp_path / "owner"
     path.touch()
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True)

@@ -8,7 +8,7 @@ import pytest
 
 from theinference.proc.seal import program, tree_sealed
 
-pytestmark = pytest.mark.skipif(program() is None or sys.platform != "linux", reason="seccomp on x86_64 or aarch64")
+pytestmark = pytest.mark.skipif(sys.platform != "linux" or program() is None, reason="seccomp on x86_64 or aarch64")
 
 SEALED = textwrap.dedent(
     """

@@ -1,7 +1,6 @@
 """A dead grader's temporary directories go, a live one's stay, and a link named like one is never followed."""
 
 import errno
-import fcntl
 import os
 from pathlib import Path
 
@@ -22,7 +21,7 @@ def test_a_dead_graders_directories_go_and_a_live_ones_stay(tmp_path):
     tmp_path.mkdir()
     os.close(_owner(tmp_path, DEAD))  # nobody holds its lock: its grader is dead
     live = _owner(tmp_path, LIVE)
-    fcntl.flock(live, fcntl.LOCK_EX)  # held, as a live grader holds its own
+    assert locks.lock(live)  # held, as a live grader holds its own (flock here, LockFileEx on Windows)
     for token in (DEAD, LIVE):
         (tmp_path / f"theinference-run-{token}-abcd1234").mkdir()
         (tmp_path / f"theinference-run-{token}-abcd1234" / "out.npy").write_bytes(b"x")
@@ -68,6 +67,7 @@ def test_a_graders_first_directory_sweeps_and_is_named_for_it(tmp_path, monkeypa
     monkeypatch.setattr(tempdirs.tempfile, "tempdir", None)
 
 
+@pytest.mark.linux  # the zygote's socket (AF_UNIX), reached through /proc/self/fd
 def test_a_socket_in_a_deep_temp_directory_is_bound_and_reached_through_a_short_address(tmp_path):
     """A $TMPDIR deep enough that its socket's path passes AF_UNIX's 107 bytes (pytest-xdist's, a CI runner's):
     the zygote did not start there (the grader's exit 3). The address through the directory's descriptor works."""
@@ -95,6 +95,7 @@ def test_a_socket_in_a_deep_temp_directory_is_bound_and_reached_through_a_short_
     assert tempdirs.unix_address("/tmp/short.sock") == ("/tmp/short.sock", None)
 
 
+@pytest.mark.linux  # uids are leased on Linux only (the confinement levels)
 def test_the_sweep_of_a_leased_uids_leftovers_keeps_what_it_owned_before_and_a_live_graders_files(tmp_path):
     """As root without bubblewrap the first lease is uid nobody, which may also be a running grader's own uid: after
     the run, only what that uid made during it goes, never a grader's owner file or directories (nor a file it had)."""
@@ -105,7 +106,7 @@ def test_the_sweep_of_a_leased_uids_leftovers_keeps_what_it_owned_before_and_a_l
     (where / "had-before.txt").write_text("x")
     before = files_of(os.getuid(), (str(where),))
     live = _owner(where, LIVE)
-    fcntl.flock(live, fcntl.LOCK_EX)  # a grader of the same uid, started during the lease
+    assert locks.lock(live)  # a grader of the same uid, started during the lease
     os.close(_owner(where, DEAD))
     for token in (LIVE, DEAD):
         (where / f"theinference-run-{token}-abcd1234").mkdir()
@@ -185,7 +186,7 @@ def test_without_uids_a_real_directory_is_ours_to_remove_and_a_link_never(tmp_pa
     """Windows has no geteuid (a user's temp directory is their own): what stays refused is a link."""
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real", tmp_path / "link")
-    monkeypatch.delattr(os, "geteuid")
+    monkeypatch.delattr(os, "geteuid", raising=False)
     assert tempdirs._ours_to_remove(str(tmp_path / "real"))
     assert not tempdirs._ours_to_remove(str(tmp_path / "link"))
     assert not tempdirs._ours_to_remove(str(tmp_path / "missing"))

@@ -22,6 +22,7 @@ from typing import IO
 from theinference.errors import ConfigError
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_FLAGS |= getattr(os, "O_BINARY", 0)  # Windows: else a text-mode file, every "\n" written as "\r\n"
 
 
 class OutputBlocked(ConfigError):
@@ -54,7 +55,8 @@ def atomic_file(path: Path, binary: bool = False, mode: int = 0o644, **open_args
     kept = False
     try:
         fd = os.open(tmp, _FLAGS, 0o600)
-        os.fchmod(fd, mode)
+        if hasattr(os, "fchmod"):  # Windows before Python 3.13 has none (and no mode bits but read-only)
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb" if binary else "w", **open_args) as f:
             yield f
         try:

@@ -41,7 +41,7 @@ def _openings() -> dict[Path, set[str]]:
 
 def available() -> str:
     """Why nothing can run as nobody here ('' when it can)."""
-    if os.geteuid() != 0:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:  # Windows has no uids
         return "needs root (to become user nobody)"
     missing = [tool for tool in ("setpriv", "unshare", "mount") if shutil.which(tool) is None]
     if missing:

@@ -107,3 +107,13 @@ def test_the_first_commands_work_without_the_posix_only_modules(tmp_path, soluti
     assert os.listdir(temp) == []  # no kernel lock to hold: no owner file, and its directories removed as it ends
     store = Path(os.environ["THEINFERENCE_CACHE"]) / "oracle"
     assert (store / "lock").is_file() and list((store / "outputs").iterdir()) == []  # evicted: the cap holds
+
+
+@pytest.mark.slow
+def test_the_suite_collects_without_what_windows_lacks():
+    """The project's own CI runs this suite on Windows (.github/workflows/tests.yml): one module that imports fcntl, or
+    calls os.geteuid in a skipif, at import is a collection error there, and pytest then runs nothing at all."""
+    root = Path(__file__).parents[2]
+    done = _without_posix("-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests", cwd=root)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " collected" in done.stdout.splitlines()[-1] and "error" not in done.stdout.splitlines()[-1]

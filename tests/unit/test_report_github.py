@@ -67,6 +67,17 @@ def test_a_passing_run_has_only_the_notice():
     assert "1 of 1 stages passed, 10/10 points" in found[0]["message"]
 
 
+def test_a_passed_cost_proof_names_its_cpu_meter_and_a_self_check_says_it_is_not_a_grade_of_record():
+    from .builders import scaling
+
+    self_check = scaling(accounting="process tree (psutil)", guarantee="self-check")
+    cost = case("generation", Status.PASS, rows=[], scaling=self_check)
+    found = commands(render_annotations(run([stage("cache-scaling", Status.PASS, [cost])])))
+    assert [(c["name"], c["title"]) for c in found[:-1]] == [("notice", "theinference cache-scaling")]
+    assert "counted by the grader (process tree (psutil))" in found[0]["message"]
+    assert "a self-check, not a grade of record" in found[0]["message"]
+
+
 def test_the_error_points_at_the_line_the_traceback_left_the_course():
     broken = stage("single-step", Status.ERROR, [error_case(at=("src/kvcache.py", 41))], adapter_line=12)
     (error,) = [c for c in commands(render_annotations(run([broken]))) if c["name"] == "error"]

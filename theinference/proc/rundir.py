@@ -21,6 +21,7 @@ from pathlib import Path
 from theinference.proc.reaper import children_of
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows opens a file in text mode without it (CRLF, 0x1A as the end)
 _ENTRY = 4096  # bytes every directory entry costs at least: one block of a disk
 # Seconds between two measurements while the student's process runs: what it writes meanwhile (a disk takes
 # about 1 GB/s into its cache) is what the quota may be passed by where no tmpfs holds it.
@@ -64,7 +65,7 @@ def _walk(path: Path, budget: int) -> int:
             if (info.st_dev, info.st_ino) in seen:  # hard links: one file
                 continue
             seen.add((info.st_dev, info.st_ino))
-            total += max(info.st_size, info.st_blocks * 512, _ENTRY)
+            total += max(info.st_size, getattr(info, "st_blocks", 0) * 512, _ENTRY)  # Windows: no st_blocks
             if entry.is_dir(follow_symlinks=False):
                 pending.append(entry.path)
     return total
@@ -119,7 +120,7 @@ class RunDir:
     def open_output(self, name: str) -> int:
         """A read-only descriptor of the output file `name`, never through a link, and never waiting: a FIFO the
         student left there opens at once (the caller then refuses what is not a regular file)."""
-        flags = os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK
+        flags = os.O_RDONLY | _NOFOLLOW | _BINARY | getattr(os, "O_NONBLOCK", 0)  # Windows: no FIFOs, no O_NONBLOCK
         if self.sandbox is None:
             return os.open(self.path / name, flags)
         outbox = self.tmpfs()

@@ -47,7 +47,7 @@ def _op(code: int, k: int, true: int = 0, false: int = 0) -> bytes:
 def program(machine: str | None = None) -> bytes | None:
     """The filter's BPF instructions for this machine's ABI; None where it has none here."""
     abi = _ABIS.get(machine or platform.machine())
-    if abi is None:
+    if abi is None or not hasattr(signal, "SIGCHLD"):  # Windows: no SIGCHLD
         return None
     arch, sigaction, ptrace = abi
     return b"".join(
@@ -82,8 +82,11 @@ class _Program(ctypes.Structure):
 
 def seal() -> bool:
     """Seal this process and all it will start (see the module); False where this kernel or machine cannot."""
+    # What it needs first (Linux's /proc and SIGCHLD), then this machine's ABI: Windows has neither.
+    if not hasattr(signal, "SIGCHLD") or not hasattr(ctypes, "CDLL") or not os.path.exists("/proc/self/status"):
+        return False
     code = program()
-    if code is None or not hasattr(ctypes, "CDLL") or not os.path.exists("/proc/self/status"):
+    if code is None:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -33,6 +33,7 @@ KINDS = ("run", "zygote", "stub", "probe")
 _OWNER = f"{PREFIX}owner-"
 _TOKEN = re.compile(r"g[0-9a-f]{12}")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows opens a file in text mode without it (CRLF, 0x1A as the end)
 
 
 def mkdtemp(kind: str) -> str:
@@ -66,7 +67,7 @@ def _placed_owner(where: str, token: str) -> int:
     owner = os.path.join(where, _OWNER + token)
     # Locked under a name no sweep looks at, then renamed into place: a sweep never finds it unlocked.
     pending = os.path.join(where, f".{_OWNER}{token}")
-    fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+    fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
     try:
         locks.lock(fd)
         os.rename(pending, owner)
@@ -83,7 +84,7 @@ def _locked_in_place(owner: str) -> int:
     """The owner file made at its own name, then locked: where an open file cannot be removed (Windows), a sweep that
     finds it before the lock takes nothing (no directory of it exists yet, and the file stays); its probe's lock is
     brief, so this one waits it out."""
-    fd = os.open(owner, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
+    fd = os.open(owner, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o600)
     try:
         locks.lock(fd)
     except BaseException:
@@ -156,7 +157,7 @@ def _lock_held(path: str) -> bool | None:
     it is not ours to judge (another user's, or not a regular file). Where no kernel lock exists, or it fails, it
     is held: only a lock taken proves its grader dead."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _BINARY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         return False
     except OSError:

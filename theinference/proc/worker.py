@@ -35,6 +35,7 @@ MEMORY_POLL = 0.1
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows opens a file in text mode without it (CRLF, 0x1A as the end)
 
 
 def _create(path: Path) -> tuple[int, tuple[int, int]]:
@@ -47,7 +48,7 @@ def _create(path: Path) -> tuple[int, tuple[int, int]]:
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _BINARY, 0o644)
     info = os.fstat(fd)
     return fd, (info.st_dev, info.st_ino)
 
@@ -55,7 +56,7 @@ def _create(path: Path) -> tuple[int, tuple[int, int]]:
 def _read_capped(path: Path, identity: tuple[int, int], start: int = 0, end: int | None = None) -> str:
     """The student's output between two offsets of a capture file, at most OUTPUT_CAP bytes."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _BINARY)
     except OSError:
         return "[output unavailable: the capture file was removed]"
     with os.fdopen(fd, "rb") as f:
@@ -77,7 +78,8 @@ def _kill_group(proc) -> None:
 
 
 def exit_message(returncode: int) -> str:
-    if returncode == -signal.SIGXFSZ:
+    xfsz = getattr(signal, "SIGXFSZ", None)  # Windows has none
+    if xfsz is not None and returncode == -xfsz:
         return f"the adapter's process was killed for writing a file over {FILE_CAP >> 20} MB (SIGXFSZ)"
     if returncode < 0:
         try:
@@ -252,7 +254,7 @@ class Worker:
         except QuotaExceeded as e:
             self.over_quota = str(e)
         self._release()
-        return returncode if returncode is not None else -signal.SIGKILL
+        return returncode if returncode is not None else -interrupt.SIGKILL
 
     def _release(self) -> None:
         """Close the calls pipe; kill what is left in the run's cgroup and remove it; let go of its run directory."""

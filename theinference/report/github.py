@@ -9,6 +9,7 @@ from theinference.report.text import (
     grouped_summary,
     repeated_note,
     run_summary,
+    scaling_summary,
 )
 from theinference.untrusted import for_terminal, markdown_code_block, workflow_data, workflow_property
 from theinference.grading.judge.results import RunResult, StageResult, Status
@@ -34,10 +35,13 @@ def _location(run: RunResult, stage: StageResult) -> str:
 
 
 def render_annotations(run: RunResult) -> str:
-    """One `::error` per stage that did not pass, at the student's line; a `::notice` with the total."""
+    """One `::error` per stage that did not pass, at the student's line; a `::notice` per passed cost proof (its CPU
+    meter, and whether the verdict is a grade of record or a self-check); a `::notice` with the total."""
     lines = []
     for stage in run.stages:
-        if stage.status == Status.PASS:
+        if stage.status == Status.PASS:  # a passed cost proof still says how it was counted, and what that proves
+            title = workflow_property(f"theinference {stage.id}")
+            lines += [f"::notice title={title}::{workflow_data(scaling_summary(c))}" for c in stage.cases if c.scaling]
             continue
         title = workflow_property(f"theinference {stage.id}: {stage.status}")
         failing = grouped_summary([c for c in stage.cases if c.status != Status.PASS])

@@ -28,7 +28,7 @@ def busy_blas_limit(load: float | None = None, cores: int | None = None) -> int 
     if load is None:
         try:
             load = os.getloadavg()[0]
-        except OSError:  # no load average here: leave numpy as it is
+        except (OSError, AttributeError):  # no load average here (Windows has no os.getloadavg): leave numpy be
             return None
     cores = cores or os.cpu_count() or 1
     return 1 if load >= cores else None
