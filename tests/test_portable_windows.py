@@ -26,8 +26,22 @@ def test_a_crash_is_told_without_sigxfsz(monkeypatch):
     assert exit_message(-9) == "the adapter's process was killed by SIGKILL"  # the grader's kill, as Popen says it
 
 
-def test_numpy_keeps_its_threads_where_there_is_no_load_average(monkeypatch):
+def test_without_os_getloadavg_the_load_is_psutils_and_a_busy_machine_still_gets_one_blas_thread(monkeypatch):
+    import psutil
+
     monkeypatch.delattr(os, "getloadavg", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(psutil, "getloadavg", lambda: (4.0, 3.0, 2.0))  # Windows: psutil's own sampling
+    assert busy_blas_limit() == 1
+    monkeypatch.setattr(psutil, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert busy_blas_limit() is None
+
+
+def test_numpy_keeps_its_threads_where_there_is_no_load_average_at_all(monkeypatch):
+    import psutil
+
+    monkeypatch.delattr(os, "getloadavg", raising=False)
+    monkeypatch.delattr(psutil, "getloadavg", raising=False)
     assert busy_blas_limit() is None
     assert busy_blas_limit(load=4.0, cores=2) == 1  # where it is read, a busy machine still gets one thread
 

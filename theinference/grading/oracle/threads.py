@@ -26,12 +26,26 @@ from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]
 def busy_blas_limit(load: float | None = None, cores: int | None = None) -> int | None:
     """1 when the 1-minute load average is at least the number of cores, else None (numpy's default)."""
     if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (OSError, AttributeError):  # no load average here (Windows has no os.getloadavg): leave numpy be
+        load = _load_average()
+        if load is None:  # no load average here: leave numpy be
             return None
     cores = cores or os.cpu_count() or 1
     return 1 if load >= cores else None
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average: the kernel's, else psutil's (Windows has no os.getloadavg; psutil samples the
+    processor queue there in a thread of its own from its first call, which reads 0.0 until its first sample)."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        pass
+    try:
+        import psutil
+
+        return float(psutil.getloadavg()[0])
+    except (OSError, AttributeError, RuntimeError):
+        return None
 
 
 _controller = None  # the BLAS libraries loaded, found once (finding them costs a millisecond or more)
