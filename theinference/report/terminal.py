@@ -16,6 +16,7 @@ from rich.text import Text
 from theinference.model import tokenizer
 from theinference.headline import headline_lines
 from theinference.untrusted import for_terminal
+from theinference.report.statuses import shown
 from theinference.report.text import both_figures, guarantee_text, timed_calls
 from theinference.terminals import plain_console
 from theinference.grading.spec.checks import ScalingCheck
@@ -33,33 +34,6 @@ FOLD_BEFORE, FOLD_AFTER = 3, 8  # rows shown around the first divergence of a lo
 FOLD_LIMIT = 16  # cases with more rows than this are folded
 _SPARKS = "▁▂▃▄▅▆▇█"
 _ASCII_SPARKS = "_.-:=+*#"
-_MARK: dict[str, str] = {
-    Status.PASS: "✔",
-    Status.FAIL: "✘",
-    Status.NOT_STARTED: "·",
-    Status.ERROR: "✘",
-    Status.TIMEOUT: "⏱",
-    Status.CRASH: "✘",
-    Status.UNPROVEN: "?",
-}
-_STYLE: dict[str, str] = {
-    Status.PASS: "green",
-    Status.FAIL: "red",
-    Status.NOT_STARTED: "yellow",
-    Status.ERROR: "red",
-    Status.TIMEOUT: "red",
-    Status.CRASH: "red",
-    Status.UNPROVEN: "yellow",
-}
-_WORDS: dict[str, str] = {
-    Status.PASS: "passed",
-    Status.FAIL: "failed",
-    Status.NOT_STARTED: "not started",
-    Status.ERROR: "error",
-    Status.TIMEOUT: "timed out",
-    Status.CRASH: "crashed",
-    Status.UNPROVEN: "not provable here",
-}
 
 
 def token_label(token_id: int | None, width: int = 12) -> str:
@@ -401,10 +375,10 @@ def _part(shared: Diagnosis | None, one_hint: bool) -> str:
 def _status_and_message(case: CaseResult) -> Text:
     """`timed out — message`; a message that begins with the status's word (every timeout's does: "timed out after
     60 s while running") goes on from the word, which is said once."""
-    word, message = _WORDS[case.status], for_terminal(case.message)
-    if message.startswith(word):
-        return Text.assemble((word, _STYLE[case.status]), message[len(word) :])
-    return Text.assemble((word, _STYLE[case.status]), (f" — {message}" if message else "", ""))
+    status, message = shown(case.status), for_terminal(case.message)
+    if message.startswith(status.words):
+        return Text.assemble((status.words, status.style), message[len(status.words) :])
+    return Text.assemble((status.words, status.style), (f" — {message}" if message else "", ""))
 
 
 def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int, shared: str = "") -> list:
@@ -527,20 +501,20 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
     """One stage: its verdict line, then each failing case (an error already shown, in this stage or an
     earlier one of the run (`seen`), is named, not repeated)."""
     seen = {} if seen is None else seen
-    mark = _MARK[stage.status]
+    status = shown(stage.status)
     verdict = (
-        f"{_WORDS[stage.status]} · {stage.passed_cases}/{len(stage.cases)} cases · "
+        f"{status.words} · {stage.passed_cases}/{len(stage.cases)} cases · "
         f"{stage.points:g}/{stage.max_points:g} points · {stage.seconds:.1f} s"
     )
     line = Text.assemble(
-        (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"),
+        (f"{status.mark} {stage.id}", f"bold {status.style}"),
         f"  {stage.title}  ",
         (verdict, "dim"),
         (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
     )
     if line.cell_len > console.width:  # the id and the verdict on one line, the title under them
         line = Text.assemble(
-            (f"{mark} {stage.id}", f"bold {_STYLE[stage.status]}"),
+            (f"{status.mark} {stage.id}", f"bold {status.style}"),
             "  ",
             (verdict, "dim"),
             (" · from the course directory" if stage.origin == "course" else "", "bold yellow"),
@@ -617,7 +591,7 @@ def _repeated_line(stage: StageResult, where: tuple[str, str], cases: list[CaseR
     else:
         which = f"cases {', '.join(names[:2])} and {len(names) - 2} more"
     before = f"case {where[1]}" if where[0] == stage.id else f"{where[0]} (shown above)"
-    return f"  {which}: {_WORDS[cases[0].status]} — same error as {before}"
+    return f"  {which}: {shown(cases[0].status).words} — same error as {before}"
 
 
 def shown_hints(stage: StageResult | None) -> set[str]:
