@@ -3,14 +3,14 @@
 from rich.console import Console
 
 from theinference.grading.judge.results import Status
-from theinference.report.statuses import shown
+from theinference.report.statuses import presentation
 from theinference.report.terminal import render_stage
 from .builders import case, stage
 
 
 def test_every_status_has_a_mark_a_style_and_words_of_its_own():
-    words = [shown(status).words for status in Status]
-    assert all(shown(s).mark and shown(s).style for s in Status)
+    words = [presentation(status).words for status in Status]
+    assert all(presentation(s).mark and presentation(s).style for s in Status)
     assert len(set(words)) == len(words)  # no two verdicts read alike
 
 
@@ -20,4 +20,4 @@ def test_the_stage_line_and_the_case_line_say_the_status_in_the_tables_words():
         console, stage(status=Status.TIMEOUT, cases=[case("a", Status.TIMEOUT, message="over its budget")]), 50257
     )
     text = console.export_text()
-    assert f"{shown(Status.TIMEOUT).mark} " in text and "timed out — over its budget" in text
+    assert f"{presentation(Status.TIMEOUT).mark} " in text and "timed out — over its budget" in text

@@ -13,7 +13,7 @@ from a submission is escaped.
 import math
 from html import escape
 
-from theinference.report.statuses import shown
+from theinference.report.statuses import presentation
 from theinference.report.text import guarantee_text, timed_calls
 from theinference.grading.judge.results import Status
 from theinference.grading.tools.classview import ClassView, Sighting, anchor, stage_results
@@ -125,8 +125,8 @@ def _trouble(view: ClassView) -> str:
     if not view.trouble:
         return "<p class=meta>No submission timed out, crashed, ended machine-busy or failed to be graded.</p>"
     why = {
-        Status.TIMEOUT: shown(Status.TIMEOUT).words,
-        Status.CRASH: shown(Status.CRASH).words,
+        Status.TIMEOUT: presentation(Status.TIMEOUT).words,
+        Status.CRASH: presentation(Status.CRASH).words,
         "machine-busy": "ended machine-busy (too little CPU to finish, even after retries: regrade on a quieter machine)",
         "could not be graded": "could not be graded at all",
     }

@@ -17,7 +17,7 @@ class Shown:
     words: str
 
 
-def shown(status: str) -> Shown:
+def presentation(status: str) -> Shown:
     """The presentation of a status (a Status, or its str: results carry either)."""
     match Status(status):
         case Status.PASS:
