@@ -232,7 +232,7 @@ def test_the_terminal_says_not_provable_here_and_a_self_check_plainly():
 
 
 def test_the_class_report_shows_the_guarantee_from_the_json_document():
-    from theinference.report import html
+    from theinference.report import htmlsubmission as html
 
     for verdict, said in (
         (_timed(_run(complete=False, untrusted=True), *A_CACHE), "not provable in grading mode: the process tree"),
