@@ -286,9 +286,8 @@ class Grader:
         for stage in stages:
             spec = resolve_oracle(stage.oracle, stage.source)
             judge_for(stage.check).warm(stage, self.model, self.cache, self.untrusted)
-            stage = oraclecost.fit_to_context(
-                stage, self.model.config.n_ctx
-            )  # as grade() does, before checking the fit
+            # the cache proof's lengths fitted to the context, as its judge does, before checking the fit
+            stage = oraclecost.fit_to_context(stage, self.model.config.n_ctx)
             for done, case in enumerate(stage.cases, 1):
                 check_case_fits(stage, case, self.model)
                 if not stage.checks_tokens:  # greedy tokens are verified on each student's own path

@@ -308,7 +308,6 @@ def grade_stage(stage: StageSpec, ctx: GradeContext) -> Graded:
     spec = resolve_oracle(stage.oracle, stage.source)
     judge = judge_for(stage.check)
     stage, ctx, weights_note = judge.prepared(stage, ctx)
-    stage = oraclecost.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
     job = student_job(stage, ctx, spec)
@@ -355,7 +354,8 @@ class StageJudge(Protocol):
         ...
 
     def prepared(self, stage: StageSpec, ctx: GradeContext) -> tuple[StageSpec, GradeContext, str]:
-        """The stage and context it runs on, and what the report says of the weights ("" for the graded ones)."""
+        """The stage and context it runs on (its lengths fitted to their context), and what the report says of the
+        weights ("" for the graded ones)."""
         ...
 
     def run(
@@ -401,7 +401,7 @@ class CostProof:
 
     def prepared(self, stage: StageSpec, ctx: GradeContext) -> tuple[StageSpec, GradeContext, str]:
         proof, weights_note = oraclecost.proof_model(stage, ctx.model, ctx.cache, ctx.untrusted)
-        return stage, dataclasses.replace(ctx, model=proof), weights_note
+        return oraclecost.fit_to_context(stage, proof.config.n_ctx), dataclasses.replace(ctx, model=proof), weights_note
 
     def run(
         self, stage: StageSpec, ctx: GradeContext, spec: OracleSpec, job: AdapterJob, weights_note: str
