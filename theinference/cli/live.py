@@ -28,8 +28,7 @@ from theinference.grading.judge.events import (
 )
 from theinference.grading.judge.results import RunResult, StageResult
 from theinference.grading.spec.stages import StageSpec
-from theinference.report.frame import render_footer, render_header
-from theinference.report.terminal import render_finding, render_stage
+from theinference.report.terminal import render_finding, render_footer, render_header, render_stage
 
 
 class RunProgress(OracleProgress):

@@ -9,8 +9,7 @@ from rich.markup import escape
 
 from theinference import __version__
 from theinference.cli.consoles import console_for, err_console
-from theinference.report.frame import render_footer
-from theinference.report.terminal import render_finding, render_run
+from theinference.report.terminal import render_finding, render_footer, render_run
 from theinference.grading.drive.watch import Regrade, Watch
 
 

@@ -1,26 +1,21 @@
-"""Render a RunResult for people: the header, one line per stage, what each failing case shows (its table:
-report/tables.py; its diagnosis and output), a summary line and what to do next (header and footer: report/frame.py)."""
+"""Render a RunResult for people: header, one line per stage, what each failing case shows (report/cases.py; one
+table across a stage of one-row cases), a summary line and what to do next."""
 
+import re
+import textwrap
+
+from rich.cells import cell_len
 from rich.console import Console, Group
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
-from theinference.model import tokenizer
+from theinference.headline import headline_lines
 from theinference.untrusted import for_terminal
-from theinference.report.frame import render_footer, render_header
+from theinference.report.cases import case_body, diagnosis_lines, labelled, scaling_lines
 from theinference.report.statuses import presentation
-from theinference.report.tables import (
-    cases_table,
-    rows_table,
-    scaling_table,
-    sparkline,
-    tie_note,
-    token_window,
-    tokens_table,
-)
-from theinference.report.text import both_figures, guarantee_text, timed_calls
+from theinference.report.tables import cases_table, scaling_table, tie_note
 from theinference.terminals import plain_console
+from theinference.grading.spec.checks import ScalingCheck
 from theinference.grading.judge.results import (
     NO_ANSWER,
     CaseResult,
@@ -31,135 +26,82 @@ from theinference.grading.judge.results import (
 )
 
 
-def _timed_calls(t) -> str:
-    return timed_calls(len(t.calls), sum(1 for c in t.calls if c.diagnostic))
+def _folded(console: Console, label: str, parts: list[str], style: str = "") -> None:
+    """`label part · part · …`, folded between parts at the console's width, continuation lines under the first
+    part; a part too long for a line of its own is wrapped between words onto further lines under it (a word
+    longer than a line, a path, stays whole: a path cut in two cannot be copied)."""
+    indent = " " * cell_len(label)
+    lines, line = [], label
+    for part in parts:
+        joined = line + part if line in (label, indent) else f"{line} · {part}"
+        if line not in (label, indent) and cell_len(joined) > console.width:
+            lines.append(line)
+            joined = indent + part
+        line = joined
+    lines.append(line)
+    room = max(console.width - len(indent), 20)
+    for text in lines:
+        head, body = text[: len(indent)], text[len(indent) :]
+        for k, piece in enumerate(textwrap.wrap(body, room, break_on_hyphens=False, break_long_words=False) or [""]):
+            console.print(Text((head if k == 0 else indent) + piece, style=style), overflow="ignore", crop=False)
 
 
-def scaling_lines(case: CaseResult) -> list[Text]:
-    """How the cost was counted, both tests' figures, and (on a pass) the speed-up over a recompute."""
-    t = case.scaling
-    assert t is not None, "called for cache-scaling cases only"
-    lines = [
-        Text(
-            f"  counted by the grader ({t.accounting}): CPU of your whole process tree in {_timed_calls(t)}, "
-            "each on a fresh random prompt (the cheapest call of each length counts)",
-            style="dim",
-        ),
-    ]
-    figures = both_figures(t)
-    if figures:
-        lines.append(Text(f"  {figures}", style="dim"))
-    if t.weights_note:
-        lines.insert(0, Text(f"  {t.weights_note}", style="dim"))
-    guarantee = guarantee_text(t.guarantee, t.accounting)
-    if guarantee:
-        lines.append(Text(f"  {guarantee}", style="yellow"))
-    if case.status == Status.PASS and t.speedup is not None:
-        lines.append(
-            Text(
-                f"  your cache: {t.lengths[-1]} tokens in {t.seconds[-1]:.2f} s of CPU; "
-                f"a full recompute: {t.oracle_seconds:.2f} s; {t.speedup:.1f}× faster",
-                style="green",
-            )
+def _hanging(console: Console, label: str, text: str, label_style: str, style: str = "") -> None:
+    """label and text wrapped between words at the console's width, the lines after the first indented two spaces;
+    a word longer than a line, a path, stays whole on a line of its own (a path cut in two cannot be copied)."""
+    lines = textwrap.wrap(
+        label + text,
+        max(console.width, 40),
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    for k, line in enumerate(lines):
+        piece = Text.assemble((label, label_style), (line[len(label) :], style)) if k == 0 else Text(line, style=style)
+        console.print(piece, overflow="ignore", crop=False)
+
+
+# The mechanisms the header names, of those in RunResult.processes (the JSON document has them all).
+HEADER_MECHANISMS = ("launcher", "orphans", "kill", "cpu")
+
+
+def process_lines(processes: dict[str, str]) -> list[tuple[str, str]]:
+    """(what, its mechanism) for the header: how the student's processes start, are kept, killed and counted."""
+    return [(f"{key}:", processes[key]) for key in HEADER_MECHANISMS if key in processes]
+
+
+def render_header(console: Console, run: RunResult, version: str, headline_shown: bool = False) -> None:
+    """Who grades what: the course, the weights and why, the isolation, what the course chose itself.
+
+    headline_shown: the first line is already on screen (theinference.cli.early printed it)."""
+    if not headline_shown:
+        for parts in headline_lines(version, run.course, console.width):
+            console.print(Text.assemble(*parts), no_wrap=True, overflow="ignore", crop=False)
+    synthetic = [f"synthetic ({run.synthetic})"] if run.synthetic else []
+    _folded(console, "weights: ", [for_terminal(run.weights_path), *synthetic])
+    config = [f"{k} {v}" for k, v in run.config.items()]
+    _folded(console, " " * 9, [for_terminal(run.weights_why), *config], style="dim")
+    if run.seed is not None:
+        console.print(f"         random extra cases from seed {run.seed}", style="dim")
+    if run.isolation:
+        _folded(console, "isolation: ", [run.isolation, for_terminal(run.isolation_summary)])
+    if run.processes:
+        _folded(console, " " * 11, [f"{k} {v}" for k, v in process_lines(run.processes)], style="dim")
+    if run.untrusted:
+        console.print(
+            "         untrusted grading: the submission's stages, weights and timeouts are not read", style="dim"
         )
-    return lines
+    for line in run.course_supplied:
+        _hanging(console, "not the instructor's: ", for_terminal(line), label_style="bold yellow")
+    for notice in run.notices:
+        console.print(f"[yellow]note:[/yellow] {escape(for_terminal(notice))}", soft_wrap=True)
+    console.print()
 
 
 def _part(shared: Diagnosis | None, one_hint: bool) -> str:
     """What a case's body says of its diagnosis when the stage says its finding once: "" all of it, "shape" the shape
     (the hint is the stage's too), "shape+hint" its shape and own hint."""
     return "" if shared is None else ("shape" if one_hint else "shape+hint")
-
-
-def _status_and_message(case: CaseResult) -> Text:
-    """`timed out — message`; a message that begins with the status's word (every timeout's does: "timed out after
-    60 s while running") goes on from the word, which is said once."""
-    status, message = presentation(case.status), for_terminal(case.message)
-    if message.startswith(status.words):
-        return Text.assemble((status.words, status.style), message[len(status.words) :])
-    return Text.assemble((status.words, status.style), (f" — {message}" if message else "", ""))
-
-
-def _case_body(case: CaseResult, vocab: bool, plain: bool, width: int, shared: str = "") -> list:
-    parts: list[Text | Table] = [
-        _labelled(
-            f"case {for_terminal(case.name)}",
-            "bold",
-            _status_and_message(case),
-        )
-    ]
-    if case.rows and case.status == Status.FAIL:
-        parts.append(rows_table(case, vocab, plain, width))
-        if len(case.rows) > 1:  # one character says nothing the table does not
-            parts.append(Text(f"  error by position: {sparkline([r.max_abs for r in case.rows], plain)}"))
-    if case.status == Status.FAIL and any(s.verdict == "mismatch" for s in case.steps):  # not for right tokens
-        parts.append(tokens_table(case, plain))
-        parts.extend(_greedy_text(case))
-    if case.scaling:
-        parts.append(scaling_table(case, plain))
-        parts.extend(scaling_lines(case))
-    if case.diagnosis and shared == "shape+hint":  # the finding is said once for the stage, after its cases
-        d = case.diagnosis
-        parts.extend(diagnosis_lines(Diagnosis(shape=d.shape, summary=d.summary, hint=d.hint)))
-    elif case.diagnosis:
-        parts.extend(diagnosis_lines(case.diagnosis, shape_only=shared == "shape"))
-    if case.traceback:
-        parts.append(Text(for_terminal(case.traceback.rstrip()), style="dim"))
-    output = (case.stdout + case.stderr).strip()
-    if output and case.status in NO_ANSWER:
-        parts.append(Text("  output of your code:\n" + for_terminal(output[-2000:]), style="dim"))
-    return parts
-
-
-def _labelled(label: str, style: str, body: Text) -> Table:
-    """`  label: text`, the text wrapping under itself rather than under the label."""
-    grid = Table.grid()
-    grid.add_column(no_wrap=True)
-    grid.add_column()
-    grid.add_row(Text(f"  {label}: ", style=style), body)
-    return grid
-
-
-def diagnosis_lines(
-    d: Diagnosis, shape_only: bool = False, finding_only: bool = False, with_hint: bool = True
-) -> list[Table]:
-    """Shape, then the fingerprint's finding (or that no known bug matched), then the hint.
-
-    shape_only: the shape alone (the stage states the rest once for all its cases); finding_only: the rest;
-    with_hint False: not the hint (it is on screen already).
-    """
-    lines = []
-    if d.shape and not finding_only:
-        lines.append(_labelled("shape", "bold", Text.assemble((d.shape, "magenta"), f" — {d.summary}")))
-    if shape_only:
-        return lines
-    if d.bug:
-        lines.append(_labelled("finding", "bold green", Text.assemble((d.bug, "bold"), f" — {d.evidence}")))
-    elif d.evidence:
-        lines.append(_labelled("known bugs", "bold", Text(d.evidence)))
-    if d.hint and with_hint:
-        lines.append(_labelled("hint", "bold yellow", Text(d.hint)))
-    return lines
-
-
-_PROMPT_CHARS = 60  # the end of a long prompt is what the generation continues
-
-
-def _greedy_text(case: CaseResult) -> list[Text]:
-    """The prompt's end and both continuations as text over the steps the table shows (on synthetic weights,
-    gibberish: the ids are what count)."""
-    prompt = case.texts.get("prompt") or tokenizer.decode(case.inputs.get("prompt", []))
-    if len(prompt) > _PROMPT_CHARS:
-        prompt = "…" + prompt[-_PROMPT_CHARS:]
-    lo, hi = token_window(case)
-    more = "…" if hi < min(len(case.expected_tokens), len(case.got_tokens)) else ""
-    steps = f"steps {lo + 1}–{hi}:" if lo > 0 or more else ""
-    lines = [Text(f"  {'prompt:':<9} {prompt!r}")]
-    if steps:
-        lines.append(Text(f"  {steps}", style="dim"))
-    for label, tokens in (("expected:", case.expected_tokens), ("got:", case.got_tokens)):
-        lines.append(Text(f"  {label:<9} {tokenizer.decode(tokens[lo:hi])!r}{more}"))
-    return lines
 
 
 def _near_ties(case: CaseResult) -> list:
@@ -230,7 +172,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
         if where is not None:
             repeats.setdefault(where, []).append(case)
         elif case.status != Status.PASS and not (across and case.rows):
-            body = _case_body(case, vocab, plain_console(console), console.width, shared=_part(shared, one_hint))
+            body = case_body(case, vocab, plain_console(console), console.width, shared=_part(shared, one_hint))
             console.print(Group(*body))
             if key is not None:
                 seen[key] = (stage.id, case.name)
@@ -247,7 +189,7 @@ def render_stage(console: Console, stage: StageResult, n_vocab: int, seen: dict 
     if across:
         _print_cross_case(console, stage, n_vocab)
     if stage.float64_cases and FLOAT64 not in seen:  # said once in a run, under the first stage that shows it
-        console.print(_labelled("note", "bold yellow", Text(float64_note(stage))))
+        console.print(labelled("note", "bold yellow", Text(float64_note(stage))))
         seen[FLOAT64] = stage.id
     console.print()
 
@@ -329,3 +271,38 @@ def render_run(console: Console, run: RunResult, version: str, footer: bool = Tr
         render_stage(console, stage, run.config.get("n_vocab", 0), seen)
     if footer:
         render_footer(console, run)
+
+
+_WORDS_AND_COMMANDS = re.compile(r"`[^`]*`\S*|\S+")  # a `command` with what follows it up to a space is one word
+
+
+def _unbroken_commands(text: str, width: int) -> list[str]:
+    """text wrapped between words at width, a `command` never cut (it is copied and run as printed)."""
+    lines: list[str] = []
+    for word in _WORDS_AND_COMMANDS.findall(text):
+        if lines and cell_len(lines[-1]) + 1 + cell_len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines or [""]
+
+
+def render_footer(console: Console, run: RunResult) -> None:
+    """The report's closing lines: what output stages cannot prove, the points, what to do next."""
+    passed = sum(s.status == Status.PASS for s in run.stages)
+    passing = [s for s in run.stages if s.status == Status.PASS]
+    if any(s.cached_path for s in passing) and not any(isinstance(s.check, ScalingCheck) for s in passing):
+        console.print(
+            "Matching outputs prove the cached path equals a recompute, not that a cache exists "
+            "(a recompute gives the same numbers): the cache-scaling stage proves the cache by its cost.",
+            style="dim",
+        )
+    earned, possible = run.points
+    style = "bold green" if run.passed else "bold red"
+    console.print(f"{passed} of {len(run.stages)} stage(s) passed · {earned:g}/{possible:g} points", style=style)
+    for line in run.advice:
+        for k, piece in enumerate(_unbroken_commands(for_terminal(line), console.width - 2)):
+            console.print(Text.assemble(("→ " if k == 0 else "  ", "bold cyan"), piece), overflow="ignore", crop=False)
+    if run.course_supplied:
+        text = for_terminal("; ".join(run.course_supplied))
+        _hanging(console, "not the instructor's grading: ", text, label_style="bold yellow", style="bold yellow")
