@@ -15,7 +15,7 @@ to each threshold (threshold / figure for code that must pass, figure / threshol
 fail: above 1 is on the right side; '>' marks a lower bound, from a call stopped at its budget), and
 what a stopped call's verdict rests on: the longest call's CPU over what its tokens cost at the shortest
 calls' rate ("grew"), and what a token costs after the diagnostic calls' long prompt over what one costs in the
-short calls ("diag", and the long diagnostic call's new tokens: a cache's stays under scaling._GROWTH, a
+short calls ("diag", and the long diagnostic call's new tokens: a cache's stays under costcase._GROWTH, a
 recompute's passes it). --diagnostic makes every subject take the diagnostic calls (grading takes them only where
 "grew" cannot show).
 
@@ -28,7 +28,7 @@ side by side in one run (--load-only: the loaded passes only). --graded SHAPE ru
 "graded") instead of the proof preset; --lengths overrides the stage's lengths, --repeats its rounds.
 
 --edition ts grades the TypeScript edition instead (run by Node, so (b)'s floor is scaled by
-scaling.NODE_FACTOR as in grading): the TS reference solution (must pass) and every TS mutant whose
+costcase.NODE_FACTOR as in grading): the TS reference solution (must pass) and every TS mutant whose
 manifest expects it to fail on cost, `no-cache` or `too-slow` (course/ts/mutants: the careful recompute
 decode-recomputes-last-row, and decode-recomputes, which applies the LM head to every row). It needs the TypeScript course's tsx
 (`npm install` at the repository's root).
@@ -56,7 +56,7 @@ from scaling_subjects import (  # noqa: E402
 
 from theinference.bundled import data_dir  # noqa: E402
 from theinference.course import load_course  # noqa: E402
-from theinference.grading.judge import scaling  # noqa: E402
+from theinference.grading.judge import costcase  # noqa: E402
 from theinference.grading.judge.grade import GradeContext, grade  # noqa: E402
 from theinference.grading.oracle.cache import OracleCache  # noqa: E402
 from theinference.grading.tools.mutants import build_mutant, load_mutants  # noqa: E402
@@ -224,9 +224,9 @@ def main() -> None:
     args = parser.parse_args()
     stage = stage_for(args)
     if args.diagnostic:
-        scaling._Run.needs_diagnostic = lambda self: True  # type: ignore[method-assign]
+        costcase.CostCase.needs_diagnostic = lambda self: True  # type: ignore[method-assign]
     if args.no_stop or args.stop_at:
-        scaling._KILL_AT = args.stop_at or 1e9
+        costcase._KILL_AT = args.stop_at or 1e9
         stage = dataclasses.replace(stage, timeout=3600)
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
         work = Path(tmp)

@@ -1,10 +1,10 @@
-"""Benchmark: the cost floor of cache-scaling (scaling.cost_floor) against the reference cache, side by side in one run.
+"""Benchmark: the cost floor of cache-scaling (oraclecost.cost_floor) against the reference cache, side by side in one run.
 
     python bench/cost_floor.py [--rounds N] [--repeats N]
 
 A count below the floor fails as tampering, so the floor must sit well under what an honest cache costs. The floor
-is the oracle's one-token step (scaling.step_seconds: one BLAS thread, this process's CPU, as grading measures it)
-divided by scaling._FLOOR_SHARE, per token: a cached decode step still reads every weight once. The reference
+is the oracle's one-token step (oraclecost.step_seconds: one BLAS thread, this process's CPU, as grading measures it)
+divided by oraclecost.FLOOR_SHARE, per token: a cached decode step still reads every weight once. The reference
 cache (course/solution) is graded on the built-in stage exactly as `theinference test` does (the grader counts the
 CPU of its whole process tree, call by call), and each of its calls' CPU per token is set over the floor.
 
@@ -23,7 +23,7 @@ import busy
 
 from theinference.bundled import data_dir
 from theinference.course import load_course
-from theinference.grading.judge import scaling
+from theinference.grading.judge import oraclecost
 from theinference.grading.judge.grade import GradeContext, grade
 from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.spec.stages import load_stages
@@ -34,7 +34,7 @@ from theinference.proc.launch import SubprocessLauncher
 
 def measure(stage, model, proof, rounds: int) -> dict:
     """The floor (the cheapest of `rounds` measurements) and the reference cache's CPU per token, call by call."""
-    floor = min(scaling.cost_floor(scaling.step_seconds(proof)) for _ in range(rounds))
+    floor = min(oraclecost.cost_floor(oraclecost.step_seconds(proof)) for _ in range(rounds))
     per_token: list[float] = []
     accounting = ""
     for _ in range(rounds):
@@ -72,9 +72,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:
         write_synthetic(Path(tmp) / "tiny", preset="tiny", seed=0)
         model = load_model(Path(tmp) / "tiny" / "model.safetensors")
-        proof, _ = scaling.proof_model(stage, model, OracleCache())
+        proof, _ = oraclecost.proof_model(stage, model, OracleCache())
         figures = {label: run_pass(label, stage, model, proof, args.rounds) for label in ("quiet", "loaded")}
-    share = scaling._FLOOR_SHARE
+    share = oraclecost.FLOOR_SHARE
     print(f"cache-scaling's cost floor: the oracle's one-token step / {share:g}, per token (proof preset)")
     print(f"  CPU counted by: {figures['quiet']['accounting']}")
     for label, f in figures.items():

@@ -16,8 +16,8 @@ longest call's fraction of the oracle's full recompute (at most max_fraction pas
 (threshold / figure for code that must pass, figure / threshold for code that must fail: above 1 is on the right
 side; '>' marks a lower bound, from a call stopped at its budget), what a stopped call's verdict rests on (as
 bench/cache_scaling.py prints them: "diag", a token's marginal cost after the diagnostic calls' long prompt over the
-short calls' rate, against scaling._GROWTH; "grew", the longest call's CPU over its tokens at the short calls' rate,
-against scaling._GROWN), the verdict (and, where it is wrong, its message) and the source the report names.
+short calls' rate, against costcase._GROWTH; "grew", the longest call's CPU over its tokens at the short calls' rate,
+against costcase._GROWN), the verdict (and, where it is wrong, its message) and the source the report names.
 
 --stop-at X stops the longest call at X times (b)'s floor instead of at the floor, so that the margins of code that
 must fail are measured up to X (a recompute's longest call then finishes: its (a) ratio is measured too).
@@ -41,7 +41,7 @@ import busy  # noqa: E402
 
 from theinference.bundled import data_dir  # noqa: E402
 from theinference.course import load_course  # noqa: E402
-from theinference.grading.judge import scaling  # noqa: E402
+from theinference.grading.judge import costcase  # noqa: E402
 from theinference.grading.judge.grade import GradeContext, grade  # noqa: E402
 from theinference.grading.oracle.cache import OracleCache  # noqa: E402
 from theinference.grading.tools.mutants import build_mutant, load_mutants  # noqa: E402
@@ -131,7 +131,7 @@ def main() -> None:
         sys.exit(f"unknown meter source {unknown[0]!r}: one of {', '.join(SOURCES)}")
     stage = stage_for(argparse.Namespace(graded="", lengths="", repeats=args.repeats))
     if args.stop_at:
-        scaling._KILL_AT = args.stop_at
+        costcase._KILL_AT = args.stop_at
         stage = dataclasses.replace(stage, timeout=3600)
     spec = stage.check.params
     with tempfile.TemporaryDirectory(prefix="theinference-bench-") as tmp:

@@ -30,7 +30,7 @@ import busy
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits  # type: ignore[import-untyped]
 
-from theinference.grading.judge import scaling
+from theinference.grading.judge import oraclecost
 from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.oracle.registry import resolve_oracle
 from theinference.grading.spec.stages import load_stages, stage_dirs
@@ -101,7 +101,7 @@ def main() -> None:
         for preset in args.presets:
             model = load_model(write_synthetic(Path(tmp) / preset, preset=preset))
             stages = [
-                scaling.fit_to_context(s, model.config.n_ctx)  # as Grader.warm computes them
+                oraclecost.fit_to_context(s, model.config.n_ctx)  # as Grader.warm computes them
                 for s in load_stages(stage_dirs(None))
                 if not s.checks_tokens or s.id == "greedy"
             ]

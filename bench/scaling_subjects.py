@@ -274,7 +274,7 @@ def run_greedy(prompt_ids, n_new):
 # A forgery of the precision: the careful recompute in float32 with every call padded to three times PADDING's rate
 # (so its cost looks flat, the diagnostic calls' included) and its decode step casting its logits to float64, so
 # that (b) would be set against the dearer float64 recompute. It must still fail: its tokens after the diagnostic
-# prompt cost a recompute's, far over the oracle's float64 step (scaling._CLAIM).
+# prompt cost a recompute's, far over the oracle's float64 step (costcase._CLAIM).
 FLOAT64_CLAIM = (
     _HEAD
     + """

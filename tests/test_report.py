@@ -16,7 +16,8 @@ from theinference.grading.drive.advice import advise
 from theinference.grading.judge.diagnose import diagnose_rows, diagnose_tokens
 from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.model.weights import Synthetic
-from theinference.report.terminal import render_run, sparkline
+from theinference.report.tables import sparkline
+from theinference.report.terminal import render_run
 from theinference.bundled import data_dir
 from theinference.grading.judge.results import CaseResult, RowStats, RunResult, StageResult, TokenStep
 from theinference.grading.drive.plan import plan_run

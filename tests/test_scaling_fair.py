@@ -15,7 +15,7 @@ import pytest
 from conftest import scaled, write_quick_scaling_stage
 from theinference.bundled import data_dir
 from theinference.course import load_course
-from theinference.grading.judge import scaling
+from theinference.grading.judge import costcase, costverdict, oraclecost
 from theinference.grading.judge.grade import GradeContext, grade
 from theinference.grading.judge.results import ScalingResult, Status, TimedCall
 from theinference.grading.oracle.cache import OracleCache
@@ -27,12 +27,12 @@ from theinference.proc.runner import CallOutcome
 
 STAGE = next(s for s in load_stages([data_dir("stages")]) if s.id == "cache-scaling")  # lengths 8 and 480
 COSTS = {
-    "float32": scaling._Costs({8: 1.0, 480: 50.0}, 0.01),
-    "float64": scaling._Costs({8: 2.5, 480: 125.0}, 0.05, "float64"),  # a float64 step converts every weight
+    "float32": oraclecost.Costs({8: 1.0, 480: 50.0}, 0.01),
+    "float64": oraclecost.Costs({8: 2.5, 480: 125.0}, 0.05, "float64"),  # a float64 step converts every weight
 }
 
 
-def _run(dtype: str = "float32") -> scaling._Run:
+def _run(dtype: str = "float32") -> costcase.CostCase:
     ctx = SimpleNamespace(
         course=SimpleNamespace(adapters=Path("tests") / "adapters.py"),
         model=SimpleNamespace(config=SimpleNamespace(n_ctx=512, n_vocab=50257), path="proof", stamp=()),
@@ -40,10 +40,10 @@ def _run(dtype: str = "float32") -> scaling._Run:
         on_case=None,
         untrusted=False,
     )
-    return scaling._Run(STAGE, ctx, timeout=120.0, weights_note="", dtype=dtype)
+    return costcase.CostCase(STAGE, ctx, timeout=120.0, weights_note="", dtype=dtype)
 
 
-def _diagnostics(run: scaling._Run, per_token: float, prefill: float = 0.5) -> None:
+def _diagnostics(run: costcase.CostCase, per_token: float, prefill: float = 0.5) -> None:
     prompt = run.diagnostic_prompt()
     run.calls.append(TimedCall(1, prefill, prefill, prompt_tokens=prompt, diagnostic=True))
     n_new = run.diagnostic_length(prefill)
@@ -57,7 +57,7 @@ def test_the_float64_run_is_set_against_the_float64_recompute_and_says_so():
     assert "your decode step returns float64 logits" in run.weights_note
     run.calls.append(TimedCall(8, 0.5, 0.5, prompt_tokens=4))
     outcome = CallOutcome(status="timeout", cpu_seconds=run.timed_budget(480).cpu, limit="cpu")
-    verdict = scaling.judge_stopped(run, outcome, 480)
+    verdict = costcase.judge_stopped(run, outcome, 480)
     assert "by the oracle here in float64 (125 s)" in verdict.message, verdict.message
 
 
@@ -72,7 +72,7 @@ def test_a_float64_claim_counts_only_where_a_token_costs_what_a_float64_cache_co
     verdict = run.refused()
     assert (verdict is not None) == refused
     if verdict is not None:
-        assert verdict.detail == scaling._REFUSED
+        assert verdict.detail == costcase.REFUSED
         assert "3.0× the oracle's float64 single-token step" in verdict.message, verdict.message
         assert "so (b) stays set against the float32 recompute" in verdict.message
     assert _run().refused() is None  # the float32 run has no claim to weigh
@@ -81,7 +81,7 @@ def test_a_float64_claim_counts_only_where_a_token_costs_what_a_float64_cache_co
 def test_the_oracle_computes_in_float64_as_a_promoted_student_does(tiny_path):
     model = load_model(tiny_path)
     ids = [464, 318, 257, 1332]
-    narrow, wide = (scaling._last_logits(model, ids, dtype) for dtype in ("float32", "float64"))
+    narrow, wide = (oraclecost._last_logits(model, ids, dtype) for dtype in ("float32", "float64"))
     assert narrow.dtype == np.float32 and wide.dtype == np.float64 and wide.shape == narrow.shape == (1, 50257)
     assert int(np.argmax(wide)) == int(np.argmax(narrow))
     np.testing.assert_allclose(wide, narrow, rtol=1e-3, atol=1e-3)
@@ -93,11 +93,11 @@ def _figures(short: float, long: float, recompute: float = 50.0) -> ScalingResul
 
 
 def test_rounds_stop_once_the_verdict_is_clear_beyond_the_margin():
-    assert scaling._clear(_figures(0.08, 4.8))  # flat, 10% of a recompute: a pass no round can undo
-    assert not scaling._clear(_figures(0.08, 14.0))  # 28%: inside (b), not clearly, so the next round runs
-    assert not scaling._clear(_figures(0.08, 4.8 * 2.5))  # 2.5x: inside (a), not clearly
-    assert scaling._clear(_figures(0.08, 4.8 * 5))  # 5x: over (a) by more than the margin
-    assert not scaling._clear(_figures(0.08, None))  # type: ignore[arg-type]
+    assert costverdict.clear(_figures(0.08, 4.8))  # flat, 10% of a recompute: a pass no round can undo
+    assert not costverdict.clear(_figures(0.08, 14.0))  # 28%: inside (b), not clearly, so the next round runs
+    assert not costverdict.clear(_figures(0.08, 4.8 * 2.5))  # 2.5x: inside (a), not clearly
+    assert costverdict.clear(_figures(0.08, 4.8 * 5))  # 5x: over (a) by more than the margin
+    assert not costverdict.clear(_figures(0.08, None))  # type: ignore[arg-type]
 
 
 def test_a_call_stopped_at_the_runs_deadline_is_a_timeout_that_says_so_and_no_timing():
@@ -105,7 +105,7 @@ def test_a_call_stopped_at_the_runs_deadline_is_a_timeout_that_says_so_and_no_ti
     run.calls.append(TimedCall(8, 0.08, 0.1, prompt_tokens=4))
     message = "stopped while running: the submission's time budget of 30 s ran out"
     outcome = CallOutcome(status="timeout", message=message, cpu_seconds=2.0, limit=DEADLINE)
-    verdict = scaling.judge_stopped(run, outcome, 480)
+    verdict = costcase.judge_stopped(run, outcome, 480)
     assert verdict.status == Status.TIMEOUT and verdict.detail == DEADLINE and verdict.diagnosis is None
     assert verdict.message.startswith(message) and "1 timed calls had finished" in verdict.message
     assert [c.n_new for c in verdict.scaling.calls] == [8]  # the cut call is no length's cost

@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from theinference.bundled import data_dir
-from theinference.grading.judge import scaling
+from theinference.grading.judge import costcase, costverdict, oraclecost, scaling
 from theinference.grading.judge.results import (
     CaseResult,
     Guarantee,
@@ -35,7 +35,7 @@ from theinference.report.text import scaling_summary
 
 STAGE = next(s for s in load_stages([data_dir("stages")]) if s.id == "cache-scaling")  # lengths 8 and 480
 STEP = 0.005  # the oracle's one-token step, as if measured here: the floor is a fifth, 1 ms a token
-COSTS = scaling._Costs({8: 0.06, 480: 30.0}, STEP)
+COSTS = oraclecost.Costs({8: 0.06, 480: 30.0}, STEP)
 
 
 class Meter:
@@ -49,7 +49,7 @@ class Meter:
         return self.readings.pop(0)
 
 
-def _run(complete: bool = True, untrusted: bool = False) -> scaling._Run:
+def _run(complete: bool = True, untrusted: bool = False) -> costcase.CostCase:
     ctx = SimpleNamespace(
         course=SimpleNamespace(adapters=Path("tests") / "adapters.py"),
         model=SimpleNamespace(config=SimpleNamespace(n_ctx=512, n_vocab=50257), path="proof", stamp=()),
@@ -57,17 +57,17 @@ def _run(complete: bool = True, untrusted: bool = False) -> scaling._Run:
         on_case=None,
         untrusted=untrusted,
     )
-    run = scaling._Run(STAGE, ctx, timeout=120.0, weights_note="")
+    run = costcase.CostCase(STAGE, ctx, timeout=120.0, weights_note="")
     run.complete = complete
     run.accounting = Meter([], complete).name
     return run
 
 
-def _timed(run: scaling._Run, short: float, long: float) -> scaling.Verdict:
+def _timed(run: costcase.CostCase, short: float, long: float) -> costverdict.Verdict:
     """Both lengths timed at these CPU seconds, then judged as grading does."""
     for n, cpu in ((8, short), (480, long)):
         run.calls.append(TimedCall(n, cpu, cpu, prompt_tokens=4))
-    return scaling.unproven(scaling.judge(run.stage, run.scaling_result()))
+    return costverdict.unproven(costverdict.judge(run.stage, run.scaling_result()))
 
 
 A_CACHE = (8 * 0.006, 480 * 0.006)  # 6 ms a token at both lengths: 9.6% of the recompute
@@ -107,7 +107,7 @@ def test_an_incomplete_meter_on_the_students_own_run_passes_as_a_self_check():
 
 def test_a_call_counted_below_the_floor_is_tampering():
     run = _run()
-    assert scaling.cost_floor(STEP) == pytest.approx(0.001)
+    assert oraclecost.cost_floor(STEP) == pytest.approx(0.001)
     assert run.tampered(480 * 0.0011, 480, "timed call 2") is None  # just above the floor: any cache's cost
     verdict = run.tampered(480 * 0.0008, 480, "timed call 2")  # 0.8 ms a token: 96 ms under the floor
     assert verdict.status == Status.FAIL and verdict.diagnosis.shape == "cost-tampered"
@@ -130,7 +130,7 @@ def test_a_negative_cost_is_tampering(cpu):
 def test_a_count_that_fell_during_a_call_is_tampering_even_if_the_call_ends_positive():
     """Seen at the session's polls: a child counted while it ran, then gone with its CPU when it ended unseen."""
     run = _run(complete=False)
-    run.meter = scaling._Watched(Meter([1.0, 1.4, 3.2, 1.5, 1.9], complete=False))
+    run.meter = costcase.WatchedMeter(Meter([1.0, 1.4, 3.2, 1.5, 1.9], complete=False))
     readings = [run.meter.cpu_seconds() for _ in range(5)]
     assert readings[-1] - readings[0] > 0 and run.meter.fell == pytest.approx(1.7)
     assert run.meter.name == "process tree (/proc)" and not run.meter.complete
@@ -154,7 +154,7 @@ def test_a_finished_call_is_checked_against_the_floor_as_it_arrives(monkeypatch)
 def test_small_falls_add_up_work_hidden_in_many_short_processes():
     """Each process seen running for 40 ms, then gone with its CPU: under the resolution one by one, not in all."""
     run = _run(complete=False)
-    run.meter = scaling._Watched(Meter([0.0, 0.04, 0.0, 0.04, 0.0, 0.04, 0.0], complete=False))
+    run.meter = costcase.WatchedMeter(Meter([0.0, 0.04, 0.0, 0.04, 0.0, 0.04, 0.0], complete=False))
     for _ in range(7):
         run.meter.cpu_seconds()
     assert run.meter.fell == pytest.approx(0.12)
@@ -164,20 +164,20 @@ def test_small_falls_add_up_work_hidden_in_many_short_processes():
 def test_a_stopped_call_whose_count_fell_is_tampering_not_a_cost():
     run = _run(complete=False)
     run.calls.append(TimedCall(8, 0.05, 0.05, prompt_tokens=4))
-    run.meter = scaling._Watched(Meter([0.0, 2.0, 0.5], complete=False))
+    run.meter = costcase.WatchedMeter(Meter([0.0, 2.0, 0.5], complete=False))
     for _ in range(3):
         run.meter.cpu_seconds()
     outcome = CallOutcome(status="timeout", cpu_seconds=11.0, limit="cpu")
-    stopped = scaling.judge_stopped(run, outcome, 480)
+    stopped = costcase.judge_stopped(run, outcome, 480)
     assert stopped.diagnosis.shape == "no-cache"  # what the stop alone would say
     assert run.tampered(11.0, 0, "timed call 2").diagnosis.shape == "cost-tampered"
 
 
-def _case(verdict: scaling.Verdict) -> CaseResult:
+def _case(verdict: costverdict.Verdict) -> CaseResult:
     return CaseResult(name="generation", status=verdict.status, message=verdict.message, scaling=verdict.scaling)
 
 
-def _run_result(verdict: scaling.Verdict) -> RunResult:
+def _run_result(verdict: costverdict.Verdict) -> RunResult:
     points = 10.0 if verdict.status == Status.PASS else 0.0
     stage = StageResult(
         id="cache-scaling", title=STAGE.title, status=verdict.status, cases=[_case(verdict)], points=points,
@@ -232,7 +232,7 @@ def test_the_terminal_says_not_provable_here_and_a_self_check_plainly():
 
 
 def test_the_class_report_shows_the_guarantee_from_the_json_document():
-    from theinference.report import html
+    from theinference.report import htmlsubmission as html
 
     for verdict, said in (
         (_timed(_run(complete=False, untrusted=True), *A_CACHE), "not provable in grading mode: the process tree"),

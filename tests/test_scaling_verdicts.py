@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from theinference.bundled import data_dir
-from theinference.grading.judge import scaling
+from theinference.grading.judge import costcase, costverdict, oraclecost
 from theinference.grading.judge.results import Status, TimedCall
 from theinference.grading.spec.stages import load_stages
 from theinference.proc.runner import CallOutcome
@@ -21,8 +21,8 @@ RECOMPUTE_480 = 50.0  # CPU seconds of the oracle's full recompute of 480 tokens
 STEP = 0.01  # and of its single-token step
 
 
-def _run(adapters: str = "adapters.py", n_ctx: int = 512, untrusted: bool = False) -> scaling._Run:
-    costs = scaling._Costs({8: 1.0, 480: RECOMPUTE_480}, STEP)
+def _run(adapters: str = "adapters.py", n_ctx: int = 512, untrusted: bool = False) -> costcase.CostCase:
+    costs = oraclecost.Costs({8: 1.0, 480: RECOMPUTE_480}, STEP)
     ctx = SimpleNamespace(
         course=SimpleNamespace(adapters=Path("tests") / adapters),
         model=SimpleNamespace(config=SimpleNamespace(n_ctx=n_ctx, n_vocab=50257), path="proof", stamp=()),
@@ -30,20 +30,20 @@ def _run(adapters: str = "adapters.py", n_ctx: int = 512, untrusted: bool = Fals
         on_case=None,
         untrusted=untrusted,
     )
-    return scaling._Run(STAGE, ctx, timeout=120.0, weights_note="")
+    return costcase.CostCase(STAGE, ctx, timeout=120.0, weights_note="")
 
 
-def _stop_the_longest(run: scaling._Run) -> scaling.Verdict:
+def _stop_the_longest(run: costcase.CostCase) -> costverdict.Verdict:
     """The 480-token call stopped at its CPU budget (the floor), as grading does."""
     used = run.timed_budget(480).cpu
-    return scaling.judge_stopped(run, CallOutcome(status="timeout", cpu_seconds=used, limit="cpu"), 480)
+    return costcase.judge_stopped(run, CallOutcome(status="timeout", cpu_seconds=used, limit="cpu"), 480)
 
 
-def _short(run: scaling._Run, cpu: float) -> None:
+def _short(run: costcase.CostCase, cpu: float) -> None:
     run.calls.append(TimedCall(8, cpu, cpu, prompt_tokens=4))
 
 
-def _diagnostics(run: scaling._Run, prefill: float, per_token: float) -> None:
+def _diagnostics(run: costcase.CostCase, prefill: float, per_token: float) -> None:
     """The three diagnostic calls: twice 1 token after the long prompt, then 1 + m, m as grading sizes it."""
     prompt = run.diagnostic_prompt()
     for cpu in (prefill * 1.3, prefill):  # the dearer one must not count: the cheapest 1-token call does
@@ -83,7 +83,7 @@ def test_the_diagnostic_prompt_and_length_fit_the_context_and_the_prefill():
     assert _run(n_ctx=1024).diagnostic_prompt() == 480  # the longest length, where the context has room
     for run in (numpy, node):
         _short(run, 8 * 0.01)
-    assert numpy.diagnostic_length(prefill=0.05) == 1 + scaling._MARGINAL  # a cheap prefill: the least m
+    assert numpy.diagnostic_length(prefill=0.05) == 1 + costcase._MARGINAL  # a cheap prefill: the least m
     assert node.diagnostic_length(prefill=2.0) == 1 + 50  # m = a quarter of the prefill at the short rate
     assert numpy.diagnostic_length(prefill=100.0) == 512 - 1 - 384  # as the context has room
 
@@ -100,7 +100,7 @@ def test_a_stopped_diagnostic_call_is_too_slow_and_not_counted_as_a_timing():
     run = _run()
     _short(run, 8 * 0.05)
     outcome = CallOutcome(status="timeout", cpu_seconds=120.0, limit="cpu")
-    verdict = scaling.judge_stopped(run, outcome, 1, prompt=384)
+    verdict = costcase.judge_stopped(run, outcome, 1, prompt=384)
     assert verdict.diagnosis.shape == "too-slow"
     assert "the call generating 1 tokens after a 384-token prompt was stopped" in verdict.message
     timing = verdict.scaling

@@ -139,7 +139,8 @@ def test_shards_merged_equal_the_unsharded_result(cli, batch, tiny_path, tmp_pat
 
 
 def test_csv_is_written_incrementally(tmp_path):
-    from theinference.grading.drive.batch import CsvWriter, GradedWith, SubmissionResult
+    from theinference.grading.drive.batch import GradedWith, SubmissionResult
+    from theinference.grading.drive.gradesheet import CsvWriter
     from theinference.grading.spec.stages import load_stages, stage_dirs
 
     out = tmp_path / "grades.csv"
@@ -386,7 +387,8 @@ def test_a_nan_row_is_said_to_hold_nan_not_to_be_outside_the_tolerance(cli, tmp_
 def test_a_too_slow_cache_is_its_own_column_and_field_not_just_a_fail(solution_course, tiny_path):
     import dataclasses
 
-    from theinference.grading.drive.batch import SubmissionResult, csv_header, csv_row, graded_with
+    from theinference.grading.drive.batch import SubmissionResult, graded_with
+    from theinference.grading.drive.gradesheet import csv_header, csv_row
     from theinference.grading.drive.grader import Grader
     from theinference.grading.drive.plan import plan_run
     from theinference.grading.drive.session import select_stages

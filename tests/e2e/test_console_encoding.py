@@ -12,7 +12,7 @@ import pytest
 from theinference.bundled import data_dir
 from theinference.cli.consoles import GLYPHS, console_for, encodable
 from theinference.grading.tools.mutants import build_mutant, load_mutants
-from theinference.report.terminal import sparkline
+from theinference.report.tables import sparkline
 
 ERRORS = [1e-7, 3e-6, 2e-5, 4e-4, 1e-3, 8e-2, 0.5, 2.0, float("nan"), 0.0]
 

@@ -20,7 +20,7 @@ from theinference.bundled import data_dir
 from theinference.cli import early
 from theinference.cli.app import app
 from theinference.cli.live import RunProgress
-from theinference.grading.judge import fingerprint
+from theinference.grading.judge import bugmatch
 from theinference.grading.judge.events import CaseEnded, CaseStarted
 from theinference.grading.tools.mutants import build_mutant, load_mutants
 from theinference.grading.drive.plan import plan_run
@@ -180,8 +180,8 @@ def test_the_early_line_knows_every_option_of_test():
 def test_no_diagnosis_computes_no_bug_oracle(cli, tmp_path, tiny_path, monkeypatch):
     course = _mutant("decode-wpe-off-by-one", tmp_path / "bug")
     calls = []
-    real = fingerprint.bug_output
-    monkeypatch.setattr(fingerprint, "bug_output", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = bugmatch.bug_output
+    monkeypatch.setattr(bugmatch, "bug_output", lambda *a, **k: calls.append(a) or real(*a, **k))
     quiet = cli("test", "--course", course, "--weights", tiny_path, "--stage", "per-step-identity", "--no-diagnosis")
     assert quiet.exit_code == 1 and "✘ per-step-identity" in quiet.output
     assert "shape: first-decode-row-off" in quiet.output  # the shape is no fingerprint: it stays
@@ -194,13 +194,13 @@ def test_a_batch_computes_each_bug_oracle_once(cli, tmp_path, tiny_path, monkeyp
     for name in ("alice", "bob", "carol"):
         _mutant("decode-wpe-off-by-one", subs / name)
     calls: Counter = Counter()
-    real = fingerprint.bug_output
+    real = bugmatch.bug_output
 
     def counted(bug, spec, oracle, model, inputs, history):
         calls[(bug.name, repr(inputs), repr(history))] += 1
         return real(bug, spec, oracle, model, inputs, history)
 
-    monkeypatch.setattr(fingerprint, "bug_output", counted)
+    monkeypatch.setattr(bugmatch, "bug_output", counted)
     out = tmp_path / "grades.csv"
     result = cli("grade", *sorted(subs.iterdir()), "--weights", tiny_path, "--stage", "per-step-identity", "--out", out)
     assert result.exit_code == 0

@@ -19,7 +19,7 @@ from theinference.bundled import data_dir
 from theinference.cli.live import RunProgress
 from theinference.grading.judge.events import CallStarted
 from theinference.grading.drive.grader import Grader
-from theinference.grading.judge import scaling
+from theinference.grading.judge import oraclecost
 from theinference.grading.spec.stages import load_stages
 from theinference.model.weights import load_model
 from theinference.model.weights_choice import WeightsChoice
@@ -214,7 +214,7 @@ def test_json_junit_and_gradescope_carry_the_accounting_and_both_figures(cli, so
     assert scaling["ratio"] == pytest.approx(scaling["ms_per_token"][1] / scaling["ms_per_token"][0])
     assert 0 < scaling["fraction_of_recompute"] <= 0.35 and scaling["oracle_cpu_seconds"] > 0
     timed = [c for c in scaling["calls"] if not c["diagnostic"]]
-    # one round, or two where the first did not settle the verdict beyond the margin (scaling._CLEAR)
+    # one round, or two where the first did not settle the verdict beyond the margin (costverdict._CLEAR)
     assert [c["n_new"] for c in timed] in ([8, 320], [8, 320] * 2) and all(
         c["cpu_seconds"] > 0 for c in scaling["calls"]
     )
@@ -245,16 +245,16 @@ def test_a_batch_measures_the_oracles_costs_before_any_submission_runs(tmp_path,
     # The costs are the grader process's CPU time: a grading thread beside the measurement would add its own and
     # loosen (b)'s floor. Grader.warm (a batch, before its threads start) measures them; grading then reuses them.
     measured: list[str] = []
-    recompute = scaling.recompute_seconds
+    recompute = oraclecost.recompute_seconds
 
     def recorded(*args):
         measured.append(threading.current_thread().name)
         return recompute(*args)
 
-    monkeypatch.setattr(scaling, "recompute_seconds", recorded)
+    monkeypatch.setattr(oraclecost, "recompute_seconds", recorded)
     stages = [s for s in load_stages([data_dir("stages"), quick_stages]) if s.id == "quick-scaling"]
     with Grader(WeightsChoice(tiny_path, "--weights", ""), load_model(tiny_path)) as grader:
         grader.warm(stages)
         assert measured == ["MainThread", "MainThread"]  # lengths 8 and 320
-        scaling.measure_costs(stages[0], grader.model, grader.cache)  # as grade() will ask them: kept, not again
+        oraclecost.measure_costs(stages[0], grader.model, grader.cache)  # as grade() will ask them: kept, not again
         assert len(measured) == 2

@@ -20,19 +20,16 @@ from theinference.grading.drive.batch import (
     BatchError,
     BatchInterrupted,
     mark_copies,
-    CsvWriter,
     ShardRecord,
     SubmissionResult,
-    check_output,
-    first_errors,
     grade_batch,
     graded_with,
     parse_shard,
-    regrade,
     shard,
     shard_record,
     submissions,
 )
+from theinference.grading.drive.gradesheet import CsvWriter, check_output, first_errors, regrade
 from theinference.cli.common import synth_progress, write_atomic
 from theinference.cli.consoles import err_console
 from theinference.terminals import is_plain

@@ -8,7 +8,7 @@ import typer
 
 from theinference.cli.common import synth_progress
 from theinference.cli.consoles import err_console
-from theinference.grading.judge import scaling
+from theinference.grading.judge import oraclecost
 from theinference.grading.tools.export import oracle_arrays
 from theinference.grading.oracle.cache import OracleCache
 from theinference.errors import UsageError
@@ -43,7 +43,7 @@ def oracle_command(
     if isinstance(
         spec.check, ScalingCheck
     ):  # cache-scaling runs on its own weights (the proof preset): its tokens are those
-        model, _ = scaling.proof_model(spec, model, OracleCache())
+        model, _ = oraclecost.proof_model(spec, model, OracleCache())
     arrays = oracle_arrays(spec, model, cases)
     np.savez(out, **arrays)  # type: ignore[arg-type]  # numpy's stub does not take **arrays
     err_console().print(f"wrote {out}: {len(cases)} case(s) of {stage} against {model.path}", soft_wrap=True)

@@ -7,7 +7,8 @@ import typer
 
 from theinference.cli.common import write_atomic
 from theinference.cli.consoles import err_console
-from theinference.grading.drive.batch import BatchError, check_output
+from theinference.grading.drive.batch import BatchError
+from theinference.grading.drive.gradesheet import check_output
 from theinference.grading.tools.classview import class_view, load_batch
 from theinference.report.html import render_class_html
 

@@ -6,15 +6,16 @@ stage grid (status colour and points, each cell a link to its section; run time 
 the copies `grade` flagged. Then per-stage pass rates, the distribution of points (mean, median,
 spread), the known bugs found across the class with links to each sighting, and a section per
 submission with its copies (the matching passages side by side), its stage tables, an
-error-by-position plot per failing case, and the diagnosis (shape, finding, hint). Every text
-from a submission is escaped.
+error-by-position plot per failing case, and the diagnosis (shape, finding, hint): report/htmlsubmission.py.
+Every text from a submission is escaped.
 """
 
-import math
 from html import escape
 
-from theinference.report.text import guarantee_text, timed_calls
-from theinference.grading.tools.classview import ClassView, Sighting, anchor, stage_results
+from theinference.report.statuses import presentation
+from theinference.grading.judge.results import Status
+from theinference.report.htmlsubmission import number, seconds_text, status_cell, submission_section
+from theinference.grading.tools.classview import ClassView, Sighting, anchor
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:70em;padding:0 1em;color:#222}
@@ -35,18 +36,6 @@ td.c-not-started,td.c-unproven{background:#fff1c2}td.c-not-graded{background:#ee
 """
 
 _STATUS_ORDER = ("pass", "fail", "too-slow", "unproven", "not-started", "error", "timeout", "crash", "not graded")
-
-
-def _number(value) -> float:
-    """A JSON number, or the strings "inf"/"nan" the results document writes for non-finite ones."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _status(status: str) -> str:
-    return f'<span class="{escape(status)}">{escape(status)}</span>'
 
 
 def _bar(fraction: float, width: int = 160) -> str:
@@ -123,8 +112,8 @@ def _trouble(view: ClassView) -> str:
     if not view.trouble:
         return "<p class=meta>No submission timed out, crashed, ended machine-busy or failed to be graded.</p>"
     why = {
-        "timeout": "timed out",
-        "crash": "crashed",
+        Status.TIMEOUT: presentation(Status.TIMEOUT).words,
+        Status.CRASH: presentation(Status.CRASH).words,
         "machine-busy": "ended machine-busy (too little CPU to finish, even after retries: regrade on a quieter machine)",
         "could not be graded": "could not be graded at all",
     }
@@ -150,12 +139,6 @@ def _trouble_links(sightings: list[Sighting]) -> str:
     return ", ".join(links)
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return ""
-    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
-
-
 def _grid(view: ClassView) -> str:
     """Student × stage: each cell its status colour and points, a link to the stage's section."""
     if not view.grid:
@@ -178,7 +161,7 @@ def _grid(view: ClassView) -> str:
         rows.append(
             f'<tr class="grid-row" data-submission="{escape(row.submission)}" data-seconds="{"" if row.seconds is None else f"{row.seconds:.2f}"}">'
             f'<td class="name"><a href="#{row.anchor}">{escape(row.submission)}</a></td>'
-            f"<td>{row.points:g}/{row.max_points:g}</td>{cells}<td>{_seconds(row.seconds)}</td></tr>"
+            f"<td>{row.points:g}/{row.max_points:g}</td>{cells}<td>{seconds_text(row.seconds)}</td></tr>"
         )
     return f'<h2>Students × stages</h2><table class="grid">{head}<th>run time</th></tr>{"".join(rows)}</table>'
 
@@ -201,41 +184,6 @@ def _copies(view: ClassView) -> str:
         "between two submissions, code not in the reference solution) also found in the other's, compared on tokens "
         "blind to renamed locals, reordering, comments and layout. A flag, never a grade: a person looks at the "
         "passages in the submission's section.</p>" + body
-    )
-
-
-def _copy_section(sub: dict) -> str:
-    entries = [e for e in sub.get("copy_of") or [] if isinstance(e, dict)]
-    if not entries:
-        return ""
-    out = [f'<section class="copies" id="{anchor(sub["id"], "copies")}">']
-    for entry in entries:
-        share = entry.get("similarity")
-        figure = f" (similarity {_number(share):.0%})" if isinstance(share, (int, float)) else ""
-        out.append(f"<div class=copy><b>much of this code is also {escape(str(entry.get('of', '')))}'s{figure}</b>")
-        for region in entry.get("regions") or []:
-            if isinstance(region, dict):
-                out.append(_region(region, str(entry.get("of", ""))))
-        out.append("</div>")
-    return "".join(out) + "</section>"
-
-
-def _lines(value) -> str:
-    return "–".join(str(int(_number(n))) for n in value) if isinstance(value, list) and len(value) == 2 else "?"
-
-
-def _region(region: dict, of: str) -> str:
-    mine = f"{escape(str(region.get('file', '')))}:{_lines(region.get('lines'))}"
-    theirs = f"{escape(of)} {escape(str(region.get('other_file', '')))}:{_lines(region.get('other_lines'))}"
-    text, other = str(region.get("text", "")), str(region.get("other_text", ""))
-    if not text and not other:  # a pair `grade merge` found across shards: their files carry fingerprints, not code
-        return (
-            f'<div class="region"><div class=meta>{mine} ↔ {theirs}</div><p class=meta>the passages\' text is not in '
-            "the shard files (they carry fingerprints, not code): open the two files at these lines</p></div>"
-        )
-    return (
-        f'<div class="region"><div class=meta>{mine} ↔ {theirs}</div><div class="sidebyside">'
-        f"<pre>{escape(text)}</pre><pre>{escape(other)}</pre></div></div>"
     )
 
 
@@ -270,191 +218,13 @@ def _findings(view: ClassView) -> str:
     )
 
 
-def _error_plot(rows: list[dict], label: str) -> str:
-    """max |Δ| by position on a log scale; rows outside tolerance in red, non-finite ones at the top."""
-    points = [(int(r.get("position", i)), _number(r.get("max_abs")), bool(r.get("ok"))) for i, r in enumerate(rows)]
-    if not points:
-        return ""
-    finite = [v for _, v, _ in points if math.isfinite(v) and v > 0]
-    low = math.floor(math.log10(min(finite))) if finite else -8
-    high = math.ceil(math.log10(max(finite))) if finite else 0
-    high = max(high, low + 1)
-    xs = [p for p, _, _ in points]
-    x0, x1 = min(xs), max(max(xs), min(xs) + 1)
-    w, h, left, top = 420, 120, 48, 8
-
-    def x(p: int) -> float:
-        return left + (p - x0) / (x1 - x0) * w
-
-    def y(v: float) -> float:
-        if not math.isfinite(v):
-            return top
-        level = math.log10(v) if v > 0 else low
-        return top + h - (level - low) / (high - low) * h
-
-    line = " ".join(f"{x(p):.1f},{y(v):.1f}" for p, v, _ in points)
-    dots = "".join(
-        f'<circle cx="{x(p):.1f}" cy="{y(v):.1f}" r="3" fill="{"#3a8f4f" if ok else "#b00020"}">'
-        f"<title>position {p}: max |Δ| {v:.3g}</title></circle>"
-        for p, v, ok in points
-    )
-    return (
-        f'<svg class="error-plot" width="{w + left + 10}" height="{h + top + 30}" role="img" '
-        f'aria-label="{escape(label)}"><line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#999"/>'
-        f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#999"/>'
-        f'<text x="{left - 4}" y="{top + 10}" text-anchor="end">1e{high}</text>'
-        f'<text x="{left - 4}" y="{top + h}" text-anchor="end">1e{low}</text>'
-        f'<text x="{left}" y="{top + h + 14}">{x0}</text>'
-        f'<text x="{left + w}" y="{top + h + 14}" text-anchor="end">{x1}</text>'
-        f'<text x="{left + w / 2}" y="{top + h + 26}" text-anchor="middle">position → (max |Δ| per row, log)</text>'
-        f'<polyline points="{line}" fill="none" stroke="#888"/>{dots}</svg>'
-    )
-
-
-def _diagnosis(d: dict | None, where: str) -> str:
-    if not d:
-        return ""
-    parts = [f"<div class=diag><b>{escape(where)}</b>"]
-    if d.get("shape"):
-        parts.append(f"<div>shape: <code>{escape(d['shape'])}</code> — {escape(d.get('summary', ''))}</div>")
-    if d.get("bug"):
-        parts.append(
-            f"<div class=finding>finding: <code>{escape(d['bug'])}</code>: {escape(d.get('evidence', ''))}</div>"
-        )
-    elif d.get("evidence"):
-        parts.append(f"<div>known bugs: {escape(d['evidence'])}</div>")
-    if d.get("hint"):
-        parts.append(f"<div>hint: {escape(d['hint'])}</div>")
-    return "".join(parts) + "</div>"
-
-
-def _timed_calls(calls: list) -> str:
-    diagnostic = sum(1 for c in calls if isinstance(c, dict) and c.get("diagnostic") is True)
-    return timed_calls(len(calls), diagnostic)
-
-
-def _ms(value) -> str:
-    v = _number(value)
-    return "" if math.isnan(v) else f"{v:.3g}"
-
-
-def _figures(t: dict) -> list[str]:
-    """(a) and (b), each only once its calls ran (the document's ratio and fraction are null until then)."""
-    least = "at least " if t.get("stopped_at") == t["lengths"][-1] else ""  # the longest call was stopped
-    ratio, fraction, lines = _number(t.get("ratio")), _number(t.get("fraction_of_recompute")), []
-    if not math.isnan(ratio):
-        lines.append(
-            f"(a) per-token cost {least}×{ratio:.2f} from {t['lengths'][0]} to {t['lengths'][-1]} tokens "
-            f"(at most ×{_number(t.get('max_ratio')):g} passes)"
-        )
-    if not math.isnan(fraction):
-        lines.append(
-            f"(b) {t['lengths'][-1]} tokens cost {least}{fraction:.0%} of the oracle's full recompute here "
-            f"(at most {_number(t.get('max_fraction')):.0%} passes)"
-        )
-    return lines
-
-
-def _scaling(case: dict) -> str:
-    """cache-scaling's numbers as the terminal shows them: CPU ms per token by length, both tests, the accounting."""
-    t = case.get("scaling")
-    if not isinstance(t, dict) or not t.get("lengths"):
-        return ""
-    rows = []
-    for n, per, marginal in zip(t["lengths"], t.get("ms_per_token") or [], t.get("marginal_ms_per_token") or []):
-        if per is None:  # the case ended before a call of this length ran
-            continue
-        stopped = n == t.get("stopped_at")
-        rows.append(
-            f'<tr class="scaling-row" data-tokens="{escape(str(n))}" data-stopped="{str(stopped).lower()}">'
-            f"<td>{escape(str(n))}</td><td>{'&gt; ' if stopped else ''}{_ms(per)}{' (stopped)' if stopped else ''}</td>"
-            f"<td>{'' if stopped or marginal is None else _ms(marginal)}</td></tr>"
-        )
-    head = "<tr><th>tokens</th><th>CPU ms/token</th><th>marginal ms/token</th></tr>"
-    lines = [
-        f"counted by the grader ({escape(str(t.get('accounting', '')))}): CPU of the whole process tree in "
-        f"{_timed_calls(t.get('calls') or [])}, the cheapest call of each length counting",
-        *_figures(t),
-    ]
-    if t.get("weights_note"):
-        lines.insert(0, escape(str(t["weights_note"])))
-    guarantee = guarantee_text(str(t.get("guarantee", "")), str(t.get("accounting", "")))
-    if guarantee:
-        lines.append(f'<span class="guarantee">{escape(guarantee)}</span>')
-    speedup = _number(t.get("speedup"))
-    if case.get("status") == "pass" and math.isfinite(speedup):
-        lines.append(
-            f"the cache: {t['lengths'][-1]} tokens in {_number((t.get('cpu_seconds') or [math.nan])[-1]):.2f} s of "
-            f"CPU; a full recompute: {_number(t.get('oracle_cpu_seconds')):.2f} s; {speedup:.1f}× faster"
-        )
-    figures = "".join(f"<div>{line}</div>" for line in lines)
-    return f'<div class="scaling"><table>{head}{"".join(rows)}</table><div class=meta>{figures}</div></div>'
-
-
-def _case_rows(case: dict) -> str:
-    first_bad = case.get("first_bad_row")
-    rows = case.get("rows") or []
-    worst = max((_number(r.get("max_abs")) for r in rows), default=math.nan)
-    return (
-        f"<tr><td>{escape(str(case.get('name', '')))}</td><td>{_status(str(case.get('status', '')))}</td>"
-        f"<td>{'' if first_bad is None else escape(str(first_bad))}</td><td>{len(rows) or ''}</td>"
-        f"<td>{'' if math.isnan(worst) else f'{worst:.3g}'}</td>"
-        f"<td>{escape(str(case.get('message', '')))}</td></tr>"
-    )
-
-
-def _stage_section(sub_id: str, stage: dict) -> str:
-    cases = [c for c in stage.get("cases", []) if isinstance(c, dict)]
-    head = "<tr><th>case</th><th>status</th><th>first bad row</th><th>rows</th><th>max |Δ|</th><th>message</th></tr>"
-    out = [
-        f'<section class="stage" id="{anchor(sub_id, str(stage.get("id", "")))}" data-status="{escape(str(stage.get("status")))}">'
-        f"<h3><code>{escape(str(stage.get('id')))}</code> {_status(str(stage.get('status', '')))} · "
-        f"{stage.get('passed_cases', 0)}/{stage.get('total_cases', len(cases))} cases · "
-        f"{_number(stage.get('points')):g}/{_number(stage.get('max_points')):g} points</h3>",
-        f"<table>{head}{''.join(_case_rows(c) for c in cases)}</table>",
-        *(_scaling(c) for c in cases),
-    ]
-    if stage.get("status") == "pass":
-        return "".join(out) + "</section>"
-    if stage.get("cross_case"):
-        rows = sorted((r for c in cases for r in c.get("rows") or []), key=lambda r: _number(r.get("position")))
-        out.append(_diagnosis(stage.get("diagnosis"), f"across {len(cases)} cases"))
-        out.append(_error_plot(rows, f"{stage.get('id')}: error by position across cases"))
-    else:
-        for case in cases:
-            if case.get("status") == "pass":
-                continue
-            out.append(_diagnosis(case.get("diagnosis"), f"case {case.get('name')}"))
-            if case.get("rows"):
-                out.append(_error_plot(case["rows"], f"{stage.get('id')} {case.get('name')}: error by position"))
-            if case.get("traceback"):
-                out.append(f"<pre>{escape(str(case['traceback']))}</pre>")
-    return "".join(out) + "</section>"
-
-
-def _submission(sub: dict) -> str:
-    sub_id = sub["id"]
-    out = [
-        f'<section class="submission" id="{anchor(sub_id)}" data-status="{escape(str(sub.get("status")))}">',
-        f"<h2>{escape(sub_id)} {_status(str(sub.get('status', '')))} · "
-        f"{_number(sub.get('points')):g}/{_number(sub.get('max_points')):g} points"
-        + (f" · {_seconds(_number(sub['seconds']))}" if isinstance(sub.get("seconds"), (int, float)) else "")
-        + "</h2>",
-    ]
-    if sub.get("error"):
-        out.append(f"<pre>{escape(str(sub['error']))}</pre>")
-    out.append(_copy_section(sub))
-    out += [_stage_section(sub_id, stage) for stage in stage_results(sub)]
-    return "".join(out) + '<p><a href="#top">back to the class</a></p></section>'
-
-
 def render_class_html(doc: dict, view: ClassView, source: str) -> str:
     """The whole report as one HTML document."""
     graded = doc.get("graded_with") or {}
     meta = " · ".join(f"{escape(k)} {escape(str(v))}" for k, v in graded.items() if v not in (None, ""))
     index = "".join(
-        f'<li><a href="#{anchor(s["id"])}">{escape(s["id"])}</a> {_status(str(s.get("status", "")))} '
-        f"{_number(s.get('points')):g}/{_number(s.get('max_points')):g}</li>"
+        f'<li><a href="#{anchor(s["id"])}">{escape(s["id"])}</a> {status_cell(str(s.get("status", "")))} '
+        f"{number(s.get('points')):g}/{number(s.get('max_points')):g}</li>"
         for s in doc["submissions"]
     )
     body = [
@@ -467,7 +237,7 @@ def render_class_html(doc: dict, view: ClassView, source: str) -> str:
         _points(view),
         _findings(view),
         f"<h2>Submissions</h2><ul>{index}</ul>",
-        *(_submission(s) for s in doc["submissions"]),
+        *(submission_section(s) for s in doc["submissions"]),
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

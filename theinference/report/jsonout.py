@@ -13,11 +13,8 @@ from theinference.grading.drive.batch import (
     GradedWith,
     ShardRecord,
     SubmissionResult,
-    first_errors,
-    machine_busy,
-    regrade,
-    too_slow,
 )
+from theinference.grading.drive.gradesheet import first_errors, machine_busy, regrade, too_slow
 from theinference.grading.judge.results import CaseResult, Diagnosis, RunResult, ScalingResult, StageResult, StepTime
 from theinference.grading.spec.stages import StageSpec
 from theinference.grading.spec.checks import Check, RowsCheck, ScalingCheck, TokensCheck

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from theinference.course import Course
-from theinference.grading.judge import scaling
+from theinference.grading.judge import oraclecost
 from theinference.grading.judge.evidence import stage_evidence
 from theinference.grading.judge.fingerprint import Outputs, fingerprint_stage, needs_fingerprint
 from theinference.grading.drive.progress import load_progress, weights_name
@@ -282,11 +282,12 @@ class Grader:
 
     def warm(self, stages: list[StageSpec], on_case: OracleProgress | None = None) -> None:
         """Compute every case's oracle output once, before student processes compete for the CPU, and the oracle's
-        costs for the cache proof before grading threads run beside their measurement (scaling.measure_costs)."""
+        costs for the cache proof before grading threads run beside their measurement (oraclecost.measure_costs)."""
         for stage in stages:
             spec = resolve_oracle(stage.oracle, stage.source)
             judge_for(stage.check).warm(stage, self.model, self.cache, self.untrusted)
-            stage = scaling.fit_to_context(stage, self.model.config.n_ctx)  # as grade() does, before checking the fit
+            # the cache proof's lengths fitted to the context, as its judge does, before checking the fit
+            stage = oraclecost.fit_to_context(stage, self.model.config.n_ctx)
             for done, case in enumerate(stage.cases, 1):
                 check_case_fits(stage, case, self.model)
                 if not stage.checks_tokens:  # greedy tokens are verified on each student's own path

@@ -18,7 +18,7 @@ from theinference.bundled import bundled_course_dir
 from theinference.grading.judge.results import RunResult, StageResult, Status
 from theinference.files import write_atomic
 from theinference.grading.spec.stages import StageSpec
-from theinference.grading.judge.scaling import PROOF_PRESET
+from theinference.grading.judge.oraclecost import PROOF_PRESET
 from theinference.grading.spec.checks import ScalingCheck
 from theinference.model.synth import PRESETS
 

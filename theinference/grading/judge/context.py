@@ -24,7 +24,7 @@ class GradeContext:
     launcher: Launcher = field(default_factory=SubprocessLauncher)  # how student processes start
     fingerprint: bool = True  # match failing outputs against the stage's bug oracles (watch defers it)
     diagnosis: bool = True  # False (--no-diagnosis): never fingerprint, so keep no outputs for it
-    first_exact: bool = False  # fingerprints stop at the first exact match (see fingerprint.EXACT)
+    first_exact: bool = False  # fingerprints stop at the first exact match (see bugmatch.EXACT)
     # Told as the student's process starts and finishes each case (and, cache-scaling, starts each call).
     on_case: Callable[[CaseEvent], None] | None = None
     all_cases: bool = False  # keep running a stage's cases after one timed out

@@ -8,7 +8,7 @@ from typing import Protocol, assert_never
 
 import numpy as np
 
-from theinference.grading.judge import events, scaling
+from theinference.grading.judge import events, oraclecost, scaling
 from theinference.grading.judge.context import GradeContext
 from theinference.grading.oracle.cache import OracleCache
 from theinference.grading.judge.compare import compare_rows, promoted, shape_problem
@@ -308,7 +308,6 @@ def grade_stage(stage: StageSpec, ctx: GradeContext) -> Graded:
     spec = resolve_oracle(stage.oracle, stage.source)
     judge = judge_for(stage.check)
     stage, ctx, weights_note = judge.prepared(stage, ctx)
-    stage = scaling.fit_to_context(stage, ctx.model.config.n_ctx)
     for case in stage.cases:
         check_case_fits(stage, case, ctx.model)
     job = student_job(stage, ctx, spec)
@@ -355,7 +354,8 @@ class StageJudge(Protocol):
         ...
 
     def prepared(self, stage: StageSpec, ctx: GradeContext) -> tuple[StageSpec, GradeContext, str]:
-        """The stage and context it runs on, and what the report says of the weights ("" for the graded ones)."""
+        """The stage and context it runs on (its lengths fitted to their context), and what the report says of the
+        weights ("" for the graded ones)."""
         ...
 
     def run(
@@ -396,12 +396,12 @@ class CostProof:
     cpu_budgeted = False  # its calls have budgets of their own
 
     def warm(self, stage: StageSpec, model: Model, cache: OracleCache, untrusted: bool) -> None:
-        """The oracle's costs the proof compares with (scaling.measure_costs)."""
-        scaling.measure_costs(stage, model, cache, untrusted)
+        """The oracle's costs the proof compares with (oraclecost.measure_costs)."""
+        oraclecost.measure_costs(stage, model, cache, untrusted)
 
     def prepared(self, stage: StageSpec, ctx: GradeContext) -> tuple[StageSpec, GradeContext, str]:
-        proof, weights_note = scaling.proof_model(stage, ctx.model, ctx.cache, ctx.untrusted)
-        return stage, dataclasses.replace(ctx, model=proof), weights_note
+        proof, weights_note = oraclecost.proof_model(stage, ctx.model, ctx.cache, ctx.untrusted)
+        return oraclecost.fit_to_context(stage, proof.config.n_ctx), dataclasses.replace(ctx, model=proof), weights_note
 
     def run(
         self, stage: StageSpec, ctx: GradeContext, spec: OracleSpec, job: AdapterJob, weights_note: str

@@ -47,6 +47,9 @@ _ORACLE_MODULES = (
     "grading/judge/compare.py",
     "grading/judge/verification.py",
     "grading/judge/scaling.py",
+    "grading/judge/costcase.py",
+    "grading/judge/costverdict.py",
+    "grading/judge/oraclecost.py",
 )
 
 

@@ -16,12 +16,14 @@ from theinference.grading.drive.copies import Copy, decode_prints, describe, pai
 from theinference.grading.drive.batch import (
     BATCH_SCHEMA,
     GRADED_WITH_COLUMNS,
-    INTERRUPTED_MARK,
     SHARD_COLUMNS,
-    FINGERPRINTS,
     BatchError,
-    check_output,
     parse_shard,
+)
+from theinference.grading.drive.gradesheet import (
+    FINGERPRINTS,
+    INTERRUPTED_MARK,
+    check_output,
     spreadsheet_text,
     write_csv,
 )
