@@ -41,7 +41,7 @@ def _load_average() -> float | None:
     except (OSError, AttributeError):
         pass
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         return float(psutil.getloadavg()[0])
     except (OSError, AttributeError, RuntimeError):
