@@ -107,7 +107,7 @@ def test_a_call_stopped_at_the_runs_deadline_is_a_timeout_that_says_so_and_no_ti
     outcome = CallOutcome(status="timeout", message=message, cpu_seconds=2.0, limit=DEADLINE)
     verdict = costcase.judge_stopped(run, outcome, 480)
     assert verdict.status == Status.TIMEOUT and verdict.detail == DEADLINE and verdict.diagnosis is None
-    assert verdict.message.startswith(message) and "1 timed calls had finished" in verdict.message
+    assert verdict.message.startswith(message) and "1 timed call had finished" in verdict.message
     assert [c.n_new for c in verdict.scaling.calls] == [8]  # the cut call is no length's cost
 
 

@@ -285,7 +285,7 @@ def judge_stopped(run: CostCase, outcome: CallOutcome, n_new: int, prompt: int =
     if outcome.limit == DEADLINE:  # the run's end, not the code's: no verdict on its cost
         run.calls.pop()
         done = sum(1 for c in run.calls if not c.diagnostic)
-        message = f"{outcome.message} (the call generating {n_new} tokens{after}; {done} timed calls had finished)"
+        message = f"{outcome.message} (the call generating {n_new} tokens{after}; {done} timed call{'' if done == 1 else 's'} had finished)"
         return Verdict(Status.TIMEOUT, message, detail=DEADLINE, scaling=run.scaling_result())
     if outcome.limit == "time":  # past the timeout without using the CPU for it: the code waited
         return Verdict(Status.TIMEOUT, f"{outcome.message} (a call generating {n_new} tokens{after})", scaling=timing)
