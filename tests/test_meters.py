@@ -191,6 +191,48 @@ def test_a_reused_pid_is_another_process_to_psutils_bookkeeping(monkeypatch):
     assert [tree.cpu_seconds() for _ in range(4)] == [0.5, 0.5, 0.75, 1.25]
 
 
+def test_psutil_estimates_the_wait_for_a_cpu_from_the_load_average_and_a_step_is_charged_the_rest(monkeypatch):
+    """Where the run-queue wait cannot be read (macOS, Windows), a busy laptop no longer eats a step's timeout: at
+    load 8 on 2 cores a runnable process gets a quarter of a core, so three quarters of the time are waited."""
+    from theinference.proc.clock import StepClock
+
+    tree = accounting.PsutilTree(os.getpid(), children=False)
+    monkeypatch.setattr(tree, "_tree", lambda: [_Process(100, 1.0, 2.0)])
+    now = [1000.0]
+    monkeypatch.setattr(accounting.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(accounting.os, "cpu_count", lambda: 2)
+    load = [8.0]
+    monkeypatch.setattr(accounting, "load_average", lambda: load[0])
+    assert tree.sample() == (2.0, 0.0)  # the first look: no time has passed
+    now[0] += 40.0
+    assert tree.sample() == (2.0, 30.0)
+    load[0] = 1.5  # fewer runnable than cores: nothing waited
+    now[0] += 10.0
+    assert tree.sample() == (2.0, 30.0)
+
+    clock = StepClock.__new__(StepClock)  # the clock over that tree: charged wall-clock time less the estimate
+    clock.tree, clock.timeout, clock.before, clock.knows_wait = tree, 120.0, 0.0, False
+    monkeypatch.setattr("theinference.proc.clock.time.monotonic", lambda: now[0])
+    clock._begin()
+    load[0] = 8.0
+    now[0] += 100.0
+    reading = clock.reading()
+    assert (reading.wall, reading.waited, reading.charged) == (100.0, 75.0, 25.0)
+    assert "estimated from the load average" in clock.wall_note()
+
+
+def test_no_load_average_is_no_wait(monkeypatch):
+    assert accounting.busy_share(None, 2) == 0.0 and accounting.busy_share(2.0, 2) == 0.0
+    assert accounting.busy_share(4.0, 2) == 0.5
+    import psutil
+
+    monkeypatch.delattr(os, "getloadavg", raising=False)
+    monkeypatch.setattr(psutil, "getloadavg", lambda: (6.0, 1.0, 1.0))
+    assert accounting.load_average() == 6.0
+    monkeypatch.delattr(psutil, "getloadavg")
+    assert accounting.load_average() is None
+
+
 def test_psutil_sums_what_the_tree_holds(monkeypatch):
     monitor = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', " + repr(_HOLD) + "])"],

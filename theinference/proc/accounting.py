@@ -464,6 +464,8 @@ class PsutilTree:
         except self.ps.Error as e:
             raise MonitorGone(f"process {monitor_pid} is gone ({e})") from None
         self.last: dict[tuple[int, float], float] = {}  # without children: (pid, started) -> last CPU seen
+        self.looked: float | None = None  # when sample() last looked, and the wait it estimated until then
+        self.waited = 0.0
 
     def _tree(self) -> list[Any]:
         """The monitor's descendants now; MonitorGone once it is dead (or its pid is another process)."""
@@ -503,8 +505,14 @@ class PsutilTree:
         return total
 
     def sample(self) -> tuple[float, float]:
-        """(cpu_seconds, 0.0): the run-queue wait is not known here."""
-        return self.cpu_seconds(), 0.0
+        """(cpu_seconds, an estimate of the run-queue wait so far): the wait cannot be read here (StepClock charges
+        wall-clock time less it); between two looks, a runnable process gets cores/load of a core where the
+        1-minute load average is over the cores, so the rest of that time is taken as waited."""
+        now = time.monotonic()
+        if self.looked is not None:
+            self.waited += (now - self.looked) * busy_share(load_average(), os.cpu_count() or 1)
+        self.looked = now
+        return self.cpu_seconds(), self.waited
 
     def held(self) -> int:
         """Bytes the monitor's descendants hold together now: each one's unique set size where psutil reads it,
@@ -520,6 +528,27 @@ class PsutilTree:
             except self.ps.Error:
                 return 0  # gone meanwhile
         return getattr(info, "uss", info.rss)
+
+
+def busy_share(load: float | None, cores: int) -> float:
+    """The share of wall-clock time a runnable process waits for a CPU on a machine this loaded (an estimate: 0
+    where the load is unknown or the cores are enough for it)."""
+    if load is None or load <= cores:
+        return 0.0
+    return 1.0 - cores / load
+
+
+def load_average() -> float | None:
+    """The 1-minute load average: the kernel's, else psutil's (Windows: sampled by a thread of psutil's from its
+    first call, 0.0 until then), else None."""
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        pass
+    try:
+        return float(_psutil().getloadavg()[0])
+    except (OSError, AttributeError, RuntimeError, ImportError):
+        return None
 
 
 def _kb_fields(text: bytes) -> dict[bytes, int]:

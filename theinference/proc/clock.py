@@ -26,9 +26,10 @@ class StepClock:
     """A step's time as the student is charged for it: wall-clock time less the time the student's processes
     spent runnable but waiting for a CPU (the kernel's run-queue delay, theinference.proc.accounting), so a
     busy machine does not eat the budget while sleeping or blocking does; never less than the CPU used over the
-    cores (charge). Where the wait cannot be read (the psutil meter: no /proc), the whole wall-clock time is
-    charged (knows_wait is False), so a busy machine can time a step out. A wall-clock backstop of BACKSTOP
-    times the timeout still ends a step that a starved machine cannot finish, and says so."""
+    cores (charge). Where the wait cannot be read (the psutil meter: no /proc), it is estimated from the load
+    average (PsutilTree.sample; knows_wait is False), so a busy machine can still time a step out where the
+    estimate falls short. A wall-clock backstop of BACKSTOP times the timeout still ends a step that a starved
+    machine cannot finish, and says so."""
 
     def __init__(self, child: "Worker", timeout: float):
         self.timeout, self.before = timeout, 0.0  # before: the charged time of this child's earlier steps
@@ -39,7 +40,7 @@ class StepClock:
             )
         except (accounting.MonitorGone, accounting.MeterUnavailable, AttributeError):
             self.tree = None  # no monitor (gone, or a launcher without one), or nothing reads it: wall-clock time
-        # Where the tree's run-queue wait cannot be read (psutil), a step is charged its wall-clock time.
+        # Where the tree's run-queue wait cannot be read (psutil), the wait is the load average's estimate.
         self.knows_wait = isinstance(self.tree, accounting.ProcTree)
         self._begin()
 
@@ -85,7 +86,10 @@ class StepClock:
         """What a timeout's message adds where the charged time is the wall clock's (the wait is not known)."""
         if self.knows_wait or self.tree is None:
             return ""
-        return " (wall-clock time: this machine's wait for a CPU cannot be read here, so a busy machine counts too)"
+        return (
+            " (wall-clock time less the wait for a CPU estimated from the load average: the wait itself cannot be "
+            "read here, so a busy machine may count too)"
+        )
 
 
 def starved_message(clock: StepClock) -> str:

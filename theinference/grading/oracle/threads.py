@@ -34,18 +34,10 @@ def busy_blas_limit(load: float | None = None, cores: int | None = None) -> int 
 
 
 def _load_average() -> float | None:
-    """The 1-minute load average: the kernel's, else psutil's (Windows has no os.getloadavg; psutil samples the
-    processor queue there in a thread of its own from its first call, which reads 0.0 until its first sample)."""
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        pass
-    try:
-        import psutil  # type: ignore[import-untyped]
+    """The 1-minute load average (the kernel's, else psutil's: Windows has no os.getloadavg), or None."""
+    from theinference.proc.accounting import load_average
 
-        return float(psutil.getloadavg()[0])
-    except (OSError, AttributeError, RuntimeError):
-        return None
+    return load_average()
 
 
 _controller = None  # the BLAS libraries loaded, found once (finding them costs a millisecond or more)
