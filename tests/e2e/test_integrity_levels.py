@@ -5,6 +5,7 @@ grader run as root with a Python user nobody cannot read, plain `test`), shows i
 credit or damage anything, and, where the protection can be switched off, that it worked without.
 """
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -23,7 +24,7 @@ import pytest
 
 import as_nobody
 
-from conftest import my_children, scaled, uid_leased, write_adapters, write_quick_scaling_stage
+from conftest import leased_uid, my_children, scaled, write_adapters, write_quick_scaling_stage
 from test_runner import SOLUTION_IMPORTS
 from theinference.proc.sandbox import ALLOW_ROOT_ENV, ALLOW_WEAK_ENV, NOBODY, reachable_by_others, submission_uids
 
@@ -826,21 +827,28 @@ needs_nobody = pytest.mark.skipif(not NOBODY_CAN_RUN, reason=as_nobody.available
 
 @pytest.fixture
 def weak(tmp_path_factory, tiny_dir):
-    """A directory user nobody owns, with a copy of the tiny weights; the grader run there as nobody."""
+    """A directory with a copy of the tiny weights, owned by the user the grader runs as there: nobody, or another uid
+    of no account when a grading elsewhere holds nobody (conftest.leased_uid, held from the first grader run as it to
+    the test's end, so no root grader beside it leases the uid and kills this one's graders). `command.uid()` is
+    that uid (nobody before any such run)."""
     import tempfile
-
-    from theinference.proc.sandbox import NOBODY
 
     work = Path(tempfile.mkdtemp(prefix="theinference-weak-"))
     os.chmod(work, 0o755)
     shutil.copytree(tiny_dir, work / "tiny")
+    leases = contextlib.ExitStack()
+    held: list[int] = []
 
     def command(*args, script: str | None = None, level: str = "subreaper", env: dict | None = None) -> list[str]:
-        """The grader: as nobody with nothing on PATH (subreaper), only unshare (nobody-namespaces) or bubblewrap
+        """The grader: as that user with nothing on PATH (subreaper), only unshare (nobody-namespaces) or bubblewrap
         too (nobody-sandbox), or as root
         with only unshare (namespaces) or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way,
         THEINFERENCE_ALLOW_WEAK_ISOLATION=1 (the subreaper level's consent), and `env`."""
-        subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
+        as_user = level in ("subreaper", "nobody-namespaces", "nobody-sandbox")
+        if as_user and not held:
+            held.append(leases.enter_context(leased_uid()))
+        uid = command.uid()
+        subprocess.run(["chown", "-R", f"{uid}:{uid}", str(work)], check=True)
         bin_dir = work / f"bin-{level}"
         if not bin_dir.exists():
             bin_dir.mkdir()
@@ -850,13 +858,10 @@ def weak(tmp_path_factory, tiny_dir):
         base = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
         base[ALLOW_WEAK_ENV] = "1"  # these tests grade at the subreaper level for other ends (test_isolation.py)
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
-        return as_nobody.command(
-            [*python, *map(str, args)],
-            {**base, **(env or {})},
-            as_nobody_too=level in ("subreaper", "nobody-namespaces", "nobody-sandbox"),
-        )
+        return as_nobody.command([*python, *map(str, args)], {**base, **(env or {})}, as_nobody_too=as_user, uid=uid)
 
-    with uid_leased(NOBODY):  # held the whole test: no root grader beside it leases nobody and kills its graders
+    command.uid = lambda: held[0] if held else NOBODY  # type: ignore[attr-defined]
+    with leases:
         yield work, command
     shutil.rmtree(work, ignore_errors=True)
 
@@ -1116,7 +1121,7 @@ def test_as_a_non_root_user_weights_rewritten_in_place_grant_no_credit(weak, tin
     assert "the weights file changed while it was in use" in " ".join(done.stderr.decode().split())
     assert not done.stdout.strip() or json.loads(done.stdout)["points"] == 0
     # Without the change time in the check, the zeros it wrote are the oracle's weights: full marks for no work.
-    shutil.copyfile(tiny_dir / "model.safetensors", weights)  # the fixture gives it to nobody again
+    shutil.copyfile(tiny_dir / "model.safetensors", weights)  # the fixture gives it to the grader's user again
     unprotected = subprocess.run(command(*args, script=MTIME_ONLY), capture_output=True, timeout=300)
     assert unprotected.stdout.strip(), unprotected.stderr.decode()
     doc = json.loads(unprotected.stdout)
@@ -1328,7 +1333,7 @@ def test_as_a_non_root_user_a_fork_bomb_is_capped_and_the_grader_ends_at_its_tim
         for proc in graders:
             proc.kill()
             proc.wait()
-        _reap_orphans_of(NOBODY)
+        _reap_orphans_of(command.uid())
 
 
 def _reap_orphans_of(uid: int) -> None:
