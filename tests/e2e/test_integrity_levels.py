@@ -26,6 +26,8 @@ import as_nobody
 
 from conftest import leased_uid, my_children, scaled, write_adapters, write_quick_scaling_stage
 from test_runner import SOLUTION_IMPORTS
+from theinference.bundled import data_dir
+from theinference.grading.spec.stages import load_stages
 from theinference.proc.sandbox import ALLOW_ROOT_ENV, ALLOW_WEAK_ENV, NOBODY, reachable_by_others, submission_uids
 
 STAGE = "prove-one-layer"
@@ -931,14 +933,23 @@ def test_as_a_non_root_user_a_submission_that_kills_the_grader_leaves_nothing_ru
         grader.wait()
 
 
+# The calls a submission answers in STAGE (the neighbour killer stops once its victim answered them all).
+STAGE_CASES = len(next(s for s in load_stages([data_dir("stages")]) if s.id == STAGE).cases)
 NEIGHBOUR_KILLER = (
     SOLUTION_IMPORTS
     + """\
 import os, signal, time
 
+def _victim_done():  # the victim answered all its calls (graded before us, or beside us and never reached)
+    try:
+        with open(VICTIM_CALLS) as f:
+            return len(f.readlines()) >= CASES
+    except OSError:
+        return False
+
 def run_layer_equiv(seq_ids):
     end = time.monotonic() + WINDOW  # each call: the four cover the victim's four (1 s each, and its restarts)
-    while time.monotonic() < end:  # whatever runs in the victim's course directory, under our shared uid
+    while time.monotonic() < end and not _victim_done():  # whatever runs in the victim's course directory
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 if os.readlink(f"/proc/{pid}/cwd") == VICTIM:
@@ -972,16 +983,22 @@ def test_without_bubblewrap_no_neighbour_in_a_batch_is_killed(weak, level):
     work, command = weak
     if level == "namespaces" and not shutil.which("unshare"):
         pytest.skip("no unshare here")
-    victim = work / "subs" / "victim"
-    write_adapters(
-        victim, SOLUTION_IMPORTS + "import time\ndef run_layer_equiv(s):\n    time.sleep(1)\n    return _solve(s)\n"
-    )
+    # The victim sorts first, so a serial batch grades it before the killer, and it counts its answered calls where
+    # the killer reads them: a killer graded after it, or beside it under another uid that cannot signal it, stops
+    # waiting once all were answered (its full window is waited out only where it could kill, side by side).
+    victim, killer_dir, calls = work / "subs" / "a-victim", work / "subs" / "b-killer", work / "shared" / "calls"
+    calls.parent.mkdir()
+    calls.parent.chmod(0o1777)  # the victim's uid, whichever it is, writes there
+    victim_source = "import time\ndef run_layer_equiv(s):\n    time.sleep(1)\n    out = _solve(s)\n"
+    victim_source += f"    with open({str(calls)!r}, 'a') as f:\n        f.write('answered\\n')\n    return out\n"
+    write_adapters(victim, SOLUTION_IMPORTS + victim_source)
     # The killer's window per call: 3 s on an idle machine, as long as the victim's workers take to start on a busy
-    # one (each call of a serial batch waits it out whole, so no longer than the 8 s that once covered any load).
-    killer = NEIGHBOUR_KILLER.replace("VICTIM", repr(str(victim))).replace("WINDOW", str(min(8.0, scaled(3))))
-    write_adapters(work / "subs" / "killer", killer)
+    # one (no longer than the 8 s that once covered any load).
+    killer = NEIGHBOUR_KILLER.replace("VICTIM_CALLS", repr(str(calls))).replace("VICTIM", repr(str(victim)))
+    killer = killer.replace("WINDOW", str(min(8.0, scaled(3)))).replace("CASES", str(STAGE_CASES))
+    write_adapters(killer_dir, killer)
     out = work / "grades.json"
-    args = ["grade", work / "subs" / "killer", victim, "--weights", work / "tiny" / "model.safetensors"]
+    args = ["grade", killer_dir, victim, "--weights", work / "tiny" / "model.safetensors"]
     args += ["--stage", STAGE, "--format", "json", "--jobs", "2", "--out", out]
     done = subprocess.run(command(*args, level=level), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -990,15 +1007,16 @@ def test_without_bubblewrap_no_neighbour_in_a_batch_is_killed(weak, level):
     doc = json.loads(out.read_text())
     assert {s["results"]["isolation"]["level"] for s in doc["submissions"]} == {level}
     points = {s["id"]: s["points"] for s in doc["submissions"]}
-    assert points["victim"] > 0 and points["victim"] == points["killer"], points
+    assert points["a-victim"] > 0 and points["a-victim"] == points["b-killer"], points
     if level != "subreaper":
         return
     # Side by side under one uid, the killer takes the victim's points.
     out.unlink()
+    calls.unlink(missing_ok=True)
     done = subprocess.run(command(*args, script=SIDE_BY_SIDE), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     points = {s["id"]: s["points"] for s in json.loads(out.read_text())["submissions"]}
-    assert points["victim"] == 0 and points["killer"] > 0, points
+    assert points["a-victim"] == 0 and points["b-killer"] > 0, points
 
 
 @pytest.mark.slow
