@@ -63,13 +63,21 @@ def quick320(tmp_path):
     return write_quick_scaling_stage(tmp_path / "quick-stages")
 
 
+# The warm-up prefix trick's warm-up call: it generates ahead by the careful recompute (bench/scaling_subjects.py).
+_WARMUP = "careful_recompute(prompt_ids, min(room, max(n_new, 480)) if not _AHEAD else n_new)"
+
+
 def trick(name: str, longest: int = TRICK_LONGEST) -> str:
-    """The trick's source for a stage whose longest call is `longest`: the warm-up prefix generates exactly that far
-    ahead (the bench's 480 is the built-in stage's longest, a third of a minute of recompute more on every run)."""
+    """The trick's source for a stage whose longest call is `longest`. The warm-up prefix generates exactly that far
+    ahead (the bench's 480 is the built-in stage's longest), and with the reference's cache: how the prefix was made
+    does not matter to the trick (the old design's timed calls repeated the warm-up's prompt and were served from it
+    at no cost), while a careful recompute of 320 tokens ahead is a minute of CPU on every batch. Every other call
+    is still the careful recompute, which the grader must fail."""
     source = TRICKS[name]
     if name == "warmup-prefix":
-        assert "max(n_new, 480)" in source
-        source = source.replace("max(n_new, 480)", f"max(n_new, {longest})")
+        assert _WARMUP in source
+        ahead = f"generate_cached(params, prompt_ids, min(room, max(n_new, {longest})), _model()[1])"
+        source = source.replace(_WARMUP, f"{ahead} if not _AHEAD else careful_recompute(prompt_ids, n_new)")
     return source
 
 
@@ -124,7 +132,7 @@ print("same:", again == first[:4])
 def test_the_tricks_work_where_inputs_repeat_or_the_clock_is_the_students(tmp_path, tiny_path, name):
     """Against the old design: a repeated prompt is served without work, and the clock is the student's."""
     course = tmp_path / name
-    write_adapters(course, trick(name))
+    write_adapters(course, trick(name, longest=8))  # a prefix of 8 covers both calls below
     if name == "memo":  # the same (prompt, n) twice: the old timed repeats
         script = _REPEAT.replace(
             "again = adapters.run_greedy([464, 3290], 4)", "again = adapters.run_greedy([464, 3290], 6)[:4]"
