@@ -1417,8 +1417,10 @@ def test_without_bubblewrap_what_the_submissions_uid_leaves_in_shared_temp_dirs_
     write_adapters(work / "c", LITTERER.replace("MARKER", repr(marker)))
     bystander = Path("/tmp") / f"{marker}-root.txt"  # the same name pattern, but not the student's
     bystander.write_text("root's")
-    # One for each uid the run may lease (a grading in another test process may hold nobody): each its uid's.
-    uids = list(itertools.islice(submission_uids(), 4))
+    # One for each uid the run may lease, each its uid's: the first 64 of the pool, as gradings elsewhere on the machine
+    # (the other test process's, another checkout's) may hold several (with 4, a CI run beside other graders leased
+    # the fifth: nothing was touched).
+    uids = list(itertools.islice(submission_uids(), 64))
     before = {uid: Path("/tmp") / f"{marker}-before-{uid}.txt" for uid in uids}
     for uid, path in before.items():
         path.write_text("its uid's")
