@@ -184,21 +184,20 @@ def solution_run(tmp_path_factory, tiny_path, _worker_lock_dir):
 
 
 @contextmanager
-def uid_leased(uid: int):
-    """Hold root's lease of uid (proc.sandbox.lease_uid's lock file) while a grader runs as that uid.
+def leased_uid():
+    """A uid no grading on this machine is using, leased as a root grader leases its students' (nobody, else a free
+    uid below it: proc.sandbox.lease_uid), and held while a grader the test runs as that uid runs.
 
-    A grader run as nobody takes no lease (it cannot write root's lease directory), so a root grader elsewhere (the
-    other xdist worker's, another checkout's) may lease nobody for its student meanwhile, and after that student's
-    run it kills every process of nobody's: this grader with them (exit -9, no output, 3 s into a batch). Held here,
-    no root grader leases the uid; one that holds it now is waited for."""
-    import fcntl
+    A grader run as a non-root user takes no lease (it cannot write root's lease directory), so a root grader elsewhere
+    (the other xdist worker's, another checkout's) could lease that uid for its student meanwhile and, after that
+    student's run, kill every process of the uid: this grader with them (exit -9, no output, 3 s into a batch). Held
+    here, no root grader leases it. Any free uid serves (the grader only needs to be someone other than root): two
+    such tests in two test processes each take their own instead of waiting for each other's whole run."""
+    from theinference.proc.sandbox import lease_uid
 
-    from theinference.proc.sandbox import lease_path
-
-    fd = os.open(lease_path(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    uid, fd = lease_uid(set())
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield uid
     finally:
         os.close(fd)
 

@@ -51,13 +51,13 @@ def available() -> str:
     return ""
 
 
-def command(argv: list[str], env: dict[str, str], as_nobody_too: bool = True) -> list[str]:
-    """argv with exactly env, as user nobody (as_nobody_too, else as root: student code then runs as nobody), this
-    Python made reachable for nobody.
+def command(argv: list[str], env: dict[str, str], as_nobody_too: bool = True, uid: int = NOBODY) -> list[str]:
+    """argv with exactly env, as user nobody or another uid of no account (as_nobody_too, else as root: student
+    code then runs as a uid the grader leases), this Python made reachable for every other user.
 
-    Run it while holding nobody's uid lease (conftest.uid_leased): a root grader in a test beside it would otherwise
-    lease nobody for its students and, after their run, kill every process of nobody, this grader among them."""
-    who = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"] if as_nobody_too else []
+    Run it as the uid conftest.leased_uid() holds: a root grader in a test beside it would otherwise lease that uid
+    for its students and, after their run, kill every process of it, this grader among them."""
+    who = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"] if as_nobody_too else []
     as_nobody = [*who, "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
     openings = _openings()
     if not openings:

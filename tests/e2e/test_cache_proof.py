@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 import as_nobody
-from conftest import uid_leased, write_adapters, write_quick_scaling_stage
+from conftest import leased_uid, write_adapters, write_quick_scaling_stage
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from scaling_subjects import FORGERY, FORK_OFFLOAD, PADDING, SOLUTION_CACHE, TRICKS  # noqa: E402
 
-from theinference.proc.sandbox import ALLOW_WEAK_ENV, NOBODY, strongest_isolation  # noqa: E402
+from theinference.proc.sandbox import ALLOW_WEAK_ENV, strongest_isolation  # noqa: E402
 
 EVIDENCE = {
     "clock": "clock patched: process_time() = 0.0",
@@ -63,13 +63,21 @@ def quick320(tmp_path):
     return write_quick_scaling_stage(tmp_path / "quick-stages")
 
 
+# The warm-up prefix trick's warm-up call: it generates ahead by the careful recompute (bench/scaling_subjects.py).
+_WARMUP = "careful_recompute(prompt_ids, min(room, max(n_new, 480)) if not _AHEAD else n_new)"
+
+
 def trick(name: str, longest: int = TRICK_LONGEST) -> str:
-    """The trick's source for a stage whose longest call is `longest`: the warm-up prefix generates exactly that far
-    ahead (the bench's 480 is the built-in stage's longest, a third of a minute of recompute more on every run)."""
+    """The trick's source for a stage whose longest call is `longest`. The warm-up prefix generates exactly that far
+    ahead (the bench's 480 is the built-in stage's longest), and with the reference's cache: how the prefix was made
+    does not matter to the trick (the old design's timed calls repeated the warm-up's prompt and were served from it
+    at no cost), while a careful recompute of 320 tokens ahead is a minute of CPU on every batch. Every other call
+    is still the careful recompute, which the grader must fail."""
     source = TRICKS[name]
     if name == "warmup-prefix":
-        assert "max(n_new, 480)" in source
-        source = source.replace("max(n_new, 480)", f"max(n_new, {longest})")
+        assert _WARMUP in source
+        ahead = f"generate_cached(params, prompt_ids, min(room, max(n_new, {longest})), _model()[1])"
+        source = source.replace(_WARMUP, f"{ahead} if not _AHEAD else careful_recompute(prompt_ids, n_new)")
     return source
 
 
@@ -124,7 +132,7 @@ print("same:", again == first[:4])
 def test_the_tricks_work_where_inputs_repeat_or_the_clock_is_the_students(tmp_path, tiny_path, name):
     """Against the old design: a repeated prompt is served without work, and the clock is the student's."""
     course = tmp_path / name
-    write_adapters(course, trick(name))
+    write_adapters(course, trick(name, longest=8))  # a prefix of 8 covers both calls below
     if name == "memo":  # the same (prompt, n) twice: the old timed repeats
         script = _REPEAT.replace(
             "again = adapters.run_greedy([464, 3290], 4)", "again = adapters.run_greedy([464, 3290], 6)[:4]"
@@ -195,7 +203,7 @@ def test_every_trick_fails_in_a_sandboxed_grade_batch(cli, tmp_path, tiny_path, 
     _check_batch(json.loads(out.read_text()), "sandbox", "cgroup" if os.geteuid() == 0 else "")
 
 
-def _weakest_level_command(venv_bin: Path, args: list[str], cache: Path) -> list[str]:
+def _weakest_level_command(venv_bin: Path, args: list[str], cache: Path, uid: int) -> list[str]:
     env = {
         "PATH": str(venv_bin),
         "THEINFERENCE_CACHE": str(cache),
@@ -204,7 +212,7 @@ def _weakest_level_command(venv_bin: Path, args: list[str], cache: Path) -> list
         "COLUMNS": "120",
         ALLOW_WEAK_ENV: "1",  # the subreaper level, by the instructor's consent
     }
-    return as_nobody.command([str(venv_bin / "theinference"), *args], env)
+    return as_nobody.command([str(venv_bin / "theinference"), *args], env, uid=uid)
 
 
 @pytest.mark.slow
@@ -221,13 +229,13 @@ def test_every_trick_fails_at_the_weakest_level_as_a_non_root_user(tiny_path, pr
         cache, weights = work / "cache", work / "tiny"
         shutil.copytree(proof_cache, cache)
         shutil.copytree(tiny_path.parent, weights)
-        subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
         out = work / "grades.json"
         args = ["grade", *map(str, subs), "--weights", str(weights), "--stages-dir", str(stages)]
         args += ["--stage", "quick-scaling", "--format", "json", "--out", str(out)]
-        with uid_leased(NOBODY):  # no root grader's cleanup kills this one, which runs as nobody
+        with leased_uid() as uid:  # nobody or a free uid: no root grader's cleanup kills this grader, which runs as it
+            subprocess.run(["chown", "-R", f"{uid}:{uid}", str(work)], check=True)
             done = subprocess.run(
-                _weakest_level_command(venv_bin, args, cache), capture_output=True, text=True, timeout=1800
+                _weakest_level_command(venv_bin, args, cache, uid), capture_output=True, text=True, timeout=1800
             )
         assert done.returncode == 0, done.stdout + done.stderr
         _check_batch(json.loads(out.read_text()), "subreaper", "process tree")

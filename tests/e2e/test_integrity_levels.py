@@ -5,6 +5,7 @@ grader run as root with a Python user nobody cannot read, plain `test`), shows i
 credit or damage anything, and, where the protection can be switched off, that it worked without.
 """
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -23,8 +24,10 @@ import pytest
 
 import as_nobody
 
-from conftest import my_children, scaled, uid_leased, write_adapters, write_quick_scaling_stage
+from conftest import leased_uid, my_children, scaled, write_adapters, write_quick_scaling_stage
 from test_runner import SOLUTION_IMPORTS
+from theinference.bundled import data_dir
+from theinference.grading.spec.stages import load_stages
 from theinference.proc.sandbox import ALLOW_ROOT_ENV, ALLOW_WEAK_ENV, NOBODY, reachable_by_others, submission_uids
 
 STAGE = "prove-one-layer"
@@ -826,21 +829,28 @@ needs_nobody = pytest.mark.skipif(not NOBODY_CAN_RUN, reason=as_nobody.available
 
 @pytest.fixture
 def weak(tmp_path_factory, tiny_dir):
-    """A directory user nobody owns, with a copy of the tiny weights; the grader run there as nobody."""
+    """A directory with a copy of the tiny weights, owned by the user the grader runs as there: nobody, or another uid
+    of no account when a grading elsewhere holds nobody (conftest.leased_uid, held from the first grader run as it to
+    the test's end, so no root grader beside it leases the uid and kills this one's graders). `command.uid()` is
+    that uid (nobody before any such run)."""
     import tempfile
-
-    from theinference.proc.sandbox import NOBODY
 
     work = Path(tempfile.mkdtemp(prefix="theinference-weak-"))
     os.chmod(work, 0o755)
     shutil.copytree(tiny_dir, work / "tiny")
+    leases = contextlib.ExitStack()
+    held: list[int] = []
 
     def command(*args, script: str | None = None, level: str = "subreaper", env: dict | None = None) -> list[str]:
-        """The grader: as nobody with nothing on PATH (subreaper), only unshare (nobody-namespaces) or bubblewrap
+        """The grader: as that user with nothing on PATH (subreaper), only unshare (nobody-namespaces) or bubblewrap
         too (nobody-sandbox), or as root
         with only unshare (namespaces) or nothing (unprivileged) on PATH; no THEINFERENCE_ALLOW_ROOT either way,
         THEINFERENCE_ALLOW_WEAK_ISOLATION=1 (the subreaper level's consent), and `env`."""
-        subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(work)], check=True)
+        as_user = level in ("subreaper", "nobody-namespaces", "nobody-sandbox")
+        if as_user and not held:
+            held.append(leases.enter_context(leased_uid()))
+        uid = command.uid()
+        subprocess.run(["chown", "-R", f"{uid}:{uid}", str(work)], check=True)
         bin_dir = work / f"bin-{level}"
         if not bin_dir.exists():
             bin_dir.mkdir()
@@ -850,13 +860,10 @@ def weak(tmp_path_factory, tiny_dir):
         base = {"PATH": str(bin_dir), "HOME": str(work), "THEINFERENCE_CACHE": str(work / "cache"), "CI": "true"}
         base[ALLOW_WEAK_ENV] = "1"  # these tests grade at the subreaper level for other ends (test_isolation.py)
         python = [sys.executable, "-c", script] if script else [sys.executable, "-m", "theinference"]
-        return as_nobody.command(
-            [*python, *map(str, args)],
-            {**base, **(env or {})},
-            as_nobody_too=level in ("subreaper", "nobody-namespaces", "nobody-sandbox"),
-        )
+        return as_nobody.command([*python, *map(str, args)], {**base, **(env or {})}, as_nobody_too=as_user, uid=uid)
 
-    with uid_leased(NOBODY):  # held the whole test: no root grader beside it leases nobody and kills its graders
+    command.uid = lambda: held[0] if held else NOBODY  # type: ignore[attr-defined]
+    with leases:
         yield work, command
     shutil.rmtree(work, ignore_errors=True)
 
@@ -926,14 +933,23 @@ def test_as_a_non_root_user_a_submission_that_kills_the_grader_leaves_nothing_ru
         grader.wait()
 
 
+# The calls a submission answers in STAGE (the neighbour killer stops once its victim answered them all).
+STAGE_CASES = len(next(s for s in load_stages([data_dir("stages")]) if s.id == STAGE).cases)
 NEIGHBOUR_KILLER = (
     SOLUTION_IMPORTS
     + """\
 import os, signal, time
 
+def _victim_done():  # the victim answered all its calls (graded before us, or beside us and never reached)
+    try:
+        with open(VICTIM_CALLS) as f:
+            return len(f.readlines()) >= CASES
+    except OSError:
+        return False
+
 def run_layer_equiv(seq_ids):
     end = time.monotonic() + WINDOW  # each call: the four cover the victim's four (1 s each, and its restarts)
-    while time.monotonic() < end:  # whatever runs in the victim's course directory, under our shared uid
+    while time.monotonic() < end and not _victim_done():  # whatever runs in the victim's course directory
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 if os.readlink(f"/proc/{pid}/cwd") == VICTIM:
@@ -967,16 +983,22 @@ def test_without_bubblewrap_no_neighbour_in_a_batch_is_killed(weak, level):
     work, command = weak
     if level == "namespaces" and not shutil.which("unshare"):
         pytest.skip("no unshare here")
-    victim = work / "subs" / "victim"
-    write_adapters(
-        victim, SOLUTION_IMPORTS + "import time\ndef run_layer_equiv(s):\n    time.sleep(1)\n    return _solve(s)\n"
-    )
+    # The victim sorts first, so a serial batch grades it before the killer, and it counts its answered calls where
+    # the killer reads them: a killer graded after it, or beside it under another uid that cannot signal it, stops
+    # waiting once all were answered (its full window is waited out only where it could kill, side by side).
+    victim, killer_dir, calls = work / "subs" / "a-victim", work / "subs" / "b-killer", work / "shared" / "calls"
+    calls.parent.mkdir()
+    calls.parent.chmod(0o1777)  # the victim's uid, whichever it is, writes there
+    victim_source = "import time\ndef run_layer_equiv(s):\n    time.sleep(1)\n    out = _solve(s)\n"
+    victim_source += f"    with open({str(calls)!r}, 'a') as f:\n        f.write('answered\\n')\n    return out\n"
+    write_adapters(victim, SOLUTION_IMPORTS + victim_source)
     # The killer's window per call: 3 s on an idle machine, as long as the victim's workers take to start on a busy
-    # one (each call of a serial batch waits it out whole, so no longer than the 8 s that once covered any load).
-    killer = NEIGHBOUR_KILLER.replace("VICTIM", repr(str(victim))).replace("WINDOW", str(min(8.0, scaled(3))))
-    write_adapters(work / "subs" / "killer", killer)
+    # one (no longer than the 8 s that once covered any load).
+    killer = NEIGHBOUR_KILLER.replace("VICTIM_CALLS", repr(str(calls))).replace("VICTIM", repr(str(victim)))
+    killer = killer.replace("WINDOW", str(min(8.0, scaled(3)))).replace("CASES", str(STAGE_CASES))
+    write_adapters(killer_dir, killer)
     out = work / "grades.json"
-    args = ["grade", work / "subs" / "killer", victim, "--weights", work / "tiny" / "model.safetensors"]
+    args = ["grade", killer_dir, victim, "--weights", work / "tiny" / "model.safetensors"]
     args += ["--stage", STAGE, "--format", "json", "--jobs", "2", "--out", out]
     done = subprocess.run(command(*args, level=level), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -985,15 +1007,16 @@ def test_without_bubblewrap_no_neighbour_in_a_batch_is_killed(weak, level):
     doc = json.loads(out.read_text())
     assert {s["results"]["isolation"]["level"] for s in doc["submissions"]} == {level}
     points = {s["id"]: s["points"] for s in doc["submissions"]}
-    assert points["victim"] > 0 and points["victim"] == points["killer"], points
+    assert points["a-victim"] > 0 and points["a-victim"] == points["b-killer"], points
     if level != "subreaper":
         return
     # Side by side under one uid, the killer takes the victim's points.
     out.unlink()
+    calls.unlink(missing_ok=True)
     done = subprocess.run(command(*args, script=SIDE_BY_SIDE), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     points = {s["id"]: s["points"] for s in json.loads(out.read_text())["submissions"]}
-    assert points["victim"] == 0 and points["killer"] > 0, points
+    assert points["a-victim"] == 0 and points["b-killer"] > 0, points
 
 
 @pytest.mark.slow
@@ -1116,7 +1139,7 @@ def test_as_a_non_root_user_weights_rewritten_in_place_grant_no_credit(weak, tin
     assert "the weights file changed while it was in use" in " ".join(done.stderr.decode().split())
     assert not done.stdout.strip() or json.loads(done.stdout)["points"] == 0
     # Without the change time in the check, the zeros it wrote are the oracle's weights: full marks for no work.
-    shutil.copyfile(tiny_dir / "model.safetensors", weights)  # the fixture gives it to nobody again
+    shutil.copyfile(tiny_dir / "model.safetensors", weights)  # the fixture gives it to the grader's user again
     unprotected = subprocess.run(command(*args, script=MTIME_ONLY), capture_output=True, timeout=300)
     assert unprotected.stdout.strip(), unprotected.stderr.decode()
     doc = json.loads(unprotected.stdout)
@@ -1328,7 +1351,7 @@ def test_as_a_non_root_user_a_fork_bomb_is_capped_and_the_grader_ends_at_its_tim
         for proc in graders:
             proc.kill()
             proc.wait()
-        _reap_orphans_of(NOBODY)
+        _reap_orphans_of(command.uid())
 
 
 def _reap_orphans_of(uid: int) -> None:
@@ -1394,8 +1417,10 @@ def test_without_bubblewrap_what_the_submissions_uid_leaves_in_shared_temp_dirs_
     write_adapters(work / "c", LITTERER.replace("MARKER", repr(marker)))
     bystander = Path("/tmp") / f"{marker}-root.txt"  # the same name pattern, but not the student's
     bystander.write_text("root's")
-    # One for each uid the run may lease (a grading in another test process may hold nobody): each its uid's.
-    uids = list(itertools.islice(submission_uids(), 4))
+    # One for each uid the run may lease, each its uid's: the first 64 of the pool, as gradings elsewhere on the machine
+    # (the other test process's, another checkout's) may hold several (with 4, a CI run beside other graders leased
+    # the fifth: nothing was touched).
+    uids = list(itertools.islice(submission_uids(), 64))
     before = {uid: Path("/tmp") / f"{marker}-before-{uid}.txt" for uid in uids}
     for uid, path in before.items():
         path.write_text("its uid's")
