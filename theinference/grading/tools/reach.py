@@ -18,6 +18,7 @@ digest equal to another's means the code the stage runs is the same:
 
 import ast
 import hashlib
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ class _Module:
     names: dict[str, tuple[str, str]] = field(default_factory=dict)  # from-imported name -> (module, name)
     aliases: dict[str, str] = field(default_factory=dict)  # imported module's local name -> module
     text: str = ""
+    lines: list[str] = field(default_factory=list)  # text.splitlines(), split once for every definition's source
 
 
 class _Dynamic(Exception):
@@ -79,7 +81,7 @@ def _parse(name: str, text: str) -> _Module:
             raise _Dynamic(f"{name}: from {'.' * node.level}{node.module or ''} import ...")
         if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in tree.body:
             raise _Dynamic(f"{name}: an import below the top level")
-    module = _Module(name, text=text)
+    module, ast_lines = _Module(name, text=text, lines=text.splitlines()), _ast_lines(text)
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             module.defs[node.name] = node
@@ -90,13 +92,29 @@ def _parse(name: str, text: str) -> _Module:
         elif isinstance(node, ast.Import):
             for a in node.names:
                 module.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-        module.rest.append(ast.get_source_segment(text, node) or ast.dump(node))
+        module.rest.append(_segment(ast_lines, node) or ast.dump(node))
     return module
+
+
+def _ast_lines(text: str) -> list[str]:
+    """text's lines as ast numbers them (split at \\n, \\r\\n and \\r only), their ends kept."""
+    return io.StringIO(text, newline="").readlines()
+
+
+def _segment(lines: list[str], node: ast.stmt) -> str | None:
+    """ast.get_source_segment(text, node) from text's lines split once (it splits the whole text on every call)."""
+    if node.end_lineno is None or node.end_col_offset is None:
+        return None
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset : node.end_col_offset].decode()
+    head = lines[first].encode()[node.col_offset :].decode()
+    return "".join([head, *lines[first + 1 : last], lines[last].encode()[: node.end_col_offset].decode()])
 
 
 def _source(module: _Module, node: ast.stmt) -> str:
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
-    return "\n".join(module.text.splitlines()[first - 1 : node.end_lineno])
+    return "\n".join(module.lines[first - 1 : node.end_lineno])
 
 
 def _walk(modules: dict[str, _Module], roots: list[tuple[str, str]]) -> list[str]:
