@@ -408,13 +408,18 @@ class ZygoteLauncher:
     def close(self) -> None:
         with self._lock:
             if self._proc is not None:
-                if self._proc.stdin is not None:
+                if not self._ready:  # it has forked no worker (it may still be importing numpy): nothing to wind down
+                    self._proc.kill()
+                elif self._proc.stdin is not None:
                     self._proc.stdin.close()  # the zygote exits when its stdin closes
                 try:
                     self._proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     self._proc.kill()
                     self._proc.wait()
+                for pipe in (self._proc.stdin, self._proc.stdout):
+                    if pipe is not None:
+                        pipe.close()
                 strays.forget(self._proc.pid)
                 self._proc = None
             if self._dir:
