@@ -191,39 +191,60 @@ def test_a_reused_pid_is_another_process_to_psutils_bookkeeping(monkeypatch):
     assert [tree.cpu_seconds() for _ in range(4)] == [0.5, 0.5, 0.75, 1.25]
 
 
-def test_psutil_estimates_the_wait_for_a_cpu_from_the_load_average_and_a_step_is_charged_the_rest(monkeypatch):
+def _estimating_tree(monkeypatch, cpu: list[float], now: list[float], load: list[float]):
+    """A PsutilTree whose one process has used cpu[0] seconds, on a 2-core machine at load[0], at time now[0]."""
+    tree = accounting.PsutilTree(os.getpid(), children=False)
+    monkeypatch.setattr(tree, "_tree", lambda: [_Process(100, 1.0, cpu[0])])
+    monkeypatch.setattr(accounting.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("theinference.proc.clock.time.monotonic", lambda: now[0])
+    monkeypatch.setattr(accounting.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(accounting, "load_average", lambda: load[0])
+    return tree
+
+
+def test_psutil_estimates_a_busy_machines_wait_from_the_cpu_the_tree_got_and_a_step_is_charged_the_rest(
+    monkeypatch,
+):
     """Where the run-queue wait cannot be read (macOS, Windows), a busy laptop no longer eats a step's timeout: at
-    load 8 on 2 cores a runnable process gets a quarter of a core, so three quarters of the time are waited."""
+    load 8 on 2 cores a runnable thread gets a quarter of a core, so each second of CPU it got cost three waiting."""
     from theinference.proc.clock import StepClock
 
-    tree = accounting.PsutilTree(os.getpid(), children=False)
-    monkeypatch.setattr(tree, "_tree", lambda: [_Process(100, 1.0, 2.0)])
-    now = [1000.0]
-    monkeypatch.setattr(accounting.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(accounting.os, "cpu_count", lambda: 2)
-    load = [8.0]
-    monkeypatch.setattr(accounting, "load_average", lambda: load[0])
-    assert tree.sample() == (2.0, 0.0)  # the first look: no time has passed
-    now[0] += 40.0
-    assert tree.sample() == (2.0, 30.0)
+    cpu, now, load = [2.0], [1000.0], [8.0]
+    tree = _estimating_tree(monkeypatch, cpu, now, load)
+    assert tree.sample() == (2.0, 0.0)  # the first look: nothing to estimate from
+    cpu[0], now[0] = 12.0, 1040.0
+    assert tree.sample() == (12.0, 30.0)  # 10 s of CPU in 40 s: 30 s waited
     load[0] = 1.5  # fewer runnable than cores: nothing waited
-    now[0] += 10.0
-    assert tree.sample() == (2.0, 30.0)
+    cpu[0], now[0] = 17.0, 1050.0
+    assert tree.sample() == (17.0, 30.0)
 
     clock = StepClock.__new__(StepClock)  # the clock over that tree: charged wall-clock time less the estimate
     clock.tree, clock.timeout, clock.before, clock.knows_wait = tree, 120.0, 0.0, False
-    monkeypatch.setattr("theinference.proc.clock.time.monotonic", lambda: now[0])
     clock._begin()
     load[0] = 8.0
-    now[0] += 100.0
+    cpu[0], now[0] = 42.0, 1150.0
     reading = clock.reading()
-    assert (reading.wall, reading.waited, reading.charged) == (100.0, 75.0, 25.0)
+    assert (reading.wall, reading.cpu, reading.waited, reading.charged) == (100.0, 25.0, 75.0, 25.0)
     assert "estimated from the load average" in clock.wall_note()
 
 
+def test_a_tree_that_sleeps_on_a_busy_machine_waited_for_no_cpu_and_times_out_as_before(monkeypatch):
+    """A hang that sleeps or blocks gets no CPU: the load takes nothing off its wall-clock time, so it is a timeout,
+    never 'the machine was too busy' at the backstop."""
+    cpu, now, load = [0.5], [1000.0], [20.0]
+    tree = _estimating_tree(monkeypatch, cpu, now, load)
+    tree.sample()
+    now[0] += 120.0
+    assert tree.sample() == (0.5, 0.0)
+    cpu[0], now[0] = 0.7, now[0] + 10.0  # a little CPU in a long interval: its wait is at most the interval
+    assert tree.sample() == (0.7, pytest.approx(0.2 * 9.0))
+    cpu[0], now[0] = 100.7, now[0] + 10.0  # many threads' CPU in one interval: never more wait than the interval
+    assert tree.sample()[1] == pytest.approx(0.2 * 9.0 + 10.0)
+
+
 def test_no_load_average_is_no_wait(monkeypatch):
-    assert accounting.busy_share(None, 2) == 0.0 and accounting.busy_share(2.0, 2) == 0.0
-    assert accounting.busy_share(4.0, 2) == 0.5
+    assert accounting.wait_per_cpu_second(None, 2) == 0.0 and accounting.wait_per_cpu_second(2.0, 2) == 0.0
+    assert accounting.wait_per_cpu_second(8.0, 2) == 3.0
     import psutil
 
     monkeypatch.delattr(os, "getloadavg", raising=False)

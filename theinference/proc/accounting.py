@@ -464,8 +464,8 @@ class PsutilTree:
         except self.ps.Error as e:
             raise MonitorGone(f"process {monitor_pid} is gone ({e})") from None
         self.last: dict[tuple[int, float], float] = {}  # without children: (pid, started) -> last CPU seen
-        self.looked: float | None = None  # when sample() last looked, and the wait it estimated until then
-        self.waited = 0.0
+        self.looked: tuple[float, float] | None = None  # when sample() last looked, and the CPU it read then
+        self.waited = 0.0  # the wait estimated until then
 
     def _tree(self) -> list[Any]:
         """The monitor's descendants now; MonitorGone once it is dead (or its pid is another process)."""
@@ -506,13 +506,15 @@ class PsutilTree:
 
     def sample(self) -> tuple[float, float]:
         """(cpu_seconds, an estimate of the run-queue wait so far): the wait cannot be read here (StepClock charges
-        wall-clock time less it); between two looks, a runnable process gets cores/load of a core where the
-        1-minute load average is over the cores, so the rest of that time is taken as waited."""
-        now = time.monotonic()
+        wall-clock time less it). Where the 1-minute load average is over the cores, a runnable thread gets
+        cores/load of a core, so each CPU second the tree got between two looks cost load/cores - 1 seconds of
+        waiting (at most the time between them); a tree that sleeps or blocks got no CPU and waited for none."""
+        now, cpu = time.monotonic(), self.cpu_seconds()
         if self.looked is not None:
-            self.waited += (now - self.looked) * busy_share(load_average(), os.cpu_count() or 1)
-        self.looked = now
-        return self.cpu_seconds(), self.waited
+            got = max(0.0, cpu - self.looked[1])
+            self.waited += min(now - self.looked[0], got * wait_per_cpu_second(load_average(), os.cpu_count() or 1))
+        self.looked = (now, cpu)
+        return cpu, self.waited
 
     def held(self) -> int:
         """Bytes the monitor's descendants hold together now: each one's unique set size where psutil reads it,
@@ -530,12 +532,12 @@ class PsutilTree:
         return getattr(info, "uss", info.rss)
 
 
-def busy_share(load: float | None, cores: int) -> float:
-    """The share of wall-clock time a runnable process waits for a CPU on a machine this loaded (an estimate: 0
+def wait_per_cpu_second(load: float | None, cores: int) -> float:
+    """Seconds a runnable thread waits for a CPU for each second it runs on a machine this loaded (an estimate: 0
     where the load is unknown or the cores are enough for it)."""
     if load is None or load <= cores:
         return 0.0
-    return 1.0 - cores / load
+    return load / cores - 1.0
 
 
 def load_average() -> float | None:

@@ -94,7 +94,7 @@ class StepTime:
     charged: float  # wall less waited, at least cpu over the cores (StepClock.charge): checked against the timeout
     timeout: float
     cpu: float  # CPU seconds the whole process tree used (the kernel's count)
-    waited: float  # seconds the tree's threads spent runnable, waiting for a CPU (the machine's load)
+    waited: float  # seconds the tree's threads spent runnable, waiting for a CPU (psutil: estimated from the load)
     wall: float
 
 
