@@ -148,3 +148,29 @@ def test_a_loopback_socket_that_cannot_be_opened_is_a_clear_error_and_leaves_no_
     assert "Traceback" not in result.output
     left = set(os.listdir("/proc/self/fd")) - before
     assert not left, [os.readlink(f"/proc/self/fd/{fd}") for fd in left]
+
+
+def test_a_cgroup_that_cannot_be_made_after_the_socket_opened_leaves_no_fd_open(
+    cli, tmp_path, tiny_path, portable, monkeypatch
+):
+    from theinference.proc import accounting
+
+    course = tmp_path / "js"
+    (course / "tests").mkdir(parents=True)
+    (course / "tests" / "adapters.mjs").write_text("export function runSingleStep(ids) { return []; }\n")
+
+    probe = accounting.run_cgroup
+
+    def refused(limits=None):  # the header's probe (no limits) still works: the worker's own cgroup fails
+        if limits is None:
+            return probe()
+        raise accounting.MeterUnavailable("no cgroup can be made here (THEINFERENCE_METER=cgroup)")
+
+    cli("test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path)  # what a run keeps open
+    monkeypatch.setattr(accounting, "run_cgroup", refused)
+    before = set(os.listdir("/proc/self/fd"))
+    result = cli("test", "--stage", "single-step-attention", "--course", course, "--weights", tiny_path)
+    assert result.exit_code == 2, result.output
+    assert "no cgroup can be made here" in result.output and "Traceback" not in result.output
+    left = set(os.listdir("/proc/self/fd")) - before
+    assert not left, [os.readlink(f"/proc/self/fd/{fd}") for fd in left]

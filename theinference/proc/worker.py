@@ -133,7 +133,12 @@ class Worker:
         # A Node worker that cannot take the pipe by its fd number reports over a loopback socket (channels.NodeSocket):
         # opened before anything else, so that a socket that cannot be opened leaves nothing open behind it.
         self.socket = _open_socket() if _node_socket(job) else None
-        self.cgroup = accounting.run_cgroup(job.limits.tree())
+        try:
+            self.cgroup = accounting.run_cgroup(job.limits.tree())
+        except BaseException:  # a forced cgroup meter that cannot make one: the socket goes too
+            if self.socket is not None:
+                self.socket.close()
+            raise
         read_fd, write_fd = os.pipe()
         base = allowed_env(os.environ) if job.untrusted else dict(os.environ)
         # Temporary files go to the run's directory, which the quota covers (and, sandboxed, the one writable place).
