@@ -78,6 +78,28 @@ def test_a_float64_claim_counts_only_where_a_token_costs_what_a_float64_cache_co
     assert _run().refused() is None  # the float32 run has no claim to weigh
 
 
+@pytest.mark.parametrize(("now", "grown"), [(50.0, None), (60.0, None), (90.0, 1.8), (400.0, 2.0)])
+def test_a_busier_machine_measures_the_oracle_again_and_the_case_runs_against_that_at_most_twice(
+    now, grown, monkeypatch
+):
+    """The oracle's costs were measured once, before the submission ran; a flat cost stopped over (b) while the
+    machine got busier (CPU seconds stretch under contention) is set against the costs measured again, grown by at
+    most 2x: a careful recompute (about 100% of the oracle's) still fails (b)'s 35% by far."""
+    monkeypatch.setattr(oraclecost, "recompute_seconds", lambda model, prompt, n_new, dtype: now)
+    drift = oraclecost.drifted_costs(STAGE, SimpleNamespace(), COSTS["float32"])
+    if grown is None:
+        assert drift is None
+        return
+    assert drift is not None
+    costs, factor = drift
+    assert factor == pytest.approx(grown)
+    assert costs.recompute == pytest.approx({8: grown, 480: 50.0 * grown}) and costs.step == pytest.approx(0.01 * grown)
+    run = costcase.CostCase(STAGE, _run().ctx, timeout=120.0, weights_note="", costs=costs)
+    assert run.timed_budget(480).cpu == pytest.approx(STAGE.check.params.max_fraction * 50.0 * grown)
+    # A careful recompute costs the oracle's recompute (50 s) even on a quiet machine: stopped at the grown budget.
+    assert run.timed_budget(480).cpu <= 0.7 * 50.0
+
+
 def test_the_oracle_computes_in_float64_as_a_promoted_student_does(tiny_path):
     model = load_model(tiny_path)
     ids = [464, 318, 257, 1332]

@@ -165,6 +165,35 @@ def test_a_slow_flat_cache_is_too_slow_not_no_cache(cli, tmp_path, tiny_path, qu
 
 
 @pytest.mark.slow
+def test_a_slow_flat_cache_on_a_machine_that_got_busier_runs_again_against_the_oracle_measured_again(
+    cli, tmp_path, tiny_path, quick_stages, monkeypatch
+):
+    """The oracle's costs measured again after the too-slow run have grown 1.6x (a busier machine): the case runs
+    again against them, says so, and a cache that is too slow for them too is still too-slow."""
+    from theinference.grading.judge import oraclecost
+
+    measured = oraclecost.recompute_seconds
+    first: dict[tuple, float] = {}
+
+    def busier(model, prompt, n_new, dtype="float32"):
+        key = (prompt, n_new, dtype)
+        if key not in first:  # the first measurement as it is; every later one 1.6x it
+            first[key] = measured(model, prompt, n_new, dtype)
+            return first[key]
+        return 1.6 * first[key]
+
+    monkeypatch.setattr(oraclecost, "recompute_seconds", busier)
+    course = tmp_path / "slow"
+    write_adapters(course, SLOW_CACHE)
+    result = grade_quick(cli, course, tiny_path, quick_stages, "--format", "json")
+    assert result.exit_code == 1
+    case = json.loads(result.stdout)["stages"][0]["cases"][0]
+    assert case["diagnosis"]["shape"] == "too-slow", case["message"]
+    assert "had grown 1.6× since they were first measured" in case["scaling"]["weights_note"]
+    assert case["scaling"]["oracle_cpu_seconds"] == pytest.approx(1.6 * first[(4, 320, "float32")], rel=1e-6)
+
+
+@pytest.mark.slow
 def test_a_call_that_only_waits_times_out_and_is_not_called_no_cache(cli, tmp_path, tiny_path, quick_stages):
     course = tmp_path / "sleepy"
     write_adapters(course, SLEEPY_CACHE)

@@ -13,7 +13,7 @@ from typing import Any
 
 from theinference.grading.judge.context import GradeContext
 from theinference.grading.judge.costverdict import BUSY, NO_CACHE, TAMPERED, TOO_SLOW, Verdict, fail
-from theinference.grading.judge.oraclecost import FLOAT32, FLOOR_SHARE, cost_floor, oracle_costs, proof_check
+from theinference.grading.judge.oraclecost import FLOAT32, FLOOR_SHARE, Costs, cost_floor, oracle_costs, proof_check
 from theinference.grading.judge.results import Diagnosis, Guarantee, ScalingResult, Status, TimedCall
 from theinference.grading.judge.verification import check_steps, token_problem
 from theinference.grading.spec.stages import StageSpec
@@ -105,7 +105,15 @@ class WatchedMeter:
 class CostCase:
     """One case of the stage: the session and the calls so far, which the verdict is read from."""
 
-    def __init__(self, stage: StageSpec, ctx: GradeContext, timeout: float, weights_note: str, dtype: str = FLOAT32):
+    def __init__(
+        self,
+        stage: StageSpec,
+        ctx: GradeContext,
+        timeout: float,
+        weights_note: str,
+        dtype: str = FLOAT32,
+        costs: Costs | None = None,
+    ):
         self.check = proof_check(stage)
         self.stage, self.spec, self.ctx = stage, self.check.params, ctx
         self.factor = NODE_FACTOR if is_node_adapters(ctx.course.adapters) else 1.0
@@ -117,7 +125,7 @@ class CostCase:
             )
         self.timeout = timeout
         self.calls: list[TimedCall] = []
-        self.costs = oracle_costs(stage, ctx.model, ctx.cache, dtype)
+        self.costs = costs or oracle_costs(stage, ctx.model, ctx.cache, dtype)
         if dtype != FLOAT32:
             weights_note += (
                 f"{'; ' if weights_note else ''}your decode step returns {dtype} logits, so (b)'s full recompute by "

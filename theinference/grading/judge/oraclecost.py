@@ -169,6 +169,26 @@ def oracle_costs(stage: StageSpec, model: Model, cache, dtype: str = FLOAT32) ->
     return cache.memo(key, measure)
 
 
+# A flat cost stopped over (b) (too-slow) is judged again where the oracle's costs, measured again then, have grown by
+# at least _DRIFT since they were first measured (a machine that got busier meanwhile: CPU seconds stretch under
+# contention, measured 2x at load ~100 on 2 cores here), against them grown by at most _DRIFT_CAP: a careful
+# recompute costs about 100% of the oracle's recompute, over twice (b)'s 35% even then.
+_DRIFT, _DRIFT_CAP = 1.25, 2.0
+
+
+def drifted_costs(stage: StageSpec, model: Model, costs: Costs) -> tuple[Costs, float] | None:
+    """The oracle's costs as measured now, and how many times the first measurement's they are, where they have grown
+    by _DRIFT or more since (capped at _DRIFT_CAP); None where they have not."""
+    spec = proof_check(stage).params
+    longest = spec.lengths[-1]
+    now = recompute_seconds(model, spec.prompt_tokens, longest, costs.dtype)
+    grown = min(now / costs.recompute[longest], _DRIFT_CAP) if costs.recompute[longest] > 0 else 0.0
+    if grown < _DRIFT:
+        return None
+    recompute = {n: seconds * grown for n, seconds in costs.recompute.items()}
+    return Costs(recompute, costs.step * grown, costs.dtype), grown
+
+
 def measure_costs(stage: StageSpec, model: Model, cache, untrusted: bool = False) -> None:
     """Measure the oracle's costs for the stage now, kept in cache for its grading (as grade() will ask them).
 

@@ -34,7 +34,7 @@ from theinference.grading.judge import events
 from theinference.grading.judge.context import GradeContext
 from theinference.grading.judge.costcase import REFUSED, CostCase, WatchedMeter, budget, judge_stopped
 from theinference.grading.judge.costverdict import Verdict, clear, judge, unproven
-from theinference.grading.judge.oraclecost import FLOAT32, FLOAT64
+from theinference.grading.judge.oraclecost import FLOAT32, FLOAT64, drifted_costs
 from theinference.grading.judge.results import CaseResult, Status, TimedCall
 from theinference.grading.spec.stages import CaseSpec, StageSpec
 from theinference.proc import protocol
@@ -178,6 +178,14 @@ def grade_case(
                 if again.detail == REFUSED:  # the first verdict stands, and says why the claim did not count
                     return dataclasses.replace(result, message=f"{result.message}. {again.message}"), outcome
                 return again, outcome_again
+        if run.flat_stop and not _past(job) and (drift := drifted_costs(stage, ctx.model, run.costs)):
+            costs, grown = drift  # the machine got busier since the oracle's costs were measured: like with like
+            note = (
+                f"{weights_note}{'; ' if weights_note else ''}the oracle's costs, measured again after a first run "
+                f"that was too slow, had grown {grown:.2g}× since they were first measured (a busier machine): the "
+                "case was run again against them"
+            )
+            return _run_case(CostCase(stage, ctx, job.timeout, note, run.costs.dtype, costs), index, job, output_cap)
         return result, outcome
     finally:
         if ctx.on_case is not None:
