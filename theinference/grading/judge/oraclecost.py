@@ -171,8 +171,9 @@ def oracle_costs(stage: StageSpec, model: Model, cache, dtype: str = FLOAT32) ->
 
 # A flat cost stopped over (b) (too-slow) is judged again where the oracle's costs, measured again then, have grown by
 # at least _DRIFT since they were first measured (a machine that got busier meanwhile: CPU seconds stretch under
-# contention, measured 2x at load ~100 on 2 cores here), against them grown by at most _DRIFT_CAP: a careful
-# recompute costs about 100% of the oracle's recompute, over twice (b)'s 35% even then.
+# contention; the reference cache reached 32% of a recompute at load ~100 on 2 cores here, about 16% quiet), against
+# them grown by at most _DRIFT_CAP: a careful recompute costs about 100% of the oracle's recompute, over twice (b)'s
+# 35% even then.
 _DRIFT, _DRIFT_CAP = 1.25, 2.0
 
 
